@@ -1,0 +1,124 @@
+"""Measure every legal schedule of every scenario on a real backend -> a Parquet dataset.
+
+One row per (scenario, schedule): the scenario columns, ``scenario_id``, ``schedule``,
+``time_s`` (median over repetitions of the slowest rank's time), ``time_spread``
+(interquartile range / median), ``times_s`` (every repetition), ``verified`` (output
+equals the reference on every rank within dtype tolerance), ``rel_error``, compute and
+communication timed alone (``t_comp_s``, ``t_comm_s``) and provenance columns.
+The file is written atomically: a failed or interrupted run leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from tqdm import tqdm
+
+from ficco_select import __version__
+from ficco_select.executor.cpu import (MeasureConfig, measure_in_group, measure_spawned,
+                                       under_torchrun)
+from ficco_select.scenario import Scenario
+from ficco_select.schedule import candidates
+
+SCHEMA_VERSION = 1
+"""Version of the dataset columns; readers refuse other versions."""
+
+
+def provenance(backend: str) -> dict:
+    return {
+        "backend": backend,
+        "hardware_fingerprint": f"{platform.machine()}-{platform.processor() or 'cpu'}-{os.cpu_count()}cores",
+        "host": platform.node(),
+        "torch_version": torch.__version__,
+        "ficco_version": __version__,
+        "schema_version": SCHEMA_VERSION,
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_parquet_atomic(df: pd.DataFrame, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                           b"ficco_schema_version": str(SCHEMA_VERSION).encode()})
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: MeasureConfig,
+            out: str | Path | None = None, progress: bool = True) -> pd.DataFrame | None:
+    """Measure `scenarios`; write `out` if given; return the rows (None on non-zero ranks).
+
+    Spawns the ranks itself, one job per world size, unless running under torchrun, where
+    this process is one rank and every scenario must match the torchrun world size.
+    """
+    if backend != "cpu":
+        raise ValueError(f"backend {backend!r}: only the cpu backend measures so far")
+    total = sum(len(candidates(s, backend)) for s in scenarios)
+    rows: list[dict] = []
+    distributed = under_torchrun()
+    is_rank0 = not distributed or int(os.environ.get("RANK", "0")) == 0
+    bar = tqdm(total=total, unit="schedule", desc="measure", disable=not (progress and is_rank0))
+    on_progress = lambda name: bar.update(1)  # noqa: E731
+    try:
+        if distributed:
+            from ficco_select.executor.cpu import init_from_env
+            import torch.distributed as dist
+            init_from_env(config.timeout_s * 2)
+            try:
+                measure_in_group(scenarios, config,
+                                 lambda kind, payload: rows.extend(payload) if kind == "scenario"
+                                 else on_progress(payload))
+            finally:
+                dist.destroy_process_group()
+        else:
+            by_world: dict[int, list[Scenario]] = {}
+            for s in scenarios:
+                by_world.setdefault(s.world_size, []).append(s)
+            for P in sorted(by_world):
+                measure_spawned(by_world[P], config, on_scenario=rows.extend, on_progress=on_progress)
+    finally:
+        bar.close()
+    if not is_rank0:
+        return None
+    df = pd.DataFrame(rows)
+    for key, value in provenance(backend).items():
+        df[key] = value
+    if out is not None:
+        write_parquet_atomic(df, out)
+    return df
+
+
+def summary_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per scenario: baseline time, best verified schedule, its time and the speedup."""
+    out = []
+    for sid, g in df.groupby("scenario_id", sort=False):
+        ok = g[g["verified"]]
+        base = g[g["schedule"].str.startswith("none.")]
+        best = ok.loc[ok["time_s"].idxmin()] if len(ok) else None
+        first = g.iloc[0]
+        t_base = float(base["time_s"].iloc[0]) if len(base) else float("nan")
+        ideal = (first["t_comp_s"] + first["t_comm_s"]) / max(first["t_comp_s"], first["t_comm_s"])
+        out.append({
+            "op": first["op"], "P": first["world_size"], "m": first["m"], "n": first["n"], "k": first["k"],
+            "dtype": first["dtype"], "schedules": len(g), "verified": int(g["verified"].sum()),
+            "baseline_ms": 1e3 * t_base,
+            "best": best["schedule"] if best is not None else "-",
+            "best_ms": 1e3 * best["time_s"] if best is not None else float("nan"),
+            "speedup": t_base / best["time_s"] if best is not None else float("nan"),
+            "ideal": ideal,
+        })
+    return pd.DataFrame(out)

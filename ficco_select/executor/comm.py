@@ -1,0 +1,53 @@
+"""Point-to-point transfers that progress in the background while the caller computes.
+
+Schedules are written against this small interface so that a backend only has to say
+how bytes move: the cpu backend posts gloo ``isend``/``irecv`` (gloo's transport
+threads move the bytes on the same cores as the GEMMs: the ``sm`` engine); the cuda
+backend brings copy-engine transfers (``dma``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+Transfer = tuple[torch.Tensor, int]
+"""(buffer, peer rank): what to send to or receive from one peer."""
+
+
+class P2PComm:
+    """Asynchronous point-to-point transfers over a torch.distributed process group."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+
+    def start(self, sends: Sequence[Transfer], recvs: Sequence[Transfer], tag: int) -> list[dist.Work]:
+        """Post every transfer of one step; return handles to wait on.
+
+        Both ends of a transfer must post it with the same tag; empty buffers are
+        skipped on both ends (their sizes are known to both).
+        """
+        works = []
+        for buf, peer in recvs:
+            if buf.numel():
+                works.append(dist.irecv(buf, self._global(peer), group=self.group, tag=tag))
+        for buf, peer in sends:
+            if buf.numel():
+                works.append(dist.isend(buf, self._global(peer), group=self.group, tag=tag))
+        return works
+
+    @staticmethod
+    def wait(works: Sequence[dist.Work]) -> None:
+        for w in works:
+            w.wait()
+
+    def exchange(self, sends: Sequence[Transfer], recvs: Sequence[Transfer], tag: int) -> None:
+        """Blocking transfer: post and wait (non-overlapped collectives use it)."""
+        self.wait(self.start(sends, recvs, tag))
+
+    def _global(self, peer: int) -> int:
+        return peer if self.group is None else dist.get_global_rank(self.group, peer)

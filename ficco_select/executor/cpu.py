@@ -1,0 +1,248 @@
+"""The cpu backend: one process per rank over torch.distributed (gloo).
+
+Two ways to start the ranks, one rank loop (``measure_rank``):
+- ``measure_spawned``: the executor spawns world_size processes on this machine, watches
+  them, and kills every one of them if a rank dies or makes no progress for
+  ``timeout_s`` (then raises ``MeasureError``).
+- ``measure_in_group``: the caller is already one rank of a process group (``torchrun``).
+
+Per scenario the ranks compute the float32 reference, time compute alone and
+communication alone, then for every legal schedule: run once on poisoned buffers and
+check the output against the reference on every rank, then warm up and time ``reps``
+runs. A run's time is the slowest rank's (max over ranks of each repetition).
+Rank 0 reports one row per (scenario, schedule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import queue as queue_mod
+import statistics
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ficco_select.executor.comm import P2PComm
+from ficco_select.executor.ops import TOLERANCE, build_operator, relative_error
+from ficco_select.scenario import Scenario
+from ficco_select.schedule import candidates
+
+
+class MeasureError(RuntimeError):
+    """A measurement job failed: a rank died, raised, or hung past the timeout."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeasureConfig:
+    warmup: int = 2
+    """Untimed runs of each schedule before timing (after the verification run)."""
+    reps: int = 5
+    """Timed repetitions of each schedule; median and spread are stored."""
+    timeout_s: float = 300.0
+    """A job with no progress (no finished schedule) for this long is killed as hung."""
+    threads_per_rank: int | None = None
+    """Intra-op threads per rank; None: the machine's cores divided by world size, at least 1."""
+    seed: int = 0
+    """Seed of the random inputs (with scenario id and rank)."""
+    fault: str | None = None
+    """For tests only: ``exit@R`` (rank R dies), ``hang@R`` (rank R hangs),
+    ``corrupt@SCHEDULE`` (that schedule's output is altered before verification)."""
+
+    def __post_init__(self) -> None:
+        if self.reps < 5:
+            raise ValueError(f"reps: at least 5 timed repetitions are needed, got {self.reps}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup: must be >= 0, got {self.warmup}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
+
+    def threads(self, world_size: int) -> int:
+        if self.threads_per_rank is not None:
+            return self.threads_per_rank
+        return max(1, (os.cpu_count() or 1) // world_size)
+
+
+Emit = Callable[[str, Any], None]
+"""emit(kind, payload): rank 0's channel to the caller ("progress", "scenario")."""
+
+
+def summarize(times: Sequence[float]) -> tuple[float, float]:
+    """(median, relative spread); spread = interquartile range / median."""
+    med = statistics.median(times)
+    q = statistics.quantiles(times, n=4, method="inclusive")
+    return med, (q[2] - q[0]) / med if med > 0 else 0.0
+
+
+def _slowest_rank(times: list[float]) -> list[float]:
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def _timed(fn: Callable[[], Any], warmup: int, reps: int) -> list[float]:
+    times = []
+    for _ in range(warmup + reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return _slowest_rank(times)[warmup:]
+
+
+def measure_rank(scenarios: Sequence[Scenario], config: MeasureConfig, emit: Emit) -> None:
+    """The loop every rank runs, inside an initialised process group."""
+    comm = P2PComm()
+    rank = comm.rank
+    fault_kind, _, fault_arg = (config.fault or "").partition("@")
+    for scenario in scenarios:
+        if fault_kind in ("exit", "hang") and int(fault_arg) == rank:
+            if fault_kind == "exit":
+                os._exit(3)
+            time.sleep(1e9)
+        op = build_operator(scenario, comm, seed=config.seed)
+        ref = op.reference()
+        t_comp = statistics.median(_timed(op.compute_alone, config.warmup, config.reps))
+        t_comm = statistics.median(_timed(op.comm_alone, config.warmup, config.reps))
+        tol = TOLERANCE[scenario.dtype]
+        rows = []
+        for schedule in candidates(scenario, "cpu"):
+            op.poison()
+            out = op.run(schedule)
+            if fault_kind == "corrupt" and fault_arg == schedule.name and out.numel():
+                out.view(-1)[0] += 1e3
+            err = max(_slowest_rank([relative_error(out, ref)]))
+            times = _timed(lambda: op.run(schedule), config.warmup, config.reps)
+            median, spread = summarize(times)
+            rows.append({
+                **scenario.as_record(),
+                "scenario_id": scenario.scenario_id,
+                "schedule": schedule.name,
+                "time_s": median,
+                "time_spread": spread,
+                "times_s": times,
+                "verified": bool(err <= tol),
+                "rel_error": err,
+                "t_comp_s": t_comp,
+                "t_comm_s": t_comm,
+                "threads_per_rank": torch.get_num_threads(),
+            })
+            emit("progress", schedule.name)
+        emit("scenario", rows)
+
+
+def measure_in_group(scenarios: Sequence[Scenario], config: MeasureConfig, emit: Emit) -> None:
+    """Measure as one rank of an existing process group (e.g. under torchrun).
+
+    Every rank must be given the same scenarios; only rank 0's `emit` is called.
+    """
+    P = dist.get_world_size()
+    bad = [s for s in scenarios if s.world_size != P]
+    if bad:
+        raise MeasureError(f"scenario {bad[0].scenario_id} has world_size={bad[0].world_size} "
+                           f"but the process group has {P} ranks")
+    torch.set_num_threads(config.threads(P))
+    rank0 = dist.get_rank() == 0
+    measure_rank(scenarios, config, emit if rank0 else (lambda kind, payload: None))
+
+
+def init_from_env(timeout_s: float) -> None:
+    """Join the process group torchrun describes in the environment (gloo)."""
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+# -- spawned ranks -------------------------------------------------------------------------
+def _spawned_rank(rank: int, world_size: int, store: str, records: list[dict],
+                  config: MeasureConfig, events) -> None:
+    try:
+        torch.set_num_threads(config.threads(world_size))
+        # The launcher kills hung jobs first; gloo's own timeout is a backstop.
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                                world_size=world_size,
+                                timeout=datetime.timedelta(seconds=config.timeout_s * 2))
+        scenarios = [Scenario.from_record(r) for r in records]
+        emit = (lambda kind, payload: events.put((kind, payload))) if rank == 0 else (lambda k, p: None)
+        measure_rank(scenarios, config, emit)
+        dist.barrier()
+        if rank == 0:
+            events.put(("done", None))
+        dist.destroy_process_group()
+    except BaseException:
+        events.put(("error", f"rank {rank}: {traceback.format_exc(limit=6)}"))
+        raise SystemExit(1)
+
+
+def measure_spawned(scenarios: Sequence[Scenario], config: MeasureConfig, *,
+                    on_scenario: Callable[[list[dict]], None],
+                    on_progress: Callable[[str], None] = lambda name: None) -> None:
+    """Spawn world_size ranks for `scenarios` (all of one world size) and measure them.
+
+    Calls on_scenario(rows) as each scenario finishes and on_progress(schedule name) per
+    schedule. Raises MeasureError, with every rank process gone, if a rank fails or no
+    progress is seen for config.timeout_s seconds.
+    """
+    if not scenarios:
+        return
+    sizes = {s.world_size for s in scenarios}
+    if len(sizes) != 1:
+        raise ValueError(f"one world size per job, got {sorted(sizes)}")
+    P = sizes.pop()
+    ctx = torch.multiprocessing.get_context("spawn")
+    events = ctx.Queue()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks talk over loopback only
+    records = [s.as_record() for s in scenarios]
+    procs = []
+    with tempfile.TemporaryDirectory(prefix="ficco-store-") as tmp:
+        try:
+            for rank in range(P):
+                p = ctx.Process(target=_spawned_rank, daemon=True,
+                                args=(rank, P, os.path.join(tmp, "store"), records, config, events))
+                p.start()
+                procs.append(p)
+            _watch(procs, events, config.timeout_s, on_scenario, on_progress)
+        finally:
+            _kill_all(procs)
+
+
+def _watch(procs, events, timeout_s, on_scenario, on_progress) -> None:
+    last = time.monotonic()
+    while True:
+        try:
+            kind, payload = events.get(timeout=0.2)
+        except queue_mod.Empty:
+            dead = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if dead:
+                rank, code = dead[0]
+                raise MeasureError(f"rank {rank} died (exit code {code}); measurement aborted")
+            if time.monotonic() - last > timeout_s:
+                raise MeasureError(f"no progress for {timeout_s:.0f} s: a rank hangs; measurement aborted")
+            continue
+        last = time.monotonic()
+        if kind == "progress":
+            on_progress(payload)
+        elif kind == "scenario":
+            on_scenario(payload)
+        elif kind == "error":
+            raise MeasureError(payload.strip())
+        elif kind == "done":
+            for p in procs:
+                p.join(timeout=30)
+            return
+
+
+def _kill_all(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    for p in procs:
+        p.join(timeout=10)

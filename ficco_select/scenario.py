@@ -1,0 +1,194 @@
+"""Scenarios: one (collective + GEMM) operator instance on one machine.
+
+A scenario is what the executor measures, the simulator predicts and the selector
+decides for. Its columns are the scenario-table contract of DESIGN.md:
+
+    group, op, m, n, k, dtype, world_size, hardware  (+ imbalance for a2a_gemm)
+
+Shapes are global (before sharding); P = world_size:
+- ``ag_gemm``:  rank r holds A_r (m/P, k) and W_r (k, n/P); out = AG(A) @ W_r, (m, n/P).
+- ``gemm_rs``:  rank r holds A_r (m, k/P) and W_r (k/P, n); out = row block r of
+  sum_q A_q @ W_q, (m/P, n).
+- ``a2a_gemm``: MoE expert parallelism with one expert per rank. m is the mean number of
+  tokens each expert receives; ``imbalance`` = max expert load / mean expert load (1 =
+  balanced, P = every token to one expert). Rank r sends ``token_counts()[r][q]`` tokens
+  (rows of k features) to rank q, whose expert W_q is (k, n); out = rows received by r,
+  in source-rank order, @ W_r.
+
+This module is on the runtime path: plain Python only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+Op = Literal["ag_gemm", "gemm_rs", "a2a_gemm"]
+OPS: tuple[str, ...] = ("ag_gemm", "gemm_rs", "a2a_gemm")
+DTYPES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+"""Supported dtypes and their size in bytes."""
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+SCENARIO_COLUMNS: tuple[str, ...] = (
+    "group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "imbalance",
+)
+"""Columns of a scenario table; ``imbalance`` may be omitted (defaults to 1.0)."""
+REQUIRED_COLUMNS = SCENARIO_COLUMNS[:-1]
+
+
+class ScenarioError(ValueError):
+    """A scenario (or a row of a scenario table) is invalid; says where and why."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Scenario:
+    group: str
+    """Label for grouped evaluation, usually the model family (e.g. ``llama3-8b``)."""
+    op: str
+    """Operator: one of ``OPS``."""
+    m: int
+    """Rows of the activation (tokens); for ``a2a_gemm`` mean tokens per expert."""
+    n: int
+    """Output features (columns of the weight)."""
+    k: int
+    """Reduction dimension (input features)."""
+    dtype: str
+    """Element type: ``float32``, ``bfloat16`` or ``float16``."""
+    world_size: int
+    """Number of ranks P."""
+    hardware: str
+    """Hardware preset name (``cpu`` for the cpu backend) or spec file."""
+    imbalance: float = 1.0
+    """``a2a_gemm`` only: max expert load / mean expert load, in [1, world_size]."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- validation -------------------------------------------------------------------
+    def validate(self) -> None:
+        """Check every field; raise ScenarioError naming the field (column) at fault."""
+        if not isinstance(self.group, str) or not self.group:
+            raise ScenarioError("column 'group': must be a non-empty string")
+        if self.op not in OPS:
+            raise ScenarioError(f"column 'op': unknown op {self.op!r}; expected one of {', '.join(OPS)}")
+        for dim in ("m", "n", "k", "world_size"):
+            value = getattr(self, dim)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ScenarioError(f"column '{dim}': must be a positive integer, got {value!r}")
+        if self.world_size < 2:
+            raise ScenarioError(f"column 'world_size': must be at least 2, got {self.world_size}")
+        if self.dtype not in DTYPES:
+            raise ScenarioError(
+                f"column 'dtype': unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}"
+            )
+        if not isinstance(self.hardware, str) or not self.hardware:
+            raise ScenarioError("column 'hardware': must be a non-empty string")
+        imb = self.imbalance
+        if isinstance(imb, bool) or not isinstance(imb, (int, float)) or not (imb == imb):
+            raise ScenarioError(f"column 'imbalance': must be a number, got {imb!r}")
+        if self.op == "a2a_gemm":
+            if not 1.0 <= imb <= self.world_size:
+                raise ScenarioError(
+                    f"column 'imbalance': must lie in [1, world_size={self.world_size}] for a2a_gemm, got {imb}"
+                )
+        elif imb != 1.0:
+            raise ScenarioError(f"column 'imbalance': only a2a_gemm takes an imbalance, got {imb} for {self.op}")
+        # Sharding divisibility: every rank must hold an equal shard of the sharded dim.
+        P = self.world_size
+        if self.op == "ag_gemm":
+            _divisible("m", self.m, P)
+            _divisible("n", self.n, P)
+        elif self.op == "gemm_rs":
+            _divisible("m", self.m, P)
+            _divisible("k", self.k, P)
+
+    # -- identity ---------------------------------------------------------------------
+    def as_record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def scenario_id(self) -> str:
+        """Deterministic id from the columns: the same scenario has the same id everywhere."""
+        rec = self.as_record()
+        rec["imbalance"] = round(float(rec["imbalance"]), 6)
+        payload = json.dumps(rec, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha1(payload.encode()).hexdigest()[:16]
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPES[self.dtype]
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], *, row: int | None = None) -> "Scenario":
+        """Build from a plain mapping (a table row); errors name the row and column."""
+        where = f"row {row}, " if row is not None else ""
+        missing = [c for c in REQUIRED_COLUMNS if c not in record or _is_missing(record[c])]
+        if missing:
+            raise ScenarioError(f"{where}column '{missing[0]}': missing value")
+        try:
+            kwargs: dict[str, Any] = {}
+            for col in ("group", "op", "hardware"):
+                kwargs[col] = str(record[col]).strip()
+            kwargs["dtype"] = DTYPE_ALIASES.get(str(record["dtype"]).strip(), str(record["dtype"]).strip())
+            for col in ("m", "n", "k", "world_size"):
+                kwargs[col] = _as_int(record[col], col)
+            imb = record.get("imbalance", 1.0)
+            kwargs["imbalance"] = 1.0 if _is_missing(imb) else _as_float(imb, "imbalance")
+            return cls(**kwargs)
+        except ScenarioError as e:
+            raise ScenarioError(f"{where}{e}") from None
+
+    # -- a2a routing --------------------------------------------------------------------
+    def token_counts(self) -> list[list[int]]:
+        """counts[src][dst]: tokens rank src sends to expert dst (a2a_gemm only).
+
+        Expert 0 is the hot expert with load imbalance * m; the others share the rest
+        evenly. Each expert's load is split over the source ranks as evenly as integers
+        allow. Deterministic: a function of (m, world_size, imbalance) only.
+        """
+        P, m = self.world_size, self.m
+        hot = round(self.imbalance * m)
+        rest = P * m - hot
+        loads = [hot] + _even_split(rest, P - 1)
+        counts = [[0] * P for _ in range(P)]
+        for dst, load in enumerate(loads):
+            for src, c in enumerate(_even_split(load, P, rotate=dst)):
+                counts[src][dst] = c
+        return counts
+
+
+def _even_split(total: int, parts: int, rotate: int = 0) -> list[int]:
+    """Split total into `parts` integers differing by at most one (extras rotate)."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if (i - rotate) % parts < extra else 0) for i in range(parts)]
+
+
+def _divisible(col: str, value: int, P: int) -> None:
+    if value % P:
+        raise ScenarioError(
+            f"column '{col}': {value} is not divisible by world_size={P}; every rank needs an equal shard"
+        )
+
+
+def _is_missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and v != v) or (isinstance(v, str) and not v.strip())
+
+
+def _as_int(v: Any, col: str) -> int:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ScenarioError(f"column '{col}': must be a positive integer, got {v!r}") from None
+    if f != int(f) if f == f and abs(f) != float("inf") else True:
+        raise ScenarioError(f"column '{col}': must be a positive integer, got {v!r}")
+    return int(f)
+
+
+def _as_float(v: Any, col: str) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise ScenarioError(f"column '{col}': must be a number, got {v!r}") from None

@@ -1,0 +1,209 @@
+"""The schedule space: how one (collective + GEMM) is split and overlapped.
+
+A ``Schedule`` is a small hashable value with a stable name (DESIGN.md, "The schedule
+space"). Names, by granularity:
+
+    none.<engine>                                      whole collective, then whole GEMM
+    shard.ring.<engine>                                P ring steps, one shard per step
+    ficco.d<d>.<pattern>.<compute>.<split>.<engine>    every shard split again into d pieces
+
+e.g. ``none.sm``, ``shard.ring.sm``, ``ficco.d4.a2a.gemm_per_step.m.dma``.
+``parse(name)`` round-trips ``schedule.name``. ``candidates(scenario, backend)``
+enumerates the legal schedules of a scenario on a backend.
+
+This module is on the runtime path: plain Python only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from ficco_select.scenario import Scenario
+
+Granularity = Literal["none", "shard", "ficco"]
+Pattern = Literal["ring", "a2a"]
+Compute = Literal["gemm_per_piece", "gemm_per_step"]
+Split = Literal["m", "n"]
+Engine = Literal["sm", "dma"]
+
+GRANULARITIES = ("none", "shard", "ficco")
+PATTERNS = ("ring", "a2a")
+COMPUTES = ("gemm_per_piece", "gemm_per_step")
+SPLITS = ("m", "n")
+ENGINES = ("sm", "dma")
+
+
+class ScheduleError(ValueError):
+    """A schedule name or combination of axes is invalid."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, order=True)
+class Schedule:
+    granularity: str
+    """``none`` (baseline), ``shard`` (one shard per ring step) or ``ficco`` (d pieces per shard)."""
+    degree: int = 1
+    """Decomposition degree d: pieces per shard (1 for none and shard)."""
+    pattern: str | None = None
+    """``ring`` (one peer per step) or ``a2a`` (one piece from every peer per step); None for none."""
+    compute: str | None = None
+    """``gemm_per_piece`` (a GEMM per arriving piece) or ``gemm_per_step`` (one per step); ficco only."""
+    split: str | None = None
+    """Dimension a shard is split along into pieces (``m`` rows, ``n`` columns); ficco only."""
+    engine: str = "sm"
+    """Who moves the bytes: ``sm`` (kernels/threads sharing the compute units) or ``dma`` (copy engines)."""
+
+    def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise ScheduleError(f"granularity {self.granularity!r} not in {GRANULARITIES}")
+        if self.engine not in ENGINES:
+            raise ScheduleError(f"engine {self.engine!r} not in {ENGINES}")
+        if self.granularity == "none":
+            ok = self.degree == 1 and self.pattern is None and self.compute is None and self.split is None
+        elif self.granularity == "shard":
+            ok = self.degree == 1 and self.pattern == "ring" and self.compute is None and self.split is None
+        else:
+            ok = (self.degree >= 2 and self.pattern in PATTERNS and self.compute in COMPUTES
+                  and self.split in SPLITS)
+        if not ok:
+            raise ScheduleError(f"inconsistent axes for granularity {self.granularity!r}: {self!r}")
+
+    @property
+    def name(self) -> str:
+        if self.granularity == "none":
+            return f"none.{self.engine}"
+        if self.granularity == "shard":
+            return f"shard.ring.{self.engine}"
+        return f"ficco.d{self.degree}.{self.pattern}.{self.compute}.{self.split}.{self.engine}"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.granularity == "none"
+
+    @property
+    def pieces(self) -> int:
+        """Pieces each shard is cut into (1 for none and shard)."""
+        return self.degree
+
+
+BASELINE = Schedule(granularity="none")
+SHARD = Schedule(granularity="shard", pattern="ring")
+
+
+def parse(name: str) -> Schedule:
+    """Inverse of ``Schedule.name``."""
+    parts = str(name).split(".")
+    try:
+        if parts[0] == "none" and len(parts) == 2:
+            return Schedule(granularity="none", engine=parts[1])
+        if parts[0] == "shard" and len(parts) == 3 and parts[1] == "ring":
+            return Schedule(granularity="shard", pattern="ring", engine=parts[2])
+        if parts[0] == "ficco" and len(parts) == 6 and parts[1].startswith("d") and parts[1][1:].isdigit():
+            return Schedule(granularity="ficco", degree=int(parts[1][1:]), pattern=parts[2],
+                            compute=parts[3], split=parts[4], engine=parts[5])
+    except ScheduleError as e:
+        raise ScheduleError(f"invalid schedule name {name!r}: {e}") from None
+    raise ScheduleError(
+        f"invalid schedule name {name!r}; expected none.<engine>, shard.ring.<engine> or "
+        "ficco.d<d>.<ring|a2a>.<gemm_per_piece|gemm_per_step>.<m|n>.<sm|dma>"
+    )
+
+
+# -- backends ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BackendCaps:
+    """What a backend can honestly execute."""
+
+    engines: tuple[str, ...]
+    """Engines it really has (the cpu backend has no DMA engine)."""
+    dtypes: tuple[str, ...]
+    max_world_size: int
+
+
+BACKENDS: dict[str, BackendCaps] = {
+    # gloo moves bytes with CPU threads that share the cores with the GEMMs: that is `sm`.
+    "cpu": BackendCaps(engines=("sm",), dtypes=("float32", "bfloat16"), max_world_size=8),
+    "cuda": BackendCaps(engines=("sm", "dma"), dtypes=("float32", "bfloat16", "float16"), max_world_size=64),
+    "sim": BackendCaps(engines=("sm", "dma"), dtypes=("float32", "bfloat16", "float16"), max_world_size=1024),
+}
+
+
+def backend_problem(scenario: Scenario, backend: str) -> str | None:
+    """Why `backend` cannot run `scenario` at all (naming the column), or None."""
+    if backend not in BACKENDS:
+        return f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}"
+    caps = BACKENDS[backend]
+    if scenario.world_size > caps.max_world_size:
+        return (f"column 'world_size': {scenario.world_size} exceeds what the {backend} backend "
+                f"runs (at most {caps.max_world_size})")
+    if scenario.dtype not in caps.dtypes:
+        return f"column 'dtype': the {backend} backend does not run {scenario.dtype} (runs {', '.join(caps.dtypes)})"
+    return None
+
+
+def degrees(world_size: int) -> tuple[int, ...]:
+    """Decomposition degrees tried: 2, 4 and P (the paper's one level deeper), deduplicated."""
+    return tuple(sorted({2, 4, world_size}))
+
+
+def split_extent(scenario: Scenario, split: str) -> int | None:
+    """Size of a shard along `split` (what d pieces must fit in), or None if not legal."""
+    P = scenario.world_size
+    if split == "m":
+        # ag_gemm: rows of A_r; gemm_rs: rows of an output block; a2a_gemm: mean chunk of tokens.
+        return scenario.m // P
+    if split == "n" and scenario.op == "gemm_rs":
+        return scenario.n
+    return None
+
+
+def is_legal(schedule: Schedule, scenario: Scenario, backend: str) -> bool:
+    if backend_problem(scenario, backend) is not None:
+        return False
+    if schedule.engine not in BACKENDS[backend].engines:
+        return False
+    if schedule.granularity != "ficco":
+        return True
+    P = scenario.world_size
+    if schedule.degree not in degrees(P):
+        return False
+    # At P = 2 there is one peer: the a2a pattern is the ring.
+    if schedule.pattern == "a2a" and P < 3:
+        return False
+    extent = split_extent(scenario, schedule.split)
+    if extent is None or extent < schedule.degree:
+        return False
+    if schedule.compute == "gemm_per_step":
+        # A per-step GEMM needs its step's pieces in one (strided) block: column pieces of
+        # gemm_rs are not, and uneven token chunks of an a2a step are not.
+        if schedule.split != "m":
+            return False
+        if scenario.op == "a2a_gemm" and schedule.pattern == "a2a":
+            return False
+    return True
+
+
+def all_schedules(world_size: int, engines: tuple[str, ...] = ENGINES) -> list[Schedule]:
+    """Every schedule of the space for a world size, legal or not for a given shape."""
+    out: list[Schedule] = []
+    for engine in engines:
+        out.append(Schedule(granularity="none", engine=engine))
+        out.append(Schedule(granularity="shard", pattern="ring", engine=engine))
+        for d in degrees(world_size):
+            for pattern in PATTERNS:
+                for compute in COMPUTES:
+                    for split in SPLITS:
+                        out.append(Schedule(granularity="ficco", degree=d, pattern=pattern,
+                                            compute=compute, split=split, engine=engine))
+    return out
+
+
+def candidates(scenario: Scenario, backend: str) -> list[Schedule]:
+    """Legal schedules of `scenario` on `backend`, baseline first; [] if it cannot run."""
+    if backend_problem(scenario, backend) is not None:
+        return []
+    return [s for s in all_schedules(scenario.world_size, BACKENDS[backend].engines)
+            if is_legal(s, scenario, backend)]
