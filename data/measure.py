@@ -72,7 +72,7 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     distributed = under_torchrun()
     is_rank0 = not distributed or int(os.environ.get("RANK", "0")) == 0
     bar = tqdm(total=total, unit="schedule", desc="measure", disable=not (progress and is_rank0))
-    on_progress = lambda name: bar.update(1)  # noqa: E731
+    on_progress = bar.update
     try:
         if distributed:
             from ficco_select.executor.cpu import init_from_env
@@ -121,4 +121,7 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
             "speedup": t_base / best["time_s"] if best is not None else float("nan"),
             "ideal": ideal,
         })
+        row = out[-1]
+        # Realized fraction of the ideal overlap gain: (realized - 1) / (ideal - 1).
+        row["realized_frac"] = (row["speedup"] - 1) / (ideal - 1) if ideal > 1 else float("nan")
     return pd.DataFrame(out)

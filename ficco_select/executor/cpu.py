@@ -70,7 +70,8 @@ class MeasureConfig:
 
 
 Emit = Callable[[str, Any], None]
-"""emit(kind, payload): rank 0's channel to the caller ("progress", "scenario")."""
+"""emit(kind, payload): rank 0's channel to the caller: ("progress", schedules done) and
+("scenario", rows)."""
 
 
 def summarize(times: Sequence[float]) -> tuple[float, float]:
@@ -86,14 +87,23 @@ def _slowest_rank(times: list[float]) -> list[float]:
     return t.tolist()
 
 
-def _timed(fn: Callable[[], Any], warmup: int, reps: int) -> list[float]:
-    times = []
-    for _ in range(warmup + reps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return _slowest_rank(times)[warmup:]
+def _timed_interleaved(fns: Sequence[Callable[[], Any]], warmup: int, reps: int) -> list[list[float]]:
+    """times[i][rep] of fns[i], slowest rank's, with the functions interleaved.
+
+    Each pass runs every function once, in an order rotated per pass, so that a noisy
+    phase of the machine slows all of them alike instead of one schedule's repetitions.
+    """
+    n = len(fns)
+    times = [[0.0] * (warmup + reps) for _ in range(n)]
+    for p in range(warmup + reps):
+        for i in [(p + j) % n for j in range(n)]:
+            dist.barrier()
+            t0 = time.perf_counter()
+            fns[i]()
+            times[i][p] = time.perf_counter() - t0
+    flat = _slowest_rank([t for row in times for t in row])
+    width = warmup + reps
+    return [flat[i * width + warmup:(i + 1) * width] for i in range(n)]
 
 
 def measure_rank(scenarios: Sequence[Scenario], config: MeasureConfig, emit: Emit) -> None:
@@ -108,32 +118,36 @@ def measure_rank(scenarios: Sequence[Scenario], config: MeasureConfig, emit: Emi
             time.sleep(1e9)
         op = build_operator(scenario, comm, seed=config.seed)
         ref = op.reference()
-        t_comp = statistics.median(_timed(op.compute_alone, config.warmup, config.reps))
-        t_comm = statistics.median(_timed(op.comm_alone, config.warmup, config.reps))
         tol = TOLERANCE[scenario.dtype]
-        rows = []
-        for schedule in candidates(scenario, "cpu"):
+        schedules = candidates(scenario, "cpu")
+        errors = []
+        for schedule in schedules:
             op.poison()
             out = op.run(schedule)
             if fault_kind == "corrupt" and fault_arg == schedule.name and out.numel():
                 out.view(-1)[0] += 1e3
-            err = max(_slowest_rank([relative_error(out, ref)]))
-            times = _timed(lambda: op.run(schedule), config.warmup, config.reps)
-            median, spread = summarize(times)
+            errors.append(relative_error(out, ref))
+        errors = _slowest_rank(errors)
+        # Compute alone and communication alone are timed in the same interleaved passes.
+        fns = [op.compute_alone, op.comm_alone] + [(lambda s=s: op.run(s)) for s in schedules]
+        t_comp, t_comm, *times = _timed_interleaved(fns, config.warmup, config.reps)
+        rows = []
+        for schedule, err, ts in zip(schedules, errors, times):
+            median, spread = summarize(ts)
             rows.append({
                 **scenario.as_record(),
                 "scenario_id": scenario.scenario_id,
                 "schedule": schedule.name,
                 "time_s": median,
                 "time_spread": spread,
-                "times_s": times,
+                "times_s": ts,
                 "verified": bool(err <= tol),
                 "rel_error": err,
-                "t_comp_s": t_comp,
-                "t_comm_s": t_comm,
+                "t_comp_s": statistics.median(t_comp),
+                "t_comm_s": statistics.median(t_comm),
                 "threads_per_rank": torch.get_num_threads(),
             })
-            emit("progress", schedule.name)
+        emit("progress", len(schedules))
         emit("scenario", rows)
 
 
@@ -161,10 +175,27 @@ def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
+def pin_rank_to_cores(rank: int, world_size: int, threads: int) -> None:
+    """Give each rank its own cores, as each GPU has its own SMs.
+
+    gloo's transport threads then run on the rank's cores: communication takes compute
+    from its own rank's GEMMs (the `sm` engine), and the OS does not migrate ranks onto
+    each other's cores. With more ranks than cores, pinning would load some cores more
+    than others, so the OS places the ranks.
+    """
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if world_size * threads > len(cores):
+        return
+    os.sched_setaffinity(0, set(cores[rank * threads:(rank + 1) * threads]))
+
+
 # -- spawned ranks -------------------------------------------------------------------------
 def _spawned_rank(rank: int, world_size: int, store: str, records: list[dict],
                   config: MeasureConfig, events) -> None:
     try:
+        pin_rank_to_cores(rank, world_size, config.threads(world_size))
         torch.set_num_threads(config.threads(world_size))
         # The launcher kills hung jobs first; gloo's own timeout is a backstop.
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
@@ -177,18 +208,18 @@ def _spawned_rank(rank: int, world_size: int, store: str, records: list[dict],
         if rank == 0:
             events.put(("done", None))
         dist.destroy_process_group()
-    except BaseException:
-        events.put(("error", f"rank {rank}: {traceback.format_exc(limit=6)}"))
+    except BaseException as e:
+        events.put(("error", f"rank {rank} failed: {type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"))
         raise SystemExit(1)
 
 
 def measure_spawned(scenarios: Sequence[Scenario], config: MeasureConfig, *,
                     on_scenario: Callable[[list[dict]], None],
-                    on_progress: Callable[[str], None] = lambda name: None) -> None:
+                    on_progress: Callable[[int], None] = lambda n: None) -> None:
     """Spawn world_size ranks for `scenarios` (all of one world size) and measure them.
 
-    Calls on_scenario(rows) as each scenario finishes and on_progress(schedule name) per
-    schedule. Raises MeasureError, with every rank process gone, if a rank fails or no
+    Calls on_scenario(rows) as each scenario finishes and on_progress(n) with the number
+    of schedules it measured. Raises MeasureError, with every rank process gone, if a rank fails or no
     progress is seen for config.timeout_s seconds.
     """
     if not scenarios:
@@ -220,10 +251,9 @@ def _watch(procs, events, timeout_s, on_scenario, on_progress) -> None:
         try:
             kind, payload = events.get(timeout=0.2)
         except queue_mod.Empty:
-            dead = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            dead = _dead_rank_message(procs)
             if dead:
-                rank, code = dead[0]
-                raise MeasureError(f"rank {rank} died (exit code {code}); measurement aborted")
+                raise MeasureError(dead)
             if time.monotonic() - last > timeout_s:
                 raise MeasureError(f"no progress for {timeout_s:.0f} s: a rank hangs; measurement aborted")
             continue
@@ -233,11 +263,22 @@ def _watch(procs, events, timeout_s, on_scenario, on_progress) -> None:
         elif kind == "scenario":
             on_scenario(payload)
         elif kind == "error":
-            raise MeasureError(payload.strip())
+            # Peers of a dead rank fail with connection errors: name the dead one instead.
+            time.sleep(1.0)
+            raise MeasureError(_dead_rank_message(procs) or payload.strip())
         elif kind == "done":
             for p in procs:
                 p.join(timeout=30)
             return
+
+
+def _dead_rank_message(procs) -> str | None:
+    # Exit code 1 is a rank that reported a Python error; anything else died on its own.
+    dead = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0, 1)]
+    if not dead:
+        return None
+    rank, code = dead[0]
+    return f"rank {rank} died (exit code {code}); measurement aborted"
 
 
 def _kill_all(procs) -> None:
@@ -246,3 +287,31 @@ def _kill_all(procs) -> None:
             p.kill()
     for p in procs:
         p.join(timeout=10)
+
+
+# -- self-check: does communication progress while the caller computes? --------------------
+def background_progress_rank(rank: int, store: str, elements: int, results) -> None:
+    """Two ranks: rank 1 sends `elements` floats; rank 0 posts the receive into a NaN buffer
+    and runs GEMMs, without ever calling wait(), until the data has landed.
+
+    Puts (rank, gemms_run, landed) on `results`. landed=True with wait() never called shows
+    that gloo moves the bytes on its own threads while the caller computes: the overlap
+    the cpu backend's schedules rely on is real, not sequential.
+    """
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    buf = torch.full((elements,), float("nan")) if rank == 0 else torch.arange(elements, dtype=torch.float32)
+    dist.barrier()
+    work = dist.irecv(buf, 1, tag=7) if rank == 0 else dist.isend(buf, 0, tag=7)
+    a = torch.randn(256, 256)
+    gemms, deadline = 0, time.monotonic() + 30
+    landed = rank == 1
+    while not landed and time.monotonic() < deadline:
+        a @ a
+        gemms += 1
+        landed = not bool(torch.isnan(buf[-1])) and not bool(torch.isnan(buf[0]))
+    work.wait()
+    results.put((rank, gemms, landed, bool(torch.equal(buf, torch.arange(elements, dtype=torch.float32)))))
+    dist.barrier()
+    dist.destroy_process_group()

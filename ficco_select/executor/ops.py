@@ -132,7 +132,7 @@ class AllGatherGemm(Operator):
 
     def reference(self) -> torch.Tensor:
         A32 = torch.empty(self.scenario.m, self.scenario.k)
-        dist.all_gather_into_tensor(A32, self.shard(self.r).float().contiguous())
+        dist.all_gather_single(A32, self.shard(self.r).float().contiguous())
         return A32 @ self.W.float()
 
     def run(self, sch: Schedule) -> torch.Tensor:
@@ -266,7 +266,7 @@ class GemmReduceScatter(Operator):
     def reference(self) -> torch.Tensor:
         partial = self.A.float() @ self.W.float()
         out = torch.empty(self.mb, self.scenario.n)
-        dist.reduce_scatter_tensor(out, partial)
+        dist.reduce_scatter_single(out, partial)
         return out
 
     def run(self, sch: Schedule) -> torch.Tensor:

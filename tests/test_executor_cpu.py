@@ -1,0 +1,116 @@
+"""The cpu executor on real gloo ranks: every schedule equals the reference, failures are
+caught, communication progresses while computing. One job per world size for the module."""
+
+import multiprocessing as mp
+import os
+import tempfile
+import time
+
+import pytest
+import torch
+
+from ficco_select import Scenario, candidates
+from ficco_select.executor.cpu import MeasureConfig, MeasureError, background_progress_rank, measure_spawned
+from ficco_select.executor.ops import TOLERANCE, piece_bounds, relative_error
+
+FAST = MeasureConfig(warmup=0, reps=5, timeout_s=60)
+
+
+def correctness_set(P: int) -> list[Scenario]:
+    """Odd shapes (pieces of unequal size), both dtypes, uneven and extreme MoE routing."""
+    out = []
+    for dtype in ("float32", "bfloat16"):
+        common = dict(group="test", dtype=dtype, world_size=P, hardware="cpu")
+        out += [
+            Scenario(op="ag_gemm", m=13 * P, n=3 * P, k=17, **common),
+            Scenario(op="gemm_rs", m=11 * P, n=9, k=5 * P, **common),
+            Scenario(op="a2a_gemm", m=23, n=7, k=19, imbalance=1.7, **common),
+        ]
+    # every token to one expert: most chunks are empty
+    out.append(Scenario(op="a2a_gemm", m=10, n=5, k=6, imbalance=float(P), group="test",
+                        dtype="float32", world_size=P, hardware="cpu"))
+    return out
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4])
+def measured(request):
+    P = request.param
+    scenarios = correctness_set(P)
+    rows: list[dict] = []
+    measure_spawned(scenarios, FAST, on_scenario=rows.extend)
+    return scenarios, rows
+
+
+def test_every_legal_schedule_runs_and_equals_the_reference(measured):
+    scenarios, rows = measured
+    for s in scenarios:
+        got = {r["schedule"]: r for r in rows if r["scenario_id"] == s.scenario_id}
+        assert sorted(got) == sorted(c.name for c in candidates(s, "cpu"))
+        bad = {name: r["rel_error"] for name, r in got.items() if not r["verified"]}
+        assert not bad, f"{s.op} {s.dtype} P={s.world_size}: wrong results {bad}"
+        for r in got.values():
+            assert len(r["times_s"]) == FAST.reps and r["time_s"] > 0 and r["time_spread"] >= 0
+
+
+def test_a_wrong_result_is_caught_and_recorded():
+    s = correctness_set(2)[1]
+    victim = candidates(s, "cpu")[-1].name
+    rows: list[dict] = []
+    measure_spawned([s], MeasureConfig(warmup=0, reps=5, fault=f"corrupt@{victim}"), on_scenario=rows.extend)
+    verdict = {r["schedule"]: r["verified"] for r in rows}
+    assert verdict.pop(victim) is False
+    assert all(verdict.values())
+
+
+def _no_children_left():
+    deadline = time.monotonic() + 5
+    while mp.active_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not mp.active_children()
+
+
+@pytest.mark.parametrize("fault,needle", [("exit@1", "rank 1 died"), ("hang@0", "no progress")])
+def test_a_dead_or_hung_rank_ends_with_an_error_and_no_process_left(fault, needle):
+    s = correctness_set(3)[0]
+    t0 = time.monotonic()
+    with pytest.raises(MeasureError, match=needle):
+        measure_spawned([s], MeasureConfig(warmup=0, reps=5, timeout_s=8, fault=fault), on_scenario=lambda rows: None)
+    assert time.monotonic() - t0 < 60
+    assert _no_children_left()
+
+
+def test_communication_progresses_while_the_caller_computes():
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=background_progress_rank, args=(r, os.path.join(tmp, "s"), 1 << 22, results))
+                 for r in range(2)]
+        for p in procs:
+            p.start()
+        got = sorted(results.get(timeout=90) for _ in procs)
+        for p in procs:
+            p.join(timeout=30)
+    receiver = got[0]
+    assert receiver[2], "the data landed only when wait() was called: no background progress"
+    assert receiver[1] >= 1 and receiver[3]
+
+
+def test_piece_bounds_cover_the_range():
+    for total in (1, 7, 16, 33):
+        for parts in (1, 2, 3, 4, 8):
+            b = piece_bounds(total, parts)
+            assert b[0][0] == 0 and b[-1][1] == total and len(b) == parts
+            sizes = [hi - lo for lo, hi in b]
+            assert max(sizes) - min(sizes) <= 1
+
+
+def test_relative_error_flags_nan_shape_and_outliers():
+    ref = torch.randn(4, 5)
+    assert relative_error(ref.clone(), ref) == 0
+    assert relative_error(ref.bfloat16(), ref) <= TOLERANCE["bfloat16"]
+    bad = ref.clone()
+    bad[1, 2] += 1.0
+    assert relative_error(bad, ref) > TOLERANCE["float32"]
+    bad[1, 2] = float("nan")
+    assert relative_error(bad, ref) == float("inf")
+    assert relative_error(ref[:3], ref) == float("inf")
