@@ -1,0 +1,24 @@
+"""The runtime package stays light: no pandas, scikit-learn, mlflow or downstream stages."""
+
+import subprocess
+import sys
+
+FORBIDDEN = ["pandas", "sklearn", "mlflow", "xgboost", "data", "features", "train", "ficco_cli"]
+
+
+def loaded_after(statement: str) -> set[str]:
+    code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+def test_vocabulary_imports_no_torch_and_nothing_downstream():
+    mods = loaded_after("import ficco_select")
+    assert "torch" not in mods
+    assert not mods & set(FORBIDDEN)
+
+
+def test_executor_imports_nothing_downstream():
+    mods = loaded_after("import ficco_select.executor.cpu")
+    assert "torch" in mods
+    assert not mods & set(FORBIDDEN)
