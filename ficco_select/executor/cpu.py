@@ -51,6 +51,10 @@ class MeasureConfig:
     """Intra-op threads per rank; None: the machine's cores divided by world size, at least 1."""
     seed: int = 0
     """Seed of the random inputs (with scenario id and rank)."""
+    pin_cores: bool = False
+    """Pin each rank (and so its gloo threads) to its own cores. Off by default: on a
+    2-vCPU machine a pinned rank's transport thread waits for a scheduler slice behind
+    its own GEMM or poll loop, which made repetitions bimodal (1 ms vs 4 ms) here."""
     fault: str | None = None
     """For tests only: ``exit@R`` (rank R dies), ``hang@R`` (rank R hangs),
     ``corrupt@SCHEDULE`` (that schedule's output is altered before verification)."""
@@ -195,7 +199,8 @@ def pin_rank_to_cores(rank: int, world_size: int, threads: int) -> None:
 def _spawned_rank(rank: int, world_size: int, store: str, records: list[dict],
                   config: MeasureConfig, events) -> None:
     try:
-        pin_rank_to_cores(rank, world_size, config.threads(world_size))
+        if config.pin_cores:
+            pin_rank_to_cores(rank, world_size, config.threads(world_size))
         torch.set_num_threads(config.threads(world_size))
         # The launcher kills hung jobs first; gloo's own timeout is a backstop.
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
