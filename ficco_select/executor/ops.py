@@ -136,9 +136,9 @@ class AllGatherGemm(Operator):
         return A32 @ self.W.float()
 
     def run(self, sch: Schedule) -> torch.Tensor:
-        if sch.granularity == "none":
-            self._ring_allgather()
-            torch.mm(self.A_full, self.W, out=self.out)
+        if sch.granularity == "none":  # the whole collective, then the whole GEMM
+            self.comm_alone()
+            self.compute_alone()
         elif sch.pattern == "ring":
             self._run_ring(sch.degree, per_step=sch.compute != "gemm_per_piece")
         else:
@@ -270,9 +270,9 @@ class GemmReduceScatter(Operator):
         return out
 
     def run(self, sch: Schedule) -> torch.Tensor:
-        if sch.granularity == "none":
-            torch.mm(self.A, self.W, out=self.C)
-            self._ring_reduce_scatter()
+        if sch.granularity == "none":  # the whole GEMM, then the whole collective
+            self.compute_alone()
+            self.comm_alone()
             return self.C[self.block(self.r)]
         d = sch.degree
         if sch.split == "n":
@@ -448,9 +448,9 @@ class AllToAllGemm(Operator):
         return X32 @ self.W.float()
 
     def run(self, sch: Schedule) -> torch.Tensor:
-        if sch.granularity == "none":
-            self._all_to_all()
-            torch.mm(self.X_recv, self.W, out=self.out)
+        if sch.granularity == "none":  # the whole collective, then the whole GEMM
+            self.comm_alone()
+            self.compute_alone()
         elif sch.pattern == "ring":
             self._run_pairwise(sch.degree, per_step=sch.compute != "gemm_per_piece")
         else:
