@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -58,47 +59,68 @@ def write_parquet_atomic(df: pd.DataFrame, path: str | Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def parts_dir(out: str | Path) -> Path:
+    """Where finished scenarios are committed, one file each, until the dataset is complete."""
+    out = Path(out)
+    return out.with_name(out.name + ".parts")
+
+
 def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: MeasureConfig,
             out: str | Path | None = None, progress: bool = True) -> pd.DataFrame | None:
     """Measure `scenarios`; write `out` if given; return the rows (None on non-zero ranks).
 
     Spawns the ranks itself, one job per world size, unless running under torchrun, where
     this process is one rank and every scenario must match the torchrun world size.
+
+    Crash-safe with `out`: each finished scenario is committed atomically to
+    ``<out>.parts/<scenario_id>.parquet`` before the next one starts; rerunning the same
+    command after a kill skips the committed ones, so every scenario ends up exactly once.
+    `out` is assembled (atomically) when all are done, and the parts are then removed.
     """
     if backend != "cpu":
         raise ValueError(f"backend {backend!r}: only the cpu backend measures so far")
-    total = sum(len(candidates(s, backend)) for s in scenarios)
-    rows: list[dict] = []
     distributed = under_torchrun()
     is_rank0 = not distributed or int(os.environ.get("RANK", "0")) == 0
+    parts = parts_dir(out) if out is not None else None
+    done = {p.stem for p in parts.glob("*.parquet")} if parts is not None and parts.is_dir() else set()
+    todo = [s for s in scenarios if s.scenario_id not in done]
+    rows: list[dict] = []
+
+    def on_scenario(scenario_rows: list[dict]) -> None:
+        if parts is not None:
+            part = pd.DataFrame(scenario_rows).assign(**provenance(backend))
+            write_parquet_atomic(part, parts / f"{scenario_rows[0]['scenario_id']}.parquet")
+        rows.extend(scenario_rows)
+
+    total = sum(len(candidates(s, backend)) for s in todo)
     bar = tqdm(total=total, unit="schedule", desc="measure", disable=not (progress and is_rank0))
-    on_progress = bar.update
     try:
         if distributed:
-            from ficco_select.executor.cpu import init_from_env
             import torch.distributed as dist
+
+            from ficco_select.executor.cpu import init_from_env
             init_from_env(config.timeout_s * 2)
             try:
-                measure_in_group(scenarios, config,
-                                 lambda kind, payload: rows.extend(payload) if kind == "scenario"
-                                 else on_progress(payload))
+                measure_in_group(todo, config, lambda kind, payload: on_scenario(payload)
+                                 if kind == "scenario" else bar.update(payload))
             finally:
                 dist.destroy_process_group()
         else:
             by_world: dict[int, list[Scenario]] = {}
-            for s in scenarios:
+            for s in todo:
                 by_world.setdefault(s.world_size, []).append(s)
             for P in sorted(by_world):
-                measure_spawned(by_world[P], config, on_scenario=rows.extend, on_progress=on_progress)
+                measure_spawned(by_world[P], config, on_scenario=on_scenario, on_progress=bar.update)
     finally:
         bar.close()
     if not is_rank0:
         return None
-    df = pd.DataFrame(rows)
-    for key, value in provenance(backend).items():
-        df[key] = value
-    if out is not None:
-        write_parquet_atomic(df, out)
+    if parts is None:
+        return pd.DataFrame(rows).assign(**provenance(backend))
+    by_id = {p.stem: p for p in parts.glob("*.parquet")}
+    df = pd.concat([pd.read_parquet(by_id[s.scenario_id]) for s in scenarios], ignore_index=True)
+    write_parquet_atomic(df, out)
+    shutil.rmtree(parts)
     return df
 
 

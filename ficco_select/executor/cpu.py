@@ -199,6 +199,7 @@ def pin_rank_to_cores(rank: int, world_size: int, threads: int) -> None:
 def _spawned_rank(rank: int, world_size: int, store: str, records: list[dict],
                   config: MeasureConfig, events) -> None:
     try:
+        _die_with_parent()
         if config.pin_cores:
             pin_rank_to_cores(rank, world_size, config.threads(world_size))
         torch.set_num_threads(config.threads(world_size))
@@ -216,6 +217,16 @@ def _spawned_rank(rank: int, world_size: int, store: str, records: list[dict],
     except BaseException as e:
         events.put(("error", f"rank {rank} failed: {type(e).__name__}: {e}\n{traceback.format_exc(limit=6)}"))
         raise SystemExit(1)
+
+
+def _die_with_parent() -> None:
+    # Linux: if the launcher is killed (even kill -9) its ranks get SIGKILL too.
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def measure_spawned(scenarios: Sequence[Scenario], config: MeasureConfig, *,
