@@ -83,11 +83,6 @@ class Schedule:
     def is_baseline(self) -> bool:
         return self.granularity == "none"
 
-    @property
-    def pieces(self) -> int:
-        """Pieces each shard is cut into (1 for none and shard)."""
-        return self.degree
-
 
 BASELINE = Schedule(granularity="none")
 SHARD = Schedule(granularity="shard", pattern="ring")

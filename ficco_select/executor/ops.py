@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from ficco_select.executor.comm import P2PComm
 from ficco_select.scenario import Scenario
-from ficco_select.schedule import Schedule
+from ficco_select.schedule import Schedule, degrees
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -226,9 +226,8 @@ class GemmReduceScatter(Operator):
         self.recv_peers = self._empty(P, self.mb, s.n)  # a2a pattern: one slot per peer
         self.out_n = self._empty(self.mb, s.n)  # output of column-piece schedules
         self._n_bufs: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-        for d in range(2, 5):
+        for d in degrees(P):
             self._alloc_n(d)
-        self._alloc_n(P)
 
     def _alloc_n(self, d: int) -> None:
         # Column pieces: partials (m, n_j) and receive slots (P, m/P, n_j) per piece j.
