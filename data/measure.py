@@ -21,11 +21,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
 from ficco_select import __version__
-from ficco_select.executor.cpu import (MeasureConfig, measure_in_group, measure_spawned,
-                                       under_torchrun)
+from ficco_select.executor.cpu import (MeasureConfig, init_from_env, measure_in_group,
+                                       measure_spawned, under_torchrun)
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import candidates
 
@@ -96,9 +97,6 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     bar = tqdm(total=total, unit="schedule", desc="measure", disable=not (progress and is_rank0))
     try:
         if distributed:
-            import torch.distributed as dist
-
-            from ficco_select.executor.cpu import init_from_env
             init_from_env(config.timeout_s * 2)
             try:
                 measure_in_group(todo, config, lambda kind, payload: on_scenario(payload)
