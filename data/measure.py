@@ -1,63 +1,25 @@
-"""Measure every legal schedule of every scenario on a real backend -> a Parquet dataset.
-
-One row per (scenario, schedule): the scenario columns, ``scenario_id``, ``schedule``,
-``time_s`` (median over repetitions of the slowest rank's time), ``time_spread``
-(interquartile range / median), ``times_s`` (every repetition), ``verified`` (output
-equals the reference on every rank within dtype tolerance), ``rel_error``, compute and
-communication timed alone (``t_comp_s``, ``t_comm_s``) and provenance columns.
-The file is written atomically: a failed or interrupted run leaves no partial file.
+"""Measure every legal schedule of every scenario on a real backend -> a Parquet dataset
+(columns: data/dataset.py). Crash-safe and resumable; a scenario that fails (timeout,
+dead rank) is recorded as failed with its reason and the sweep goes on.
 """
 
 from __future__ import annotations
 
-import datetime
 import os
-import platform
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
-import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from ficco_select import __version__
-from ficco_select.executor.cpu import (MeasureConfig, init_from_env, measure_in_group,
-                                       measure_spawned, under_torchrun)
+from data.dataset import provenance, write_parquet_atomic
+from ficco_select.executor.cpu import (MeasureConfig, MeasureError, init_from_env,
+                                       measure_in_group, measure_spawned, under_torchrun)
+from ficco_select.executor.harness import failed_rows
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import candidates
-
-SCHEMA_VERSION = 1
-"""Version of the dataset columns; readers refuse other versions."""
-
-
-def provenance(backend: str) -> dict:
-    return {
-        "backend": backend,
-        "hardware_fingerprint": f"{platform.machine()}-{platform.processor() or 'cpu'}-{os.cpu_count()}cores",
-        "host": platform.node(),
-        "torch_version": torch.__version__,
-        "ficco_version": __version__,
-        "schema_version": SCHEMA_VERSION,
-        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def write_parquet_atomic(df: pd.DataFrame, path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pandas(df, preserve_index=False)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                           b"ficco_schema_version": str(SCHEMA_VERSION).encode()})
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def parts_dir(out: str | Path) -> Path:
@@ -93,6 +55,7 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
             write_parquet_atomic(part, parts / f"{scenario_rows[0]['scenario_id']}.parquet")
         rows.extend(scenario_rows)
 
+    failed: list[str] = []
     total = sum(len(candidates(s, backend)) for s in todo)
     bar = tqdm(total=total, unit="schedule", desc="measure", disable=not (progress and is_rank0))
     try:
@@ -108,40 +71,76 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
             for s in todo:
                 by_world.setdefault(s.world_size, []).append(s)
             for P in sorted(by_world):
-                measure_spawned(by_world[P], config, on_scenario=on_scenario, on_progress=bar.update)
+                failed += _measure_surviving_failures(by_world[P], config, backend, on_scenario, bar)
     finally:
         bar.close()
     if not is_rank0:
         return None
     if parts is None:
-        return pd.DataFrame(rows).assign(**provenance(backend))
-    by_id = {p.stem: p for p in parts.glob("*.parquet")}
-    df = pd.concat([pd.read_parquet(by_id[s.scenario_id]) for s in scenarios], ignore_index=True)
-    write_parquet_atomic(df, out)
-    shutil.rmtree(parts)
+        df = pd.DataFrame(rows).assign(**provenance(backend))
+    else:
+        by_id = {p.stem: p for p in parts.glob("*.parquet")}
+        df = pd.concat([pd.read_parquet(by_id[s.scenario_id]) for s in scenarios], ignore_index=True)
+        write_parquet_atomic(df, out)
+        shutil.rmtree(parts)
+    ok = df[df["status"] == "ok"]
+    df.attrs["sweep"] = {
+        "scenarios": len(scenarios),
+        "measured": len(todo) - len(failed),
+        "skipped": len(scenarios) - len(todo),
+        "failed": len(failed),
+        "failures": failed,
+        "noisy_rows": int(ok["noisy"].sum()),
+        "rows": len(df),
+    }
     return df
 
 
+def _measure_surviving_failures(scenarios: list[Scenario], config: MeasureConfig, backend: str,
+                                on_scenario, bar) -> list[str]:
+    """Measure scenarios of one world size; a scenario whose job fails (timeout, dead rank)
+    is recorded as failed with the reason and the sweep goes on with fresh ranks."""
+    failures: list[str] = []
+    remaining = list(scenarios)
+    while remaining:
+        finished: set[str] = set()
+
+        def record(rows: list[dict]) -> None:
+            finished.add(rows[0]["scenario_id"])
+            on_scenario(rows)
+
+        try:
+            measure_spawned(remaining, config, on_scenario=record, on_progress=bar.update)
+            return failures
+        except MeasureError as e:
+            rest = [s for s in remaining if s.scenario_id not in finished]
+            culprit, remaining = rest[0], rest[1:]
+            reason = str(e).splitlines()[0]
+            on_scenario(failed_rows(culprit, reason, backend))
+            bar.update(len(candidates(culprit, backend)))
+            failures.append(f"{culprit.scenario_id} ({culprit.group} {culprit.op} m={culprit.m} "
+                            f"n={culprit.n} k={culprit.k} P={culprit.world_size}): {reason}")
+    return failures
+
+
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per scenario: baseline time, best verified schedule, its time and the speedup."""
+    """Per scenario: baseline time, best verified schedule, its time, speedup and the share
+    of the ideal overlap gain it realizes, (speedup - 1) / (ideal - 1)."""
     out = []
-    for sid, g in df.groupby("scenario_id", sort=False):
+    for _, g in df[df["status"] == "ok"].groupby("scenario_id", sort=False):
         ok = g[g["verified"]]
-        base = g[g["schedule"].str.startswith("none.")]
-        best = ok.loc[ok["time_s"].idxmin()] if len(ok) else None
         first = g.iloc[0]
-        t_base = float(base["time_s"].iloc[0]) if len(base) else float("nan")
-        ideal = (first["t_comp_s"] + first["t_comm_s"]) / max(first["t_comp_s"], first["t_comm_s"])
+        t_base = float(g.loc[g["schedule"].str.startswith("none."), "time_s"].iloc[0])
+        best = ok.loc[ok["time_s"].idxmin()] if len(ok) else None
+        speedup = t_base / best["time_s"] if best is not None else float("nan")
+        ideal = first["ideal_speedup"]
         out.append({
             "op": first["op"], "P": first["world_size"], "m": first["m"], "n": first["n"], "k": first["k"],
             "dtype": first["dtype"], "schedules": len(g), "verified": int(g["verified"].sum()),
-            "baseline_ms": 1e3 * t_base,
+            "noisy": int(g["noisy"].sum()), "baseline_ms": 1e3 * t_base,
             "best": best["schedule"] if best is not None else "-",
             "best_ms": 1e3 * best["time_s"] if best is not None else float("nan"),
-            "speedup": t_base / best["time_s"] if best is not None else float("nan"),
-            "ideal": ideal,
+            "speedup": speedup, "ideal": ideal,
+            "realized_frac": (speedup - 1) / (ideal - 1) if ideal > 1 else float("nan"),
         })
-        row = out[-1]
-        # Realized fraction of the ideal overlap gain: (realized - 1) / (ideal - 1).
-        row["realized_frac"] = (row["speedup"] - 1) / (ideal - 1) if ideal > 1 else float("nan")
     return pd.DataFrame(out)

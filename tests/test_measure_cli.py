@@ -38,7 +38,7 @@ def test_measure_p2_and_p3_writes_every_schedule_verified(tmp_path):
     assert df["verified"].all() and (df["backend"] == "cpu").all()
     assert set(df["world_size"]) == {2, 3} and df["scenario_id"].nunique() == 3
     assert df.groupby("scenario_id")["schedule"].apply(lambda s: s.is_unique).all()
-    assert (df["schema_version"] == 1).all()
+    assert (df["schema_version"] == 2).all()
 
 
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,

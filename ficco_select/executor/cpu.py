@@ -19,7 +19,6 @@ import dataclasses
 import datetime
 import os
 import queue as queue_mod
-import statistics
 import tempfile
 import time
 import traceback
@@ -30,9 +29,9 @@ import torch
 import torch.distributed as dist
 
 from ficco_select.executor.comm import P2PComm
-from ficco_select.executor.ops import TOLERANCE, build_operator, relative_error
+from ficco_select.executor.harness import TimingPolicy, measure_scenario
+from ficco_select.executor.ops import build_operator
 from ficco_select.scenario import Scenario
-from ficco_select.schedule import candidates
 
 
 class MeasureError(RuntimeError):
@@ -55,8 +54,13 @@ class MeasureConfig:
     """Pin each rank (and so its gloo threads) to its own cores. Off by default: on a
     2-vCPU machine a pinned rank's transport thread waits for a scheduler slice behind
     its own GEMM or poll loop, which made repetitions bimodal (1 ms vs 4 ms) here."""
+    noisy_spread: float = 0.05
+    """Relative spread (IQR / median) above which a schedule is re-measured."""
+    max_remeasure: int = 2
+    """Re-measurement rounds before a noisy schedule is kept with its `noisy` flag."""
     fault: str | None = None
-    """For tests only: ``exit@R`` (rank R dies), ``hang@R`` (rank R hangs),
+    """For tests only: ``exit@R[/GROUP]`` (rank R dies), ``hang@R[/GROUP]`` (rank R
+    hangs; at the first scenario, or at the first of that group),
     ``corrupt@SCHEDULE`` (that schedule's output is altered before verification)."""
 
     def __post_init__(self) -> None:
@@ -66,6 +70,10 @@ class MeasureConfig:
             raise ValueError(f"warmup: must be >= 0, got {self.warmup}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
+
+    def policy(self) -> TimingPolicy:
+        return TimingPolicy(warmup=self.warmup, reps=self.reps, noisy_spread=self.noisy_spread,
+                            max_remeasure=self.max_remeasure)
 
     def threads(self, world_size: int) -> int:
         if self.threads_per_rank is not None:
@@ -78,80 +86,21 @@ Emit = Callable[[str, Any], None]
 ("scenario", rows)."""
 
 
-def summarize(times: Sequence[float]) -> tuple[float, float]:
-    """(median, relative spread); spread = interquartile range / median."""
-    med = statistics.median(times)
-    q = statistics.quantiles(times, n=4, method="inclusive")
-    return med, (q[2] - q[0]) / med if med > 0 else 0.0
-
-
-def _slowest_rank(times: list[float]) -> list[float]:
-    t = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
-
-
-def _timed_interleaved(fns: Sequence[Callable[[], Any]], warmup: int, reps: int) -> list[list[float]]:
-    """times[i][rep] of fns[i], slowest rank's, with the functions interleaved.
-
-    Each pass runs every function once, in an order rotated per pass, so that a noisy
-    phase of the machine slows all of them alike instead of one schedule's repetitions.
-    """
-    n = len(fns)
-    times = [[0.0] * (warmup + reps) for _ in range(n)]
-    for p in range(warmup + reps):
-        for i in [(p + j) % n for j in range(n)]:
-            dist.barrier()
-            t0 = time.perf_counter()
-            fns[i]()
-            times[i][p] = time.perf_counter() - t0
-    flat = _slowest_rank([t for row in times for t in row])
-    width = warmup + reps
-    return [flat[i * width + warmup:(i + 1) * width] for i in range(n)]
-
-
 def measure_rank(scenarios: Sequence[Scenario], config: MeasureConfig, emit: Emit) -> None:
     """The loop every rank runs, inside an initialised process group."""
     comm = P2PComm()
-    rank = comm.rank
     fault_kind, _, fault_arg = (config.fault or "").partition("@")
+    fault_rank, _, fault_group = fault_arg.partition("/")
     for scenario in scenarios:
-        if fault_kind in ("exit", "hang") and int(fault_arg) == rank:
+        if (fault_kind in ("exit", "hang") and int(fault_rank) == comm.rank
+                and fault_group in ("", scenario.group)):
             if fault_kind == "exit":
                 os._exit(3)
             time.sleep(1e9)
         op = build_operator(scenario, comm, seed=config.seed)
-        ref = op.reference()
-        tol = TOLERANCE[scenario.dtype]
-        schedules = candidates(scenario, "cpu")
-        errors = []
-        for schedule in schedules:
-            op.poison()
-            out = op.run(schedule)
-            if fault_kind == "corrupt" and fault_arg == schedule.name and out.numel():
-                out.view(-1)[0] += 1e3
-            errors.append(relative_error(out, ref))
-        errors = _slowest_rank(errors)
-        # Compute alone and communication alone are timed in the same interleaved passes.
-        fns = [op.compute_alone, op.comm_alone] + [(lambda s=s: op.run(s)) for s in schedules]
-        t_comp, t_comm, *times = _timed_interleaved(fns, config.warmup, config.reps)
-        rows = []
-        for schedule, err, ts in zip(schedules, errors, times):
-            median, spread = summarize(ts)
-            rows.append({
-                **scenario.as_record(),
-                "scenario_id": scenario.scenario_id,
-                "schedule": schedule.name,
-                "time_s": median,
-                "time_spread": spread,
-                "times_s": ts,
-                "verified": bool(err <= tol),
-                "rel_error": err,
-                "t_comp_s": statistics.median(t_comp),
-                "t_comm_s": statistics.median(t_comm),
-                "threads_per_rank": torch.get_num_threads(),
-            })
-        emit("progress", len(schedules))
+        rows = measure_scenario(op, scenario, config.policy(),
+                                corrupt=fault_arg if fault_kind == "corrupt" else None)
+        emit("progress", len(rows))
         emit("scenario", rows)
 
 

@@ -17,12 +17,14 @@ threads, or a copy engine) while the GEMM runs on the caller's thread.
 
 from __future__ import annotations
 
+import contextlib
+import time
 import zlib
 
 import torch
 import torch.distributed as dist
 
-from ficco_select.executor.comm import P2PComm
+from ficco_select.executor.comm import NullComm, P2PComm
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import Schedule, degrees
 
@@ -69,6 +71,52 @@ class Operator:
 
     def _empty(self, *shape: int) -> torch.Tensor:
         return torch.empty(*shape, device=self.device, dtype=self.dtype)
+
+    # Every GEMM and reduction add of every schedule goes through these three, so a
+    # schedule can also run as its communication skeleton (compute off) to measure
+    # chunking loss, or as its compute skeleton (comm off) to measure DIL.
+    compute_on = True
+
+    def mm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+        if self.compute_on:
+            torch.mm(a, b, out=out)
+
+    def bmm(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+        if self.compute_on:
+            torch.bmm(a, b, out=out)
+
+    def add_(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        if self.compute_on:
+            dst += src
+
+    @contextlib.contextmanager
+    def skeleton(self, *, compute: bool = True, comm: bool = True):
+        """Run schedules with their compute or their communication switched off."""
+        saved = self.comm
+        self.compute_on = compute
+        if not comm:
+            self.comm = NullComm(saved.rank, saved.world_size)
+        try:
+            yield self
+        finally:
+            self.compute_on = True
+            self.comm = saved
+
+    def contended(self) -> float:
+        """The whole GEMM while the whole collective's transfers are in flight.
+
+        Returns the GEMM's own time (the caller times the whole): GEMM slowdown versus
+        compute alone is the contention loss (CIL) of this backend's engine.
+        """
+        works = self._start_whole_collective()
+        t0 = time.perf_counter()
+        self.compute_alone()
+        gemm = time.perf_counter() - t0
+        self.comm.wait(works)
+        return gemm
+
+    def _start_whole_collective(self) -> list:  # pragma: no cover - abstract
+        raise NotImplementedError
 
     # Subclasses implement these.
     def run(self, schedule: Schedule) -> torch.Tensor:  # pragma: no cover - abstract
@@ -127,8 +175,13 @@ class AllGatherGemm(Operator):
     def comm_alone(self):
         self._ring_allgather()
 
+    def _start_whole_collective(self):
+        peers = [q for q in range(self.P) if q != self.r]
+        return self.comm.start([(self.shard(self.r), q) for q in peers],
+                               [(self.shard(q), q) for q in peers], tag=0)
+
     def compute_alone(self):
-        torch.mm(self.A_full, self.W, out=self.out)
+        self.mm(self.A_full, self.W, out=self.out)
 
     def reference(self) -> torch.Tensor:
         A32 = torch.empty(self.scenario.m, self.scenario.k)
@@ -147,7 +200,7 @@ class AllGatherGemm(Operator):
 
     def _gemm_rows(self, q: int, lo: int, hi: int) -> None:
         rows = slice(q * self.ms + lo, q * self.ms + hi)
-        torch.mm(self.A_full[rows], self.W, out=self.out[rows])
+        self.mm(self.A_full[rows], self.W, out=self.out[rows])
 
     def _run_ring(self, d: int, per_step: bool) -> None:
         # Transfer steps (hop h, piece j): forward piece j of shard (r-h) to r+1 while
@@ -198,7 +251,7 @@ class AllGatherGemm(Operator):
             lo, hi = pieces[j]
             if per_step:
                 # One batched GEMM over piece j of all P shards (a strided view, no copy).
-                torch.bmm(A3[:, lo:hi], self.W.expand(P, *self.W.shape), out=out3[:, lo:hi])
+                self.bmm(A3[:, lo:hi], self.W.expand(P, *self.W.shape), out=out3[:, lo:hi])
             else:
                 for q in peers:
                     self._gemm_rows(q, lo, hi)
@@ -254,13 +307,19 @@ class GemmReduceScatter(Operator):
             b_in = (r - h - 2) % P
             self.comm.exchange([(self.C[self.block((r - h - 1) % P)], (r + 1) % P)],
                                [(self.recv[0], (r - 1) % P)], tag=h)
-            self.C[self.block(b_in)] += self.recv[0]
+            self.add_(self.C[self.block(b_in)], self.recv[0])
 
     def comm_alone(self):
         self._ring_reduce_scatter()
 
+    def _start_whole_collective(self):
+        # Partials go out of recv_peers' slots: compute_alone writes C meanwhile.
+        peers = [q for q in range(self.P) if q != self.r]
+        return self.comm.start([(self.recv_peers[self.r], q) for q in peers],
+                               [(self.recv_peers[q], q) for q in peers], tag=0)
+
     def compute_alone(self):
-        torch.mm(self.A, self.W, out=self.C)
+        self.mm(self.A, self.W, out=self.C)
 
     def reference(self) -> torch.Tensor:
         partial = self.A.float() @ self.W.float()
@@ -284,7 +343,7 @@ class GemmReduceScatter(Operator):
         return self.C[self.block(self.r)]
 
     def _gemm(self, rows: slice) -> None:
-        torch.mm(self.A[rows], self.W, out=self.C[rows])
+        self.mm(self.A[rows], self.W, out=self.C[rows])
 
     def _run_ring_m(self, d: int, per_step: bool) -> None:
         # Hop h computes the partial of block (r-h-1) (block r at the last hop), adds what
@@ -304,7 +363,7 @@ class GemmReduceScatter(Operator):
                     self._gemm(rows)
                 if h > 0:
                     self.comm.wait(inflight[j])
-                    self.C[rows] += self.recv[(h - 1) % 2, lo:hi]
+                    self.add_(self.C[rows], self.recv[(h - 1) % 2, lo:hi])
                 if h < P - 1:
                     works = self.comm.start([(self.C[rows], (r + 1) % P)],
                                             [(self.recv[h % 2, lo:hi], (r - 1) % P)], tag=h * d + j)
@@ -324,7 +383,7 @@ class GemmReduceScatter(Operator):
         def compute_and_send(j: int) -> list:
             lo, hi = pieces[j]
             if per_step:
-                torch.bmm(A3[:, lo:hi], self.W.expand(P, *self.W.shape), out=C3[:, lo:hi])
+                self.bmm(A3[:, lo:hi], self.W.expand(P, *self.W.shape), out=C3[:, lo:hi])
             else:
                 for q in peers + [r]:  # remote pieces first: their transfers start sooner
                     self._gemm(self.block(q, lo, hi))
@@ -337,7 +396,7 @@ class GemmReduceScatter(Operator):
             self.comm.wait(pending)
             lo, hi = pieces[j]
             for q in peers:
-                C3[r, lo:hi] += self.recv_peers[q, lo:hi]
+                self.add_(C3[r, lo:hi], self.recv_peers[q, lo:hi])
             pending = nxt
 
     def _run_ring_n(self, d: int) -> torch.Tensor:
@@ -351,10 +410,10 @@ class GemmReduceScatter(Operator):
             b = (r - h - 1) % P
             for j, (lo, hi) in enumerate(cols):
                 dst = parts[j][self.block(b)]
-                torch.mm(self.A[self.block(b)], self.W[:, lo:hi], out=dst)
+                self.mm(self.A[self.block(b)], self.W[:, lo:hi], out=dst)
                 if h > 0:
                     self.comm.wait(inflight[j])
-                    dst += recvs[j][(h - 1) % 2]
+                    self.add_(dst, recvs[j][(h - 1) % 2])
                 if h < P - 1:
                     works = self.comm.start([(dst, (r + 1) % P)], [(recvs[j][h % 2], (r - 1) % P)],
                                             tag=h * d + j)
@@ -374,7 +433,7 @@ class GemmReduceScatter(Operator):
         def compute_and_send(j: int) -> list:
             lo, hi = cols[j]
             for q in peers + [r]:
-                torch.mm(self.A[self.block(q)], self.W[:, lo:hi], out=parts[j][self.block(q)])
+                self.mm(self.A[self.block(q)], self.W[:, lo:hi], out=parts[j][self.block(q)])
             return self.comm.start([(parts[j][self.block(q)], q) for q in peers],
                                    [(recvs[j][q], q) for q in peers], tag=j)
 
@@ -384,7 +443,7 @@ class GemmReduceScatter(Operator):
             self.comm.wait(pending)
             acc = parts[j][self.block(r)]
             for q in peers:
-                acc += recvs[j][q]
+                self.add_(acc, recvs[j][q])
             lo, hi = cols[j]
             self.out_n[:, lo:hi] = acc
             pending = nxt
@@ -438,8 +497,13 @@ class AllToAllGemm(Operator):
     def comm_alone(self):
         self._all_to_all()
 
+    def _start_whole_collective(self):
+        peers = [q for q in range(self.P) if q != self.r]
+        return self.comm.start([(self.send_chunk(q), q) for q in peers],
+                               [(self.X_recv[self.recv_rows(q)], q) for q in peers], tag=0)
+
     def compute_alone(self):
-        torch.mm(self.X_recv, self.W, out=self.out)
+        self.mm(self.X_recv, self.W, out=self.out)
 
     def reference(self) -> torch.Tensor:
         X32 = torch.empty(sum(self.recv_sizes), self.scenario.k)
@@ -459,12 +523,12 @@ class AllToAllGemm(Operator):
     def _gemm_local(self, lo: int = 0, hi: int | None = None) -> None:
         rows = self.recv_rows(self.r, lo, hi)
         if rows.stop > rows.start:
-            torch.mm(self.send_chunk(self.r, lo, hi), self.W, out=self.out[rows])
+            self.mm(self.send_chunk(self.r, lo, hi), self.W, out=self.out[rows])
 
     def _gemm_recv(self, q: int, lo: int = 0, hi: int | None = None) -> None:
         rows = self.recv_rows(q, lo, hi)
         if rows.stop > rows.start:
-            torch.mm(self.X_recv[rows], self.W, out=self.out[rows])
+            self.mm(self.X_recv[rows], self.W, out=self.out[rows])
 
     def _run_pairwise(self, d: int, per_step: bool) -> None:
         # Hop h exchanges with one peer each way: send to r+h, receive from r-h; each

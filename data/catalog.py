@@ -1,0 +1,318 @@
+"""A scenario catalog built from the layer shapes of public model families.
+
+Each model's public config (``MODELS``) is mapped onto the operators the selector decides
+for, one transformer layer at a time, for tensor/sequence parallelism over P ranks
+(Megatron-style: column-parallel GEMM after an all-gather of the sequence-sharded
+activations, row-parallel GEMM before a reduce-scatter back to sequence shards):
+
+    layer      op        m                    k                     n
+    qkv        ag_gemm   tokens               hidden                (heads + 2*kv_heads) * head_dim
+    attn_out   gemm_rs   tokens               heads * head_dim      hidden
+    mlp_up     ag_gemm   tokens               hidden                2*intermediate (gate+up fused;
+                                                                    intermediate if not gated)
+    mlp_down   gemm_rs   tokens               intermediate          hidden
+    moe_expert a2a_gemm  tokens*top_k/P       hidden                2*expert_intermediate
+
+``tokens`` is batch x sequence on one tensor-parallel group; ``PHASES`` lists the token
+counts per phase (decode, prefill, training). Tokens not divisible by P are padded up to
+a multiple of P, as frameworks pad the sequence for sequence parallelism. For MoE layers
+(expert parallelism, one expert group per rank) m is the mean number of tokens an
+expert-rank receives; the experts of a rank are treated as one GEMM, and the load
+imbalance takes the values of ``IMBALANCES``, clipped to [1, P].
+
+Two scales:
+
+- ``scale="full"``: the published numbers, for a GPU preset (default hardware
+  ``h100-nvswitch``, world sizes 2, 4, 8). A (layer, P) pair whose sharded dim is not
+  divisible by P is skipped.
+- ``scale="cpu"``: the same shapes shrunk for the 2-core gloo backend. GEMM dims are
+  divided by ``CPU_DIM_FACTOR`` and tokens by ``CPU_TOKEN_FACTOR``; dims are rounded to
+  multiples of 8, and the sharded dim to a multiple of lcm(8, P), so the shape ratios of
+  each model survive up to that rounding. Rows whose busiest rank does more than
+  ``CPU_MAX_GFLOP_PER_RANK`` GFLOP are dropped, so a full sweep stays affordable on two
+  cores (at the defaults: 24 of 624 rows, nearly all training rows of the largest models
+  such as bloom-176b and llama3.1-405b). World sizes 2, 3, 4 (3 tests a
+  non-power-of-two ring).
+
+Records carry the scenario columns (``group`` is the model family, for
+leave-one-family-out evaluation) plus ``model``, ``layer``, ``phase`` and ``tokens``,
+which ``Scenario.from_record`` ignores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
+from ficco_select.schedule import BACKENDS, candidates
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    name: str
+    """Model name, e.g. ``llama3-8b``."""
+    family: str
+    """Family label (the ``group`` column) for leave-one-family-out evaluation, e.g. ``llama3``."""
+    hidden: int
+    """Model (residual stream) width."""
+    intermediate: int
+    """Dense MLP inner width; 0 if the model has no dense MLP layer."""
+    heads: int
+    """Query heads."""
+    kv_heads: int
+    """Key/value heads (== heads without grouped-query attention)."""
+    head_dim: int
+    """Width of one attention head."""
+    experts: int = 0
+    """Routed experts per MoE layer; 0 for dense models."""
+    top_k: int = 0
+    """Experts each token is routed to; 0 for dense models."""
+    expert_intermediate: int = 0
+    """Inner width of one routed expert's MLP; 0 for dense models."""
+    gated_mlp: bool = True
+    """MLPs are gated (SwiGLU/GeGLU: gate and up projections fused, 2x the columns);
+    False for the plain GELU MLPs of GPT-3 and BLOOM."""
+    source: str
+    """The public config the numbers come from (Hugging Face config.json or paper table)."""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+
+def _hf(repo: str) -> str:
+    return f"https://huggingface.co/{repo}/blob/main/config.json"
+
+
+# Numbers are the published ones; each entry's comment says where they come from and
+# whether they were cross-checked here.
+_MODEL_LIST: list[ModelConfig] = [
+    # hidden_size, intermediate_size, num_attention_heads, num_key_value_heads; head_dim =
+    # hidden/heads = 128. Same shapes in Llama-3.1-8B's config.
+    ModelConfig(name="llama3-8b", family="llama3", hidden=4096, intermediate=14336, heads=32,
+                kv_heads=8, head_dim=128, source=_hf("meta-llama/Meta-Llama-3-8B")),
+    ModelConfig(name="llama3-70b", family="llama3", hidden=8192, intermediate=28672, heads=64,
+                kv_heads=8, head_dim=128, source=_hf("meta-llama/Meta-Llama-3-70B")),
+    # Also Llama 3 paper (Grattafiori et al. 2024) Table 3: model dim 16384, FFN 53248.
+    ModelConfig(name="llama3.1-405b", family="llama3", hidden=16384, intermediate=53248, heads=128,
+                kv_heads=8, head_dim=128, source=_hf("meta-llama/Llama-3.1-405B")),
+    # d_model 12288, 96 heads of d_head 128 (Table 2.1); d_ff = 4 * d_model (Sec. 2.1, as
+    # in GPT-2). Plain GELU MLP, multi-head attention. No config.json exists.
+    ModelConfig(name="gpt3-175b", family="gpt3", hidden=12288, intermediate=49152, heads=96,
+                kv_heads=96, head_dim=128, gated_mlp=False,
+                source="Brown et al. 2020, Language Models are Few-Shot Learners, Table 2.1"),
+    # From memory of the config; not cross-checked here (same shapes as Mixtral's attention).
+    ModelConfig(name="mistral-7b", family="mistral", hidden=4096, intermediate=14336, heads=32,
+                kv_heads=8, head_dim=128, source=_hf("mistralai/Mistral-7B-v0.1")),
+    ModelConfig(name="qwen2.5-72b", family="qwen2.5", hidden=8192, intermediate=29568, heads=64,
+                kv_heads=8, head_dim=128, source=_hf("Qwen/Qwen2.5-72B")),
+    # head_dim 128 is explicit in the config, so heads*head_dim (4096) != hidden (4608).
+    ModelConfig(name="gemma2-27b", family="gemma2", hidden=4608, intermediate=36864, heads=32,
+                kv_heads=16, head_dim=128, source=_hf("google/gemma-2-27b")),
+    # 40 heads / 10 kv heads cross-checked; 5120 / 17920 from the config as remembered (the
+    # same shape appears in Phi-4's config).
+    ModelConfig(name="phi3-medium-14b", family="phi3", hidden=5120, intermediate=17920, heads=40,
+                kv_heads=10, head_dim=128, source=_hf("microsoft/Phi-3-medium-4k-instruct")),
+    ModelConfig(name="yi-34b", family="yi", hidden=7168, intermediate=20480, heads=56,
+                kv_heads=8, head_dim=128, source=_hf("01-ai/Yi-34B")),
+    # n_embed 14336, n_head 112 (head_dim 128); the MLP is dense_h_to_4h, 4 * hidden, GELU.
+    ModelConfig(name="bloom-176b", family="bloom", hidden=14336, intermediate=57344, heads=112,
+                kv_heads=112, head_dim=128, gated_mlp=False, source=_hf("bigscience/bloom")),
+    # MoE: every layer's MLP is 8 SwiGLU experts (intermediate_size 14336 is the expert
+    # width), top-2 routing; no dense MLP.
+    ModelConfig(name="mixtral-8x7b", family="mixtral", hidden=4096, intermediate=0, heads=32,
+                kv_heads=8, head_dim=128, experts=8, top_k=2, expert_intermediate=14336,
+                source=_hf("mistralai/Mixtral-8x7B-v0.1")),
+    # 256 routed experts (moe_intermediate_size 2048), 8 per token; the first 3 of 61 layers
+    # have a dense MLP of intermediate_size 18432. The shared expert is not mapped.
+    # Attention is MLA, approximated here as multi-head attention with 128 heads of 128
+    # (v_head_dim): attn_out (k = 128*128, n = 7168) is exact, but the real q/kv
+    # projections are low-rank (7168 -> 1536 / 576, then up to 128 x 192 / 128 x 256), so
+    # the qkv row stands in for them only roughly.
+    ModelConfig(name="deepseek-v3", family="deepseek-v3", hidden=7168, intermediate=18432,
+                heads=128, kv_heads=128, head_dim=128, experts=256, top_k=8,
+                expert_intermediate=2048, source=_hf("deepseek-ai/DeepSeek-V3")),
+]
+MODELS: dict[str, ModelConfig] = {m.name: m for m in _MODEL_LIST}
+
+# Tokens (batch x sequence) on one tensor-parallel group, per phase, at full scale. One or
+# two sizes per phase, spaced ~4x apart so that m spans 8..1024 at cpu scale (/16); more
+# sizes would push the cpu catalog past ~600 rows, more than a CPU sweep should take.
+PHASES: dict[str, tuple[int, ...]] = {
+    # Decode: one new token per sequence, so tokens = concurrent sequences (batch 128).
+    "decode": (128,),
+    # Prefill: a short and a long prompt (or a few prompts) processed whole.
+    "prefill": (1024, 4096),
+    # Training: micro-batch x sequence length of one step (e.g. 4 x 4096).
+    "training": (16384,),
+}
+
+IMBALANCES: tuple[float, ...] = (1.0, 1.5, 2.0)
+"""Load imbalance (max / mean expert load) of MoE rows: balanced, mildly and badly skewed.
+Clipped to [1, P] and deduplicated."""
+
+LAYERS: tuple[str, ...] = ("qkv", "attn_out", "mlp_up", "mlp_down", "moe_expert")
+
+CPU_DIM_FACTOR = 32
+"""cpu scale: GEMM dims (hidden, intermediate, head-derived) are divided by this."""
+CPU_TOKEN_FACTOR = 16
+"""cpu scale: token counts are divided by this."""
+CPU_MAX_GFLOP_PER_RANK = 0.4
+"""cpu scale: rows whose busiest rank's GEMM exceeds this many GFLOP are dropped."""
+DIM_MULTIPLE = 8
+
+DEFAULT_WORLD_SIZES = {"full": (2, 4, 8), "cpu": (2, 3, 4)}
+DEFAULT_HARDWARE = {"full": "h100-nvswitch", "cpu": "cpu"}
+EXTRA_COLUMNS: tuple[str, ...] = ("model", "layer", "phase", "tokens")
+COLUMNS: tuple[str, ...] = SCENARIO_COLUMNS + EXTRA_COLUMNS
+
+
+def layer_shapes(cfg: ModelConfig) -> list[tuple[str, str, int, int]]:
+    """(layer, op, k, n) of one transformer layer at full scale; m depends on tokens and P."""
+    attn_width = cfg.heads * cfg.head_dim
+    mlp_factor = 2 if cfg.gated_mlp else 1
+    shapes = [
+        ("qkv", "ag_gemm", cfg.hidden, (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim),
+        ("attn_out", "gemm_rs", attn_width, cfg.hidden),
+    ]
+    if cfg.intermediate:
+        shapes += [
+            ("mlp_up", "ag_gemm", cfg.hidden, mlp_factor * cfg.intermediate),
+            ("mlp_down", "gemm_rs", cfg.intermediate, cfg.hidden),
+        ]
+    if cfg.is_moe:
+        shapes.append(("moe_expert", "a2a_gemm", cfg.hidden, mlp_factor * cfg.expert_intermediate))
+    return shapes
+
+
+def per_rank_gflop(scenario: Scenario) -> float:
+    """GFLOP of the GEMM on the busiest rank (the hot expert's rank for a2a_gemm)."""
+    P, m, n, k = scenario.world_size, scenario.m, scenario.n, scenario.k
+    if scenario.op == "ag_gemm":
+        flop = 2 * m * k * (n // P)
+    elif scenario.op == "gemm_rs":
+        flop = 2 * m * (k // P) * n
+    else:
+        # Same rounding as Scenario.token_counts: the hot expert gets round(imbalance * m).
+        flop = 2 * round(scenario.imbalance * m) * k * n
+    return flop / 1e9
+
+
+def _round_to(x: float, step: int) -> int:
+    """Nearest positive multiple of step."""
+    return max(step, step * round(x / step))
+
+
+def _pad_to(x: int, step: int) -> int:
+    return -(-x // step) * step
+
+
+def _sharded_dim(op: str) -> str | None:
+    return {"ag_gemm": "n", "gemm_rs": "k"}.get(op)
+
+
+def _scale_dims(op: str, k: int, n: int, P: int) -> tuple[int, int]:
+    """cpu scale: shrink (k, n), keeping the sharded dim divisible by P."""
+    sharded_step = DIM_MULTIPLE * P // math.gcd(DIM_MULTIPLE, P)
+    k_step = sharded_step if _sharded_dim(op) == "k" else DIM_MULTIPLE
+    n_step = sharded_step if _sharded_dim(op) == "n" else DIM_MULTIPLE
+    return _round_to(k / CPU_DIM_FACTOR, k_step), _round_to(n / CPU_DIM_FACTOR, n_step)
+
+
+def catalog(
+    scale: str = "cpu",
+    world_sizes: tuple[int, ...] | None = None,
+    dtype: str = "float32",
+    hardware: str | None = None,
+    models: list[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Scenario records (dicts, columns ``COLUMNS``) for the chosen models, in a fixed order.
+
+    Order: model, phase, tokens, world size, layer, imbalance. Duplicate scenarios (e.g.
+    two decode sizes that pad to the same token count at cpu scale) keep the first row.
+    """
+    if scale not in DEFAULT_WORLD_SIZES:
+        raise ValueError(f"unknown scale {scale!r}; expected 'full' or 'cpu'")
+    world_sizes = tuple(world_sizes or DEFAULT_WORLD_SIZES[scale])
+    hardware = hardware or DEFAULT_HARDWARE[scale]
+    names = list(models) if models is not None else list(MODELS)
+    unknown = [name for name in names if name not in MODELS]
+    if unknown:
+        raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+    if scale == "cpu" and dtype not in BACKENDS["cpu"].dtypes:
+        raise ValueError(f"the cpu backend does not run {dtype}; use one of {', '.join(BACKENDS['cpu'].dtypes)}")
+
+    records: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for name in names:
+        cfg = MODELS[name]
+        for phase, token_counts in PHASES.items():
+            for full_tokens in token_counts:
+                base_tokens = full_tokens
+                if scale == "cpu":
+                    base_tokens = max(1, round(full_tokens / CPU_TOKEN_FACTOR))
+                for P in world_sizes:
+                    tokens = _pad_to(base_tokens, P)
+                    for layer, op, k, n in layer_shapes(cfg):
+                        if scale == "cpu":
+                            k, n = _scale_dims(op, k, n, P)
+                        sharded = _sharded_dim(op)
+                        if sharded and {"k": k, "n": n}[sharded] % P:
+                            continue  # full scale: this layer cannot be split evenly over P
+                        if op == "a2a_gemm":
+                            # tokens is a multiple of P, so this is exact; at least 1 row.
+                            m = max(1, tokens * cfg.top_k // P)
+                            imbalances = sorted({min(max(i, 1.0), float(P)) for i in IMBALANCES})
+                        else:
+                            m, imbalances = tokens, [1.0]
+                        for imbalance in imbalances:
+                            record = {
+                                "group": cfg.family, "op": op, "m": m, "n": n, "k": k,
+                                "dtype": dtype, "world_size": P, "hardware": hardware,
+                                "imbalance": imbalance,
+                                "model": cfg.name, "layer": layer, "phase": phase, "tokens": tokens,
+                            }
+                            scenario = Scenario.from_record(record)
+                            if scale == "cpu":
+                                if per_rank_gflop(scenario) > CPU_MAX_GFLOP_PER_RANK:
+                                    continue  # too slow to sweep on two cores
+                                if len(candidates(scenario, "cpu")) < 2:
+                                    continue  # nothing to choose between
+                            if scenario.scenario_id in seen:
+                                continue
+                            seen.add(scenario.scenario_id)
+                            records.append(record)
+    return records
+
+
+def write_catalog(path: str | Path, records: list[dict[str, Any]]) -> Path:
+    """Write records as CSV, or Parquet if `path` ends in .parquet, atomically.
+
+    The table is written to a temporary file in the same directory and renamed over
+    `path`, so a reader never sees a half-written catalog.
+    """
+    path = Path(path)
+    if path.suffix not in (".csv", ".parquet"):
+        raise ValueError(f"{path}: catalogs are .csv or .parquet files")
+    columns = list(COLUMNS) + [c for r in records[:1] for c in r if c not in COLUMNS]
+    table = pd.DataFrame(records, columns=columns)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        if path.suffix == ".parquet":
+            table.to_parquet(tmp, index=False)
+        else:
+            table.to_csv(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

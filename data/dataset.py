@@ -1,0 +1,234 @@
+"""The labeled dataset format: one Parquet row per (scenario, schedule).
+
+Columns (schema version ``SCHEMA_VERSION``):
+- scenario: ``group, op, m, n, k, dtype, world_size, hardware, imbalance, scenario_id``
+- label: ``schedule, status`` (``ok`` | ``failed``), ``error`` (reason when failed),
+  ``time_s`` (median of ``times_s``, each the slowest rank's), ``time_spread``
+  (interquartile range / median), ``times_s``, ``attempts`` (timing rounds),
+  ``noisy`` (spread still above the limit after re-measuring), ``verified`` (output
+  equals the reference on every rank), ``rel_error``, ``is_best`` (fastest verified),
+  ``near_best`` (within measurement noise of the fastest verified: a tie)
+- signature (per scenario, repeated on its rows): see
+  ``ficco_select.executor.harness.SIGNATURE_COLUMNS``
+- provenance: ``backend, hardware_fingerprint, host, torch_version, ficco_version,
+  schema_version, created_at``, and ``threads_per_rank``.
+A file's schema version is also in its Parquet metadata; reading another version is an
+error, never a silent mix.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from ficco_select import __version__
+from ficco_select.executor.harness import SIGNATURE_COLUMNS
+from ficco_select.scenario import SCENARIO_COLUMNS, Scenario, ScenarioError
+from ficco_select.schedule import ScheduleError, candidates, parse
+
+SCHEMA_VERSION = 2
+"""Version of the dataset columns; readers refuse other versions."""
+
+LABEL_COLUMNS = ("scenario_id", "schedule", "status", "error", "time_s", "time_spread", "times_s",
+                 "attempts", "noisy", "verified", "rel_error", "is_best", "near_best")
+PROVENANCE_COLUMNS = ("backend", "hardware_fingerprint", "host", "torch_version", "ficco_version",
+                      "schema_version", "created_at")
+COLUMNS = (*SCENARIO_COLUMNS, *LABEL_COLUMNS, *SIGNATURE_COLUMNS, "threads_per_rank", *PROVENANCE_COLUMNS)
+METADATA_KEY = b"ficco_schema_version"
+
+
+class DatasetError(ValueError):
+    """A dataset file cannot be read as this schema version."""
+
+
+def provenance(backend: str) -> dict:
+    return {
+        "backend": backend,
+        "hardware_fingerprint": f"{platform.machine()}-{platform.processor() or 'cpu'}-{os.cpu_count()}cores",
+        "host": platform.node(),
+        "torch_version": torch.__version__,
+        "ficco_version": __version__,
+        "schema_version": SCHEMA_VERSION,
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_parquet_atomic(df: pd.DataFrame, path: str | Path) -> None:
+    """Write `df` with the schema version in its metadata; readers never see a partial file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                           METADATA_KEY: str(SCHEMA_VERSION).encode()})
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_dataset(path: str | Path) -> pd.DataFrame:
+    """Read a dataset, refusing files of another schema version."""
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"{path}: no such dataset file")
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DatasetError(f"{path}: not a Parquet file ({e})") from None
+    version = meta.get(METADATA_KEY)
+    if version is None:
+        raise DatasetError(f"{path}: no ficco schema version in its metadata; not a ficco dataset")
+    if int(version) != SCHEMA_VERSION:
+        raise DatasetError(f"{path}: schema version {int(version)}, this ficco-select reads version "
+                           f"{SCHEMA_VERSION}; re-measure or convert it")
+    return pd.read_parquet(path)
+
+
+def validate(df: pd.DataFrame, *, max_problems: int = 50) -> list[str]:
+    """Check schema and invariants; return problems naming row (0-based) and column."""
+    problems: list[str] = []
+
+    def problem(msg: str) -> bool:
+        problems.append(msg)
+        return len(problems) >= max_problems
+
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        return [f"column '{c}' is missing" for c in missing]
+    bad_version = df.index[df["schema_version"] != SCHEMA_VERSION]
+    if len(bad_version):
+        return [f"row {bad_version[0]}, column 'schema_version': {df.loc[bad_version[0], 'schema_version']}"
+                f" != {SCHEMA_VERSION}"]
+    dup = df.duplicated(["scenario_id", "schedule"], keep="first")
+    for i in df.index[dup]:
+        if problem(f"row {i}: (scenario_id, schedule) = ({df.at[i, 'scenario_id']}, {df.at[i, 'schedule']}) repeats"):
+            return problems
+    for sid, g in df.groupby("scenario_id", sort=False):
+        first = g.index[0]
+        try:
+            scenario = Scenario.from_record(g.loc[first, list(SCENARIO_COLUMNS)].to_dict(), row=first)
+        except ScenarioError as e:
+            if problem(str(e)):
+                return problems
+            continue
+        if scenario.scenario_id != sid:
+            if problem(f"row {first}, column 'scenario_id': {sid} does not match its columns "
+                       f"(expected {scenario.scenario_id})"):
+                return problems
+        for col in SCENARIO_COLUMNS:
+            if g[col].nunique(dropna=False) > 1:
+                if problem(f"row {g.index[1]}, column '{col}': differs within scenario {sid}"):
+                    return problems
+        backend = g.at[first, "backend"]
+        expected = {s.name for s in candidates(scenario, backend)}
+        for i, name in g["schedule"].items():
+            try:
+                parse(name)
+            except ScheduleError as e:
+                if problem(f"row {i}, column 'schedule': {e}"):
+                    return problems
+        if set(g["schedule"]) != expected:
+            lacking = sorted(expected - set(g["schedule"]))
+            extra = sorted(set(g["schedule"]) - expected)
+            if problem(f"row {first}, column 'schedule': scenario {sid} lacks {lacking[:3]} / has illegal "
+                       f"{extra[:3]} on backend {backend}"):
+                return problems
+        for msg in _check_labels(g):
+            if problem(msg):
+                return problems
+    return problems
+
+
+def _check_labels(g: pd.DataFrame) -> list[str]:
+    out = []
+    status = set(g["status"])
+    if not status <= {"ok", "failed"} or len(status) != 1:
+        return [f"row {g.index[0]}, column 'status': {sorted(map(str, status))}; expected all 'ok' or all 'failed'"]
+    if status == {"failed"}:
+        if (g["error"] == "").any():
+            out.append(f"row {g.index[0]}, column 'error': a failed scenario needs its reason")
+        return out
+    for i, r in g.iterrows():
+        t = r["time_s"]
+        if not (isinstance(t, float) and math.isfinite(t) and t > 0):
+            out.append(f"row {i}, column 'time_s': {t!r} is not a positive time")
+            continue
+        times = np.asarray(r["times_s"], dtype=float)
+        if len(times) < 5:
+            out.append(f"row {i}, column 'times_s': {len(times)} repetitions, need at least 5")
+        elif not math.isclose(float(np.median(times)), t, rel_tol=1e-9):
+            out.append(f"row {i}, column 'time_s': is not the median of times_s")
+        if not r["time_spread"] >= 0:
+            out.append(f"row {i}, column 'time_spread': {r['time_spread']} < 0")
+        if r["is_best"] and not r["verified"]:
+            out.append(f"row {i}, column 'is_best': an unverified schedule is labelled best")
+        if r["is_best"] and not r["near_best"]:
+            out.append(f"row {i}, column 'near_best': the best must be a near-best")
+    ok = g[g["verified"]]
+    if len(ok):
+        best = g[g["is_best"]]
+        if len(best) < 1 or best["time_s"].min() != ok["time_s"].min():
+            out.append(f"row {g.index[0]}, column 'is_best': does not mark the fastest verified schedule")
+    first = g.iloc[0]
+    if not (first["t_comp_s"] > 0 and first["t_comm_s"] > 0):
+        out.append(f"row {g.index[0]}, column 't_comp_s': compute and communication times must be positive")
+    elif not 1.0 <= first["ideal_speedup"] <= 2.0 + 1e-9:
+        out.append(f"row {g.index[0]}, column 'ideal_speedup': {first['ideal_speedup']} outside [1, 2]")
+    return out
+
+
+def info(df: pd.DataFrame) -> dict:
+    """Summary: scenarios, how often each schedule is fastest, speedups over baseline, noise."""
+    ok = df[df["status"] == "ok"]
+    per_scenario = []
+    for sid, g in ok.groupby("scenario_id", sort=False):
+        v = g[g["verified"]]
+        if v.empty:
+            continue
+        base = g[g["schedule"].str.startswith("none.")]["time_s"]
+        best = v.loc[v["time_s"].idxmin()]
+        per_scenario.append({"best": best["schedule"], "speedup": float(base.iloc[0] / best["time_s"]),
+                             "ties": int(v["near_best"].sum()),
+                             "baseline_near_best": bool(g[g["schedule"].str.startswith("none.")]["near_best"].iloc[0])})
+    ps = pd.DataFrame(per_scenario)
+    speedup = ps["speedup"] if len(ps) else pd.Series(dtype=float)
+    family = ps["best"].str.split(".").str[0] if len(ps) else pd.Series(dtype=str)
+    return {
+        "scenarios": int(df["scenario_id"].nunique()),
+        "rows": len(df),
+        "failed_scenarios": int(df.loc[df["status"] == "failed", "scenario_id"].nunique()),
+        "unverified_rows": int((~ok["verified"]).sum()),
+        "noisy_rows": int(ok["noisy"].sum()),
+        "noisy_fraction": round(float(ok["noisy"].mean()), 3) if len(ok) else 0.0,
+        "median_spread": round(float(ok["time_spread"].median()), 3) if len(ok) else None,
+        "by_op": {k: int(v) for k, v in df.groupby("op")["scenario_id"].nunique().items()},
+        "by_world_size": {int(k): int(v) for k, v in df.groupby("world_size")["scenario_id"].nunique().items()},
+        "by_group": {k: int(v) for k, v in df.groupby("group")["scenario_id"].nunique().items()},
+        "fastest_count": {k: int(v) for k, v in ps["best"].value_counts().items()} if len(ps) else {},
+        "fastest_by_granularity": {k: int(v) for k, v in family.value_counts().items()},
+        "speedup_over_baseline": {
+            "min": _r(speedup.min()), "p25": _r(speedup.quantile(0.25)), "median": _r(speedup.median()),
+            "p75": _r(speedup.quantile(0.75)), "max": _r(speedup.max()),
+            "share_above_1.05": _r((speedup > 1.05).mean()),
+        },
+        "mean_near_ties_per_scenario": _r(ps["ties"].mean()) if len(ps) else None,
+        "baseline_within_noise_of_best": _r(ps["baseline_near_best"].mean()) if len(ps) else None,
+        "provenance": {c: sorted(map(str, df[c].dropna().unique()))[:3] for c in
+                       ("backend", "hardware_fingerprint", "torch_version", "ficco_version")}
+                      | {"created_at": [str(df["created_at"].min()), str(df["created_at"].max())]},
+    }
+
+
+def _r(x) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 3)

@@ -1,0 +1,210 @@
+"""Measuring one scenario on one rank: verification, timing, inefficiency signatures.
+
+Every rank calls ``measure_scenario`` with the same arguments; all decisions (which
+schedules to re-measure) are taken on times already reduced over ranks, so the ranks
+stay in lock-step. Definitions (DESIGN.md, "Inefficiency signatures"):
+
+- ``t_comp_s``, ``t_comm_s``: the whole GEMM alone, the whole collective alone.
+- ``ideal_speedup`` = (t_comp + t_comm) / max(t_comp, t_comm).
+- ``dil_<g>``: decomposition loss at granularity g (``shard``, ``d2``, ``d4``, ``dP``):
+  the ring schedule's compute skeleton (its piece GEMMs and reduction adds back to back,
+  no transfers) / t_comp - 1.
+- ``chunk_loss_<g>``: the same schedule's communication skeleton (its transfers, no
+  compute) / t_comm - 1.
+- ``cil_gemm_<engine>``: the whole GEMM while the whole collective's transfers are in
+  flight / t_comp - 1; ``cil_overlap_<engine>``: that pair's total time /
+  max(t_comp, t_comm) - 1 (0 = perfect overlap).
+NaN where a granularity is not legal for the scenario.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ficco_select.executor.ops import TOLERANCE, Operator, relative_error
+from ficco_select.scenario import Scenario
+from ficco_select.schedule import SHARD, Schedule, candidates, is_legal
+
+SIGNATURE_GRANULARITIES = ("shard", "d2", "d4", "dP")
+SIGNATURE_COLUMNS = (
+    ["t_comp_s", "t_comm_s", "ideal_speedup"]
+    + [f"dil_{g}" for g in SIGNATURE_GRANULARITIES]
+    + [f"chunk_loss_{g}" for g in SIGNATURE_GRANULARITIES]
+    + ["cil_gemm_sm", "cil_overlap_sm"]
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TimingPolicy:
+    warmup: int = 2
+    """Untimed passes before timing."""
+    reps: int = 5
+    """Timed repetitions per schedule."""
+    noisy_spread: float = 0.05
+    """A schedule whose relative spread (IQR / median) exceeds this is re-measured."""
+    max_remeasure: int = 2
+    """Re-measurement rounds before a schedule is kept with its `noisy` flag set."""
+    tie_floor: float = 0.02
+    """Schedules within max(this, the best's spread, their own spread) of the best are near-ties."""
+
+
+def summarize(times: Sequence[float]) -> tuple[float, float]:
+    """(median, relative spread); spread = interquartile range / median."""
+    med = statistics.median(times)
+    q = statistics.quantiles(times, n=4, method="inclusive")
+    return med, (q[2] - q[0]) / med if med > 0 else 0.0
+
+
+def slowest_rank(values: list[float]) -> list[float]:
+    """Element-wise max over ranks (every rank gets the same list)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def timed_interleaved(fns: Sequence[Callable[[], Any]], warmup: int, reps: int
+                      ) -> tuple[list[list[float]], list[list[float]]]:
+    """(times[i][rep], returned[i][rep]) of fns[i], slowest rank's, functions interleaved.
+
+    Each pass runs every function once, in an order rotated per pass, so that a noisy
+    phase of the machine slows all of them alike instead of one schedule's repetitions.
+    A function may return a float (a time it measured inside); it is reduced likewise.
+    """
+    n, width = len(fns), warmup + reps
+    times = [[0.0] * width for _ in range(n)]
+    inner = [[0.0] * width for _ in range(n)]
+    for p in range(width):
+        for i in [(p + j) % n for j in range(n)]:
+            dist.barrier()
+            t0 = time.perf_counter()
+            ret = fns[i]()
+            times[i][p] = time.perf_counter() - t0
+            inner[i][p] = float(ret) if isinstance(ret, float) else 0.0
+    flat = slowest_rank([t for row in times + inner for t in row])
+    rows = [flat[i * width + warmup:(i + 1) * width] for i in range(2 * n)]
+    return rows[:n], rows[n:]
+
+
+def _ring_at(granularity: str, scenario: Scenario) -> Schedule | None:
+    """The ring, GEMM-per-piece, row-split schedule whose skeletons define DIL and chunking loss."""
+    if granularity == "shard":
+        return SHARD
+    d = scenario.world_size if granularity == "dP" else int(granularity[1:])
+    s = Schedule(granularity="ficco", degree=d, pattern="ring", compute="gemm_per_piece", split="m")
+    return s if is_legal(s, scenario, "cpu") else None
+
+
+def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
+                     backend: str = "cpu", corrupt: str | None = None) -> list[dict]:
+    """Verify and time every legal schedule of `scenario`; one row per schedule."""
+    schedules = candidates(scenario, backend)
+    ref = op.reference()
+    errors = []
+    for schedule in schedules:
+        op.poison()
+        out = op.run(schedule)
+        if corrupt == schedule.name and out.numel():  # tests: prove the check can fail
+            out.view(-1)[0] += 1e3
+        errors.append(relative_error(out, ref))
+    errors = slowest_rank(errors)
+
+    # Signatures and schedules are timed in the same interleaved passes.
+    rings = {g: _ring_at(g, scenario) for g in SIGNATURE_GRANULARITIES}
+    skeletons = list(dict.fromkeys(s for s in rings.values() if s is not None))  # dP may be d2 or d4
+
+    def skeleton_run(schedule: Schedule, **switch: bool) -> Callable[[], None]:
+        def run() -> None:
+            with op.skeleton(**switch):
+                op.run(schedule)
+        return run
+
+    fns: list[Callable[[], Any]] = [op.compute_alone, op.comm_alone, op.contended]
+    fns += [skeleton_run(s, comm=False) for s in skeletons]
+    fns += [skeleton_run(s, compute=False) for s in skeletons]
+    fns += [(lambda s=s: op.run(s)) for s in schedules]
+    times, inner = timed_interleaved(fns, policy.warmup, policy.reps)
+    med = [statistics.median(t) for t in times]
+    t_comp, t_comm, t_pair = med[:3]
+    k = len(skeletons)
+    dil_of = dict(zip(skeletons, med[3:3 + k]))
+    chunk_of = dict(zip(skeletons, med[3 + k:3 + 2 * k]))
+    dil = {g: dil_of[s] for g, s in rings.items() if s is not None}
+    chunk = {g: chunk_of[s] for g, s in rings.items() if s is not None}
+    sig = {
+        "t_comp_s": t_comp,
+        "t_comm_s": t_comm,
+        "ideal_speedup": (t_comp + t_comm) / max(t_comp, t_comm),
+        **{f"dil_{g}": dil[g] / t_comp - 1 if g in dil else math.nan for g in SIGNATURE_GRANULARITIES},
+        **{f"chunk_loss_{g}": chunk[g] / t_comm - 1 if g in chunk else math.nan
+           for g in SIGNATURE_GRANULARITIES},
+        "cil_gemm_sm": statistics.median(inner[2]) / t_comp - 1,
+        "cil_overlap_sm": t_pair / max(t_comp, t_comm) - 1,
+    }
+
+    sched_times = times[3 + 2 * k:]
+    best_times, attempts = _remeasure_noisy(op, schedules, sched_times, policy)
+    stats = [summarize(t) for t in best_times]
+    ok = [e <= TOLERANCE[scenario.dtype] for e in errors]
+    verified_medians = [m for (m, _), good in zip(stats, ok) if good]
+    best = min(verified_medians) if verified_medians else math.nan
+    best_spread = min((sp for (m, sp), good in zip(stats, ok) if good and m == best), default=0.0)
+    rows = []
+    for schedule, err, good, ts, (median, spread), tries in zip(
+            schedules, errors, ok, best_times, stats, attempts):
+        tie = max(policy.tie_floor, best_spread, spread)
+        rows.append({
+            **scenario.as_record(),
+            "scenario_id": scenario.scenario_id,
+            "schedule": schedule.name,
+            "status": "ok",
+            "error": "",
+            "time_s": median,
+            "time_spread": spread,
+            "times_s": ts,
+            "attempts": tries,
+            "noisy": spread > policy.noisy_spread,
+            "verified": bool(good),
+            "rel_error": err,
+            "is_best": bool(good and median == best),
+            "near_best": bool(good and median <= best * (1 + tie)),
+            **sig,
+            "threads_per_rank": torch.get_num_threads(),
+        })
+    return rows
+
+
+def _remeasure_noisy(op: Operator, schedules: list[Schedule], times: list[list[float]],
+                     policy: TimingPolicy) -> tuple[list[list[float]], list[int]]:
+    """Re-time schedules whose spread is above the limit; keep each one's calmest attempt."""
+    best = list(times)
+    attempts = [1] * len(schedules)
+    for _ in range(policy.max_remeasure):
+        noisy = [i for i, t in enumerate(best) if summarize(t)[1] > policy.noisy_spread]
+        if not noisy:
+            break
+        retimed, _ = timed_interleaved([(lambda s=schedules[i]: op.run(s)) for i in noisy],
+                                       1, policy.reps)
+        for i, t in zip(noisy, retimed):
+            attempts[i] += 1
+            if summarize(t)[1] < summarize(best[i])[1]:
+                best[i] = t
+    return best, attempts
+
+
+def failed_rows(scenario: Scenario, reason: str, backend: str = "cpu") -> list[dict]:
+    """Rows recording that `scenario` could not be measured (kept so a rerun does not retry it)."""
+    return [{
+        **scenario.as_record(), "scenario_id": scenario.scenario_id, "schedule": s.name,
+        "status": "failed", "error": reason, "time_s": math.nan, "time_spread": math.nan,
+        "times_s": [], "attempts": 0, "noisy": False, "verified": False, "rel_error": math.nan,
+        "is_best": False, "near_best": False, **{c: math.nan for c in SIGNATURE_COLUMNS},
+        "threads_per_rank": 0,
+    } for s in candidates(scenario, backend)]
