@@ -46,6 +46,12 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     is_rank0 = not distributed or int(os.environ.get("RANK", "0")) == 0
     parts = parts_dir(out) if out is not None else None
     done = {p.stem for p in parts.glob("*.parquet")} if parts is not None and parts.is_dir() else set()
+    if distributed:
+        init_from_env(config.timeout_s * 2)
+        # Only rank 0's disk holds the parts (ranks may be on other nodes): it decides what is left.
+        box = [sorted(done)]
+        dist.broadcast_object_list(box, src=0)
+        done = set(box[0])
     todo = [s for s in scenarios if s.scenario_id not in done]
     rows: list[dict] = []
 
@@ -60,7 +66,6 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     bar = tqdm(total=total, unit="schedule", desc="measure", disable=not (progress and is_rank0))
     try:
         if distributed:
-            init_from_env(config.timeout_s * 2)
             try:
                 measure_in_group(todo, config, lambda kind, payload: on_scenario(payload)
                                  if kind == "scenario" else bar.update(payload))

@@ -13,7 +13,7 @@ from ficco_select import Scenario, candidates
 from ficco_select.executor.cpu import MeasureConfig, MeasureError, background_progress_rank, measure_spawned
 from ficco_select.executor.ops import TOLERANCE, piece_bounds, relative_error
 
-FAST = MeasureConfig(warmup=0, reps=5, timeout_s=60)
+FAST = MeasureConfig(warmup=0, reps=5, timeout_s=60, max_remeasure=0)
 
 
 def correctness_set(P: int) -> list[Scenario]:
