@@ -100,6 +100,133 @@ def catalog_cmd(scale, out, world_sizes, models, dtype, hardware, as_json) -> No
                    f"from {len(summary['models'])} models -> {out}")
 
 
+@main.command()
+@click.option("--scenarios", "scenarios_path", type=click.Path(dir_okay=False), required=True,
+              help="Scenario table (CSV or Parquet).")
+@click.option("--hardware", default=None,
+              help="Preset name or spec file; default: each row's hardware column.")
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="Parquet dataset to write.")
+@click.option("--noise", type=float, default=0.0, show_default=True,
+              help="Log-normal sigma of simulated measurement noise (0: exact predictions).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
+def simulate(scenarios_path, hardware, out, noise, seed, as_json) -> None:
+    """Predict every legal schedule's time on hardware we do not have (backend=sim)."""
+    import dataclasses
+
+    from data.dataset import write_parquet_atomic
+    from data.scenarios import read_scenarios
+    from data.simulate import simulate as run_simulate
+    from ficco_select.hardware import HardwareError, load_hardware
+
+    try:
+        scenarios = read_scenarios(scenarios_path, backend="sim")
+        frames = []
+        names = [hardware] if hardware else sorted({s.hardware for s in scenarios})
+        for name in names:
+            hw = load_hardware(name)
+            chosen = [dataclasses.replace(s, hardware=hw.name) for s in scenarios
+                      if hardware or s.hardware == name]
+            frames.append(run_simulate(chosen, hw, noise=noise, seed=seed))
+    except (ScenarioError, HardwareError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    import pandas as pd
+
+    df = pd.concat(frames, ignore_index=True)
+    write_parquet_atomic(df, out)
+    summary = {"out": out, "scenarios": int(df["scenario_id"].nunique()), "rows": len(df),
+               "hardware": names}
+    if as_json:
+        _echo_json(summary)
+    else:
+        click.echo(f"{summary['rows']} rows for {summary['scenarios']} scenarios on {', '.join(names)} -> {out}")
+
+
+@main.group()
+def sim() -> None:
+    """Calibrate the simulator from measurements and check it against them."""
+
+
+@sim.command("validate")
+@click.option("--dataset", "dataset_path", type=click.Path(dir_okay=False), required=True,
+              help="A measured dataset (cpu or cuda backend).")
+@click.option("--devices", type=int, default=2, show_default=True,
+              help="Devices of the measured machine (the cpu backend: its cores).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the scenario split.")
+@click.option("--json", "as_json", is_flag=True)
+def sim_validate(dataset_path, devices, seed, as_json) -> None:
+    """Calibrate on half the scenarios, predict the other half, report the agreement."""
+    from data.calibrate import validate_simulator
+    from data.dataset import DatasetError, read_dataset
+
+    try:
+        report = validate_simulator(read_dataset(dataset_path), devices=devices, seed=seed)
+    except (DatasetError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        _echo_json(report)
+        return
+    for key, value in report.items():
+        if key not in ("spec", "largest_errors"):
+            click.echo(f"{key}: {value}")
+    click.echo("largest errors:")
+    for row in report["largest_errors"]:
+        click.echo(f"  {row}")
+
+
+@sim.command("calibrate")
+@click.option("--dataset", "dataset_path", type=click.Path(dir_okay=False), required=True)
+@click.option("--name", required=True, help="Name of the spec (and preset).")
+@click.option("--devices", type=int, default=2, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="YAML spec file to write.")
+def sim_calibrate(dataset_path, name, devices, out) -> None:
+    """Fit a hardware spec's primitive costs to a measured dataset."""
+    from pathlib import Path
+
+    from data.calibrate import calibrate, spec_yaml
+    from data.dataset import DatasetError, read_dataset
+
+    try:
+        spec = calibrate(read_dataset(dataset_path), name=name, devices=devices,
+                         description=f"calibrated from {dataset_path}")
+    except (DatasetError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    Path(out).write_text(spec_yaml(spec, f"ficco sim calibrate --dataset {dataset_path} --devices {devices}"))
+    click.echo(f"{name} -> {out}")
+
+
+@main.group()
+def hardware() -> None:
+    """Hardware specs: the presets shipped with ficco-select, or your own YAML file."""
+
+
+@hardware.command("list")
+def hardware_list() -> None:
+    """Print the preset names."""
+    from ficco_select.hardware import preset_names
+
+    click.echo("\n".join(preset_names()))
+
+
+@hardware.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+def hardware_show(name, as_json) -> None:
+    """Print one preset (or spec file), every field."""
+    from ficco_select.hardware import HardwareError, load_hardware, spec_as_dict
+
+    try:
+        spec = spec_as_dict(load_hardware(name))
+    except HardwareError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        _echo_json(spec)
+    else:
+        width = max(map(len, spec))
+        for key, value in spec.items():
+            click.echo(f"{key:<{width}}  {value}")
+
+
 @main.group()
 def dataset() -> None:
     """Inspect and check labeled datasets."""

@@ -21,6 +21,7 @@ This module is on the runtime path: plain Python only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -107,9 +108,9 @@ class Scenario:
 
     # -- identity ---------------------------------------------------------------------
     def as_record(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {col: getattr(self, col) for col in SCENARIO_COLUMNS}
 
-    @property
+    @functools.cached_property  # frozen: computed once per object
     def scenario_id(self) -> str:
         """Deterministic id from the columns: the same scenario has the same id everywhere."""
         rec = self.as_record()

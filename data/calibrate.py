@@ -1,0 +1,160 @@
+"""Calibrate a hardware spec from measurements, and validate the simulator against them.
+
+Calibration fits the primitive parameters the simulator composes, from what a measured
+dataset records per scenario (the whole GEMM alone, the whole collective alone, the GEMM
+slowdown while communicating):
+
+- GEMM: t_comp = launch + FLOPs / F   (least squares; F = peak x efficiency per dtype)
+- transfer: t_comm = steps x (latency + bytes_per_step / bandwidth)  (least squares over
+  the ring collectives of ag_gemm and gemm_rs)
+- contention: sm_comm_units = 1 - 1 / (1 + median cil_gemm_sm)
+
+``validate_simulator`` calibrates on part of the scenarios and predicts the rest:
+median absolute percentage error of schedule times, per-scenario Kendall tau between the
+simulated and measured orderings, and how often the simulated best is the measured best
+(or within its measured noise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import numpy as np
+import pandas as pd
+from scipy.stats import kendalltau
+
+from data.simulate import simulate_rows
+from ficco_select.hardware import HardwareSpec
+from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
+
+
+def _per_scenario(df: pd.DataFrame) -> pd.DataFrame:
+    ok = df[df["status"] == "ok"]
+    return ok.groupby("scenario_id", sort=False).first().reset_index()
+
+
+def calibrate(df: pd.DataFrame, *, name: str, devices: int, description: str = "") -> HardwareSpec:
+    """A spec whose primitive costs fit the measured dataset `df` (one backend, one machine)."""
+    s = _per_scenario(df)
+    if len(s) < 4:
+        raise ValueError(f"calibration needs at least 4 measured scenarios, got {len(s)}")
+    P = s["world_size"].to_numpy(float)
+    # Ranks beyond the machine's devices share them: undo that before fitting one device.
+    share = np.maximum(1.0, P / devices)
+    m, n, k = (s[c].to_numpy(float) for c in ("m", "n", "k"))
+    op = s["op"].to_numpy()
+    hot = np.where(op == "a2a_gemm", s["imbalance"].to_numpy(float) * m, 0)
+    M = np.where(op == "a2a_gemm", hot, m)
+    N = np.where(op == "ag_gemm", n / P, n)
+    K = np.where(op == "gemm_rs", k / P, k)
+    flops = 2 * M * N * K
+    t_comp = s["t_comp_s"].to_numpy(float) / share
+
+    peak: dict[str, float] = {}
+    launches = []
+    for dtype in sorted(set(s["dtype"])):
+        sel = (s["dtype"] == dtype).to_numpy()
+        launch, per_flop = _fit_line(flops[sel], t_comp[sel])
+        peak[dtype] = 1.0 / per_flop / 1e12
+        launches.append(launch)
+    peak.setdefault("float32", max(peak.values()))
+
+    ring = np.isin(op, ["ag_gemm", "gemm_rs"])
+    row_bytes = np.where(op == "ag_gemm", k, n) * s["dtype"].map({"float32": 4, "bfloat16": 2, "float16": 2}).to_numpy()
+    shard_bytes = m / P * row_bytes
+    steps = P - 1
+    t_comm = s["t_comm_s"].to_numpy(float) / share
+    lat, per_byte = _fit_line(shard_bytes[ring], t_comm[ring] / steps[ring])
+    cil = float(np.nanmedian(s["cil_gemm_sm"])) if "cil_gemm_sm" in s else 0.0
+    return HardwareSpec(
+        name=name, description=description or f"calibrated from {len(s)} measured scenarios",
+        devices=devices, peak_tflops=peak, mem_bw_gbps=1e4,  # GEMMs here are compute-bound
+        compute_units=1, tile_m=1, tile_n=1, gemm_efficiency=1.0,
+        gemm_launch_us=max(float(np.median(launches)) * 1e6, 0.1),
+        topology="switch", link_bw_gbps=1.0 / per_byte / 1e9,
+        sm_comm_latency_us=max(lat * 1e6, 0.1),
+        sm_comm_units=float(np.clip(1 - 1 / (1 + max(cil, 0.0)), 0.0, 0.9)),
+        copy_engines=0, dma_latency_us=0.0, dma_bw_gbps=0.0, dma_mem_contention=0.0,
+    )
+
+
+def _fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least-squares (intercept, slope) with both kept positive, weighted to relative error."""
+    w = 1.0 / np.maximum(y, 1e-12)  # relative errors: small and large shapes count alike
+    A = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    (a, b), *_ = np.linalg.lstsq(A, y * w, rcond=None)
+    if b <= 0:  # degenerate data: force through the origin
+        a, b = 0.0, float(np.sum(x * y * w * w) / np.sum(x * x * w * w))
+    return max(float(a), 0.0), float(b)
+
+
+def split_scenarios(ids: pd.Series, test_fraction: float = 0.5, seed: int = 0) -> np.ndarray:
+    """Deterministic split by scenario id hash: True = held out."""
+    h = ids.map(lambda s: zlib.crc32(f"{seed}/{s}".encode()) / 2**32)
+    return (h < test_fraction).to_numpy()
+
+
+def validate_simulator(df: pd.DataFrame, *, devices: int, seed: int = 0) -> dict:
+    """Calibrate on half the scenarios, predict the other half; the agreement figures."""
+    ok = df[(df["status"] == "ok") & df["verified"]].copy()
+    test = split_scenarios(ok["scenario_id"], seed=seed)
+    spec = calibrate(ok[~test], name="calibrated", devices=devices)
+    held = ok[test]
+    scenarios = [Scenario.from_record(r) for r in held.groupby("scenario_id", sort=False).first()
+                 .reset_index()[list(SCENARIO_COLUMNS)].to_dict("records")]
+    # Predict with the measured scenarios' own hardware label so ids line up.
+    sim = simulate_rows(scenarios, _with_devices(spec, devices))
+    merged = held.merge(sim[["scenario_id", "schedule", "time_s"]], on=["scenario_id", "schedule"],
+                        suffixes=("", "_sim"))
+    ape = (merged["time_s_sim"] - merged["time_s"]).abs() / merged["time_s"]
+    taus, best_hit, best_tie = [], [], []
+    for _, g in merged.groupby("scenario_id"):
+        if len(g) >= 3:
+            tau = kendalltau(g["time_s"], g["time_s_sim"]).statistic
+            if tau == tau:
+                taus.append(tau)
+        sim_best = g.loc[g["time_s_sim"].idxmin()]
+        best_hit.append(bool(sim_best["is_best"]))
+        best_tie.append(bool(sim_best["near_best"]))
+    worst = merged.assign(ape=ape).sort_values("ape", ascending=False).head(5)
+    self_tau, self_ape = measurement_self_agreement(held)
+    return {
+        "calibrated_on_scenarios": int((~test).sum() and ok[~test]["scenario_id"].nunique()),
+        "held_out_scenarios": int(held["scenario_id"].nunique()),
+        "mape": round(float(np.median(ape)), 3),
+        "mean_ape": round(float(np.mean(ape)), 3),
+        "kendall_tau_median": round(float(np.median(taus)), 3) if taus else None,
+        "kendall_tau_mean": round(float(np.mean(taus)), 3) if taus else None,
+        # The ceiling set by measurement noise: odd vs even repetitions of the same data.
+        "measurement_self_tau_median": self_tau,
+        "measurement_self_ape_median": self_ape,
+        "sim_best_is_measured_best": round(float(np.mean(best_hit)), 3),
+        "sim_best_within_measured_noise": round(float(np.mean(best_tie)), 3),
+        "spec": dataclasses.asdict(spec),
+        "largest_errors": worst[["op", "m", "n", "k", "world_size", "schedule", "time_s", "time_s_sim", "ape"]]
+        .round(5).to_dict("records"),
+    }
+
+
+def measurement_self_agreement(df: pd.DataFrame) -> tuple[float | None, float]:
+    """Median Kendall tau and APE between the medians of odd and even repetitions."""
+    odd = df["times_s"].map(lambda t: float(np.median(t[0::2])))
+    even = df["times_s"].map(lambda t: float(np.median(t[1::2])))
+    pairs = pd.DataFrame({"sid": df["scenario_id"], "a": odd, "b": even})
+    taus = [kendalltau(g["a"], g["b"]).statistic for _, g in pairs.groupby("sid") if len(g) >= 3]
+    taus = [t for t in taus if t == t]
+    ape = ((pairs["a"] - pairs["b"]).abs() / pairs["b"]).median()
+    return (round(float(np.median(taus)), 3) if taus else None), round(float(ape), 3)
+
+
+def spec_yaml(spec: HardwareSpec, source: str) -> str:
+    """A preset file for a calibrated spec, saying where its numbers came from."""
+    import yaml
+
+    head = f"# Calibrated, not published: {source}\n"
+    return head + yaml.safe_dump(dataclasses.asdict(spec), sort_keys=False)
+
+
+def _with_devices(spec: HardwareSpec, devices: int) -> HardwareSpec:
+    return dataclasses.replace(spec, devices=devices)

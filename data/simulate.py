@@ -1,0 +1,273 @@
+"""The `sim` backend: predicted time of every legal schedule, for hardware we do not have.
+
+A schedule is composed from per-primitive costs along its pipeline, vectorized over all
+(scenario, schedule) rows with NumPy:
+
+- GEMM: roofline with wave quantization: tiles = ceil(M/tile_m) * ceil(N/tile_n) spread
+  over the compute units in waves; time = max(FLOPs / (peak * efficiency * wave
+  utilization), bytes / memory bandwidth) + a fixed launch cost, with the best of three
+  tile sizes (``TILE_CHOICES``).
+- transfer: fixed cost per transfer + bytes / bandwidth, where the bandwidth depends on
+  the engine (``sm``: the link; ``dma``: min(link, copy-engine bandwidth), with at most
+  ``copy_engines`` transfers at once) and on how many links a step uses at once
+  (fully connected: one link per peer; switch: the device's port is shared; ring: a
+  transfer to a non-neighbour crosses several links).
+- contention while overlapped: an ``sm`` transfer takes ``sm_comm_units`` of the compute
+  units from the GEMM; a ``dma`` transfer only slows it by ``dma_mem_contention``.
+- pipeline: S steps; step s moves c_s while the GEMMs of step s-1 run, so
+  T = first + sum_s max(g_{s-1}', c_s) + last, where g' is the GEMM under contention
+  (reduce-scatter runs the same pipeline the other way round: GEMM, then its transfer).
+
+Same rows and columns as ``ficco measure`` (schema ``data.dataset``), ``backend=sim``;
+optional log-normal noise imitates measurement noise.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from data.dataset import provenance
+from ficco_select.executor.harness import SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES
+from ficco_select.hardware import HardwareSpec
+from ficco_select.scenario import Scenario
+from ficco_select.schedule import candidates
+
+US = 1e-6
+GB = 1e9
+
+
+# -- primitives (vectorized: every argument may be an array) ------------------------------
+TILE_CHOICES = ((1, 1.0), (2, 0.85), (4, 0.6))
+"""(tile shrink factor, efficiency kept): as GEMM libraries do, a small problem picks a
+smaller tile, filling more compute units at a lower per-unit efficiency."""
+
+
+def gemm_time(hw: HardwareSpec, M, N, K, dtype_bytes, peak_flops, units_free=1.0, mem_slowdown=0.0):
+    """Seconds for one (M x K) @ (K x N) GEMM on one device; 0 for empty GEMMs."""
+    M, N, K = (np.asarray(x, dtype=float) for x in (M, N, K))
+    units = hw.compute_units * np.asarray(units_free, dtype=float)
+    flops = 2 * M * N * K
+    compute = np.full(np.broadcast(M, N, K).shape, np.inf)
+    for shrink, efficiency in TILE_CHOICES:
+        tile_m, tile_n = max(hw.tile_m // shrink, 1), max(hw.tile_n // shrink, 1)
+        tiles = np.ceil(M / tile_m) * np.ceil(N / tile_n)
+        waves = np.ceil(tiles / np.maximum(units, 1))
+        utilization = np.where(tiles > 0, tiles / np.maximum(waves * units, 1), 1.0)
+        t = flops / (peak_flops * hw.gemm_efficiency * efficiency * utilization * units_free)
+        compute = np.minimum(compute, t)
+    memory = (M * K + K * N + M * N) * dtype_bytes / (hw.mem_bw_gbps * GB) * (1 + mem_slowdown)
+    return np.where(flops > 0, np.maximum(compute, memory) + hw.gemm_launch_us * US, 0.0)
+
+
+def transfer_time(hw: HardwareSpec, nbytes, concurrent, engine_dma, P):
+    """Seconds for one step that sends `nbytes` to each of `concurrent` peers at once."""
+    nbytes = np.asarray(nbytes, dtype=float)
+    concurrent = np.maximum(np.asarray(concurrent, dtype=float), 1)
+    P = np.asarray(P, dtype=float)
+    link = hw.link_bw_gbps * GB
+    if hw.topology == "fully_connected":
+        per_transfer_bw = np.full_like(nbytes, link)
+        hops = np.ones_like(nbytes)
+    elif hw.topology == "switch":
+        per_transfer_bw = link / concurrent  # one port into the switch, shared
+        hops = np.ones_like(nbytes)
+    else:  # ring: all-to-all traffic crosses P/4 links on average, in both directions
+        per_transfer_bw = np.where(concurrent > 1, 2 * link / concurrent, link)
+        hops = np.where(concurrent > 1, np.maximum(P / 4, 1), 1)
+    if engine_dma is True or (not isinstance(engine_dma, bool) and np.any(engine_dma)):
+        dma = np.asarray(engine_dma, dtype=bool)
+        engines = max(hw.copy_engines, 1)
+        dma_bw = np.minimum(per_transfer_bw, hw.dma_bw_gbps * GB)
+        waves = np.ceil(concurrent / engines)  # more transfers than engines queue up
+        t_dma = waves * (hw.dma_latency_us * US * hops + nbytes / dma_bw)
+        t_sm = hw.sm_comm_latency_us * US * hops + nbytes / per_transfer_bw
+        return np.where(nbytes > 0, np.where(dma, t_dma, t_sm), 0.0)
+    return np.where(nbytes > 0, hw.sm_comm_latency_us * US * hops + nbytes / per_transfer_bw, 0.0)
+
+
+def _contended(hw: HardwareSpec, g, c, dma):
+    """GEMM time while a transfer of time c runs beside it (only the overlapped part slows)."""
+    overlap = np.minimum(1.0, np.where(g > 0, c / np.maximum(g, 1e-30), 0.0))
+    slow_sm = 1 / (1 - hw.sm_comm_units) - 1
+    factor = np.where(dma, hw.dma_mem_contention, slow_sm)
+    return g * (1 + factor * overlap)
+
+
+# -- per-row shapes ------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4096)
+def _schedule_table(op: str, P: int, extent_m: int, extent_n: int, dtype: str, dma: bool) -> tuple:
+    """Legal schedules of every scenario sharing (op, P, extents, dtype), as column arrays.
+
+    Legality depends on the shape only through the shard extents compared with the
+    degrees (at most max(4, P)), so extents are capped and the answer cached.
+    """
+    m = extent_m * P
+    n = extent_n * P if op != "gemm_rs" else extent_n
+    probe = Scenario(group="probe", op=op, m=m, n=n, k=P, dtype=dtype, world_size=P, hardware="sim",
+                     imbalance=1.0)
+    schedules = [c for c in candidates(probe, "sim") if dma or c.engine != "dma"]
+    return (np.array([c.name for c in schedules], dtype=object),
+            np.array([c.granularity for c in schedules], dtype=object),
+            np.array([c.degree for c in schedules], dtype=float),
+            np.array([c.pattern == "a2a" for c in schedules]),
+            np.array([c.compute == "gemm_per_step" for c in schedules]),
+            np.array([c.split == "n" for c in schedules]),
+            np.array([c.engine == "dma" for c in schedules]))
+
+
+OP_CODES = {"ag_gemm": 0, "gemm_rs": 1, "a2a_gemm": 2}
+GRANULARITY_CODES = {"none": 0, "shard": 1, "ficco": 2}
+
+
+def _rows(scenarios: Sequence[Scenario], hw: HardwareSpec) -> dict[str, np.ndarray]:
+    """One row per (scenario, legal schedule): scenario columns and, as ``_*`` numeric
+    columns, what the model needs."""
+    cap = lambda x, P: min(x, max(4, P) + 1)  # noqa: E731 - extents beyond the largest degree are alike
+    tables = [_schedule_table(s.op, s.world_size, cap(s.m // s.world_size, s.world_size),
+                              cap(s.n // (1 if s.op == "gemm_rs" else s.world_size), s.world_size),
+                              s.dtype, hw.copy_engines > 0) for s in scenarios]
+    counts = np.array([len(t[0]) for t in tables])
+    cols: dict[str, np.ndarray] = {}
+    for col in ("group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "imbalance"):
+        cols[col] = np.repeat(np.array([getattr(s, col) for s in scenarios]), counts)
+    cols["scenario_id"] = np.repeat(np.array([s.scenario_id for s in scenarios]), counts)
+    for name, i in (("schedule", 0), ("_gran", 1), ("_d", 2), ("_a2a", 3), ("_per_step", 4),
+                    ("_split_n", 5), ("_dma", 6)):
+        cols[name] = np.concatenate([t[i] for t in tables]) if tables else np.array([])
+    # a2a_gemm: the busiest expert decides the time
+    cols["_hot"] = np.where(cols["op"] == "a2a_gemm", cols["imbalance"] * cols["m"], 0.0)
+    cols["_bytes"] = np.repeat(np.array([s.dtype_bytes for s in scenarios], dtype=float), counts)
+    cols["_op"] = np.repeat(np.array([OP_CODES[s.op] for s in scenarios]), counts)
+    cols["_gran"] = np.array([GRANULARITY_CODES[g] for g in cols["_gran"]], dtype=int)
+    peak = [hw.peak_tflops.get(s.dtype, hw.peak_tflops["float32"]) * 1e12 for s in scenarios]
+    cols["_peak"] = np.repeat(np.array(peak, dtype=float), counts)
+    return cols
+
+
+def simulate_rows(scenarios: Sequence[Scenario], hw: HardwareSpec) -> pd.DataFrame:
+    """Predicted time of every legal schedule of every scenario, plus signatures."""
+    cols = _rows(scenarios, hw)
+    pred = predict(cols, hw)
+    public = {c: v for c, v in cols.items() if not c.startswith("_")}
+    return pd.DataFrame({**public, **pred})
+
+
+def predict(cols: dict[str, np.ndarray], hw: HardwareSpec) -> dict[str, np.ndarray]:
+    """The model on column arrays (one entry per (scenario, schedule)): time and signatures."""
+    P = cols["world_size"].astype(float)
+    m, n, k = (cols[c].astype(float) for c in ("m", "n", "k"))
+    b, d, peak = cols["_bytes"], cols["_d"], cols["_peak"]
+    gran = cols["_gran"]
+    a2a, per_step, split_n, dma = (cols[c] for c in ("_a2a", "_per_step", "_split_n", "_dma"))
+    op = cols["_op"]
+    is_ag, is_rs, is_moe = op == 0, op == 1, op == 2
+
+    # Per-rank whole GEMM (M, N, K) and per-shard transfer bytes.
+    hot = cols["_hot"].astype(float)
+    M_whole = np.select([is_ag, is_rs], [m, m], default=hot)
+    N_whole = np.select([is_ag, is_rs], [n / P, n], default=n)
+    K_whole = np.select([is_ag, is_rs], [k, k / P], default=k)
+    shard_rows = np.select([is_ag, is_rs], [m / P, m / P], default=hot / P)  # rows per shard / chunk
+    shard_cols = np.select([is_ag, is_rs], [k, n], default=k)                 # bytes per row / dtype
+    g_whole = gemm_time(hw, M_whole, N_whole, K_whole, b, peak)
+
+    # Baseline: the whole collective (ring for AG/RS, every peer at once for A2A), then the GEMM.
+    shard_bytes = shard_rows * shard_cols * b
+    ring_coll = (P - 1) * transfer_time(hw, shard_bytes, 1, False, P)
+    a2a_coll = transfer_time(hw, shard_bytes, P - 1, False, P)
+    t_comm_whole = np.where(is_moe, a2a_coll, ring_coll)
+    rs_adds = np.where(is_rs, (P - 1) * 3 * shard_bytes / (hw.mem_bw_gbps * GB), 0.0)
+    t_comm_whole = t_comm_whole + rs_adds
+
+    # Overlapped schedules: pieces of shard_rows / d rows (or n / d columns for gemm_rs split n).
+    dd = np.where(gran == GRANULARITY_CODES["ficco"], d, 1.0)
+    piece_rows = np.where(split_n, shard_rows, shard_rows / dd)
+    piece_N = np.where(split_n, N_whole / dd, N_whole)
+    piece_bytes = np.where(split_n, shard_bytes / dd, piece_rows * shard_cols * b)
+    concurrent = np.where(a2a, P - 1, 1)
+    c_piece = transfer_time(hw, piece_bytes, concurrent, dma, P)
+    g_piece = gemm_time(hw, piece_rows, piece_N, K_whole, b, peak)
+    g_shard = gemm_time(hw, shard_rows, N_whole, K_whole, b, peak)
+    # a2a pattern, per step: one batched GEMM over the P pieces of the step.
+    g_step_batched = gemm_time(hw, piece_rows * P, piece_N, K_whole, b, peak)
+
+    # Steps of the pipeline: ring: (P-1) hops x d pieces; a2a: d steps of P-1 peers at once.
+    steps = np.where(a2a, dd, (P - 1) * dd)
+    # GEMM work per step and transfer time per step.
+    g_step = np.where(a2a, np.where(per_step, g_step_batched, P * g_piece),
+                      np.where(per_step, g_shard / dd, g_piece))
+    c_step = c_piece
+    g_step_c = _contended(hw, g_step, c_step, dma)
+    # Local work that overlaps the first transfer: the local shard (ring), or the first
+    # local piece (a2a pattern, GEMM per piece); a per-step a2a GEMM waits for its step.
+    g_local = np.where(a2a, np.where(per_step, 0.0, g_piece), np.where(per_step, g_shard, dd * g_piece))
+    first = np.maximum(_contended(hw, g_local, c_step, dma), c_step)
+    middle = (steps - 1) * np.maximum(g_step_c, c_step)
+    t_over = first + middle + g_step + rs_adds / np.maximum(steps, 1)
+    time = np.where(gran == GRANULARITY_CODES["none"], t_comm_whole + g_whole, t_over)
+
+    sig = _signatures(hw, M_whole, N_whole, K_whole, shard_rows, shard_cols, b, peak, P, g_whole,
+                      t_comm_whole)  # ratios: computed before the time-sharing factor below
+    # More ranks than devices (the cpu backend's 4 ranks on 2 cores) time-share them.
+    share = np.maximum(1.0, P / hw.devices)
+    time, g_whole, t_comm_whole = time * share, g_whole * share, t_comm_whole * share
+    return {
+        "time_s": time,
+        "t_comp_s": g_whole,
+        "t_comm_s": t_comm_whole,
+        "ideal_speedup": (g_whole + t_comm_whole) / np.maximum(g_whole, t_comm_whole),
+        **sig,
+    }
+
+
+def _signatures(hw, M, N, K, shard_rows, shard_cols, b, peak, P, g_whole, t_comm):
+    """DIL and chunking loss of the ring schedule at each granularity, CIL per engine."""
+    sig = {}
+    for g in SIGNATURE_GRANULARITIES:
+        d = P if g == "dP" else (1.0 if g == "shard" else float(g[1:]))
+        pieces = P * d
+        legal = shard_rows >= d
+        dil = pieces * gemm_time(hw, M / pieces, N, K, b, peak) / g_whole - 1
+        chunk = (P - 1) * d * transfer_time(hw, shard_rows / d * shard_cols * b, 1, False, P) / t_comm - 1
+        sig[f"dil_{g}"] = np.where(legal, dil, np.nan)
+        sig[f"chunk_loss_{g}"] = np.where(legal, chunk, np.nan)
+    sig["cil_gemm_sm"] = np.full(len(M), 1 / (1 - hw.sm_comm_units) - 1)
+    pair = np.maximum(_contended(hw, g_whole, t_comm, False), t_comm)
+    sig["cil_overlap_sm"] = pair / np.maximum(g_whole, t_comm) - 1
+    return sig
+
+
+def simulate(scenarios: Sequence[Scenario], hw: HardwareSpec, *, noise: float = 0.0, reps: int = 5,
+             seed: int = 0) -> pd.DataFrame:
+    """A dataset in the schema of ``ficco measure`` with backend=sim.
+
+    noise > 0 draws `reps` log-normal repetitions (sigma = noise) around each prediction.
+    """
+    out = simulate_rows(scenarios, hw)
+    rng = np.random.default_rng(seed)
+    base = out["time_s"].to_numpy()
+    reps_t = base[:, None] * (rng.lognormal(0.0, noise, size=(len(out), reps)) if noise > 0 else 1.0)
+    reps_t = np.broadcast_to(reps_t, (len(out), reps)) if noise == 0 else reps_t
+    q1, med, q3 = np.percentile(reps_t, [25, 50, 75], axis=1)
+    out["time_s"] = med
+    out["time_spread"] = (q3 - q1) / med
+    out["times_s"] = [list(r) for r in reps_t]
+    out["status"], out["error"], out["attempts"] = "ok", "", 1
+    out["noisy"] = out["time_spread"] > 0.05
+    out["verified"] = True  # the model has no wrong outputs; measured backends check theirs
+    out["rel_error"] = 0.0
+    best = out.groupby("scenario_id")["time_s"].transform("min")
+    best_spread = out.loc[out["time_s"] == best].groupby("scenario_id")["time_spread"].min()
+    tie = np.maximum(0.02, np.maximum(out["scenario_id"].map(best_spread), out["time_spread"]))
+    out["is_best"] = out["time_s"] == best
+    out["near_best"] = out["time_s"] <= best * (1 + tie)
+    out["threads_per_rank"] = 0
+    prov = provenance("sim")
+    prov["hardware_fingerprint"] = f"sim:{hw.name}"
+    out = out.assign(**prov)
+    order = [c for c in out.columns if c not in SIGNATURE_COLUMNS] + list(SIGNATURE_COLUMNS)
+    return out[order].reset_index(drop=True)

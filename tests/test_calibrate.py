@@ -1,0 +1,45 @@
+"""Calibration recovers known primitive costs; validation reports agreement figures."""
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from data.calibrate import calibrate, measurement_self_agreement, validate_simulator
+from data.simulate import simulate
+from ficco_select import Scenario
+from ficco_select.hardware import load_hardware
+
+
+def synthetic_cpu_dataset(noise=0.0):
+    """A dataset simulated on a known cpu-like spec: calibration must recover its numbers."""
+    truth = dataclasses.replace(load_hardware("cpu"), peak_tflops={"float32": 0.1}, link_bw_gbps=2.0,
+                                sm_comm_latency_us=50.0, gemm_launch_us=10.0)
+    scenarios = [Scenario(group=f"g{i % 3}", op=op, m=m, n=n, k=k, dtype="float32", world_size=P, hardware="cpu")
+                 for i, (op, m, n, k, P) in enumerate(
+                     (op, m * P, n * P, k * P, P) for op in ("ag_gemm", "gemm_rs") for P in (2, 4)
+                     for m in (16, 64, 256) for n in (32, 128) for k in (64, 256))]
+    return truth, simulate(scenarios, truth, noise=noise, seed=3)
+
+
+def test_calibration_recovers_the_primitive_costs():
+    truth, df = synthetic_cpu_dataset()
+    spec = calibrate(df, name="fit", devices=truth.devices)
+    assert np.isclose(spec.peak_tflops["float32"], 0.1, rtol=0.05)
+    assert np.isclose(spec.link_bw_gbps, 2.0, rtol=0.1)
+    assert np.isclose(spec.sm_comm_latency_us, 50.0, rtol=0.2)
+
+
+def test_validation_on_its_own_model_agrees_and_on_noise_degrades():
+    _, exact = synthetic_cpu_dataset()
+    report = validate_simulator(exact, devices=2)
+    assert report["mape"] < 0.1 and report["kendall_tau_median"] > 0.9
+    _, noisy = synthetic_cpu_dataset(noise=0.3)
+    worse = validate_simulator(noisy, devices=2)
+    assert worse["mape"] > report["mape"]
+    assert set(report) >= {"measurement_self_tau_median", "sim_best_is_measured_best", "largest_errors"}
+
+
+def test_self_agreement_of_identical_repetitions_is_perfect():
+    df = pd.DataFrame({"scenario_id": ["a"] * 3, "times_s": [[1.0] * 6, [2.0] * 6, [3.0] * 6]})
+    assert measurement_self_agreement(df) == (1.0, 0.0)
