@@ -16,7 +16,7 @@ import json
 import time
 
 from data.catalog import catalog
-from data.simulate import _rows, predict, simulate_rows
+from data.simulate import build_rows, predict, simulate_rows
 from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
 
@@ -38,7 +38,7 @@ def main() -> None:
     hw = load_hardware("mi300x-8")
     records = catalog("full", world_sizes=(2, 4, 8), hardware="mi300x-8")
     scenarios = [Scenario.from_record(r) for _ in range(args.copies) for r in records]
-    cols = _rows(scenarios, hw)
+    cols = build_rows(scenarios, hw)
     n = len(cols["schedule"])
     t_model = best_of(lambda: predict(cols, hw))
     t_end = best_of(lambda: simulate_rows(scenarios, hw))

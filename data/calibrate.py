@@ -8,6 +8,7 @@ slowdown while communicating):
 - transfer: t_comm = steps x (latency + bytes_per_step / bandwidth)  (least squares over
   the ring collectives of ag_gemm and gemm_rs)
 - contention: sm_comm_units = 1 - 1 / (1 + median cil_gemm_sm)
+- then (``refine``) those primitives are rescaled so composed schedule times fit too.
 
 ``validate_simulator`` calibrates on part of the scenarios and predicts the rest:
 median absolute percentage error of schedule times, per-scenario Kendall tau between the
@@ -22,9 +23,10 @@ import zlib
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import minimize
 from scipy.stats import kendalltau
 
-from data.simulate import simulate_rows
+from data.simulate import build_rows, predict, simulate_rows
 from ficco_select.hardware import HardwareSpec
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
 
@@ -34,7 +36,8 @@ def _per_scenario(df: pd.DataFrame) -> pd.DataFrame:
     return ok.groupby("scenario_id", sort=False).first().reset_index()
 
 
-def calibrate(df: pd.DataFrame, *, name: str, devices: int, description: str = "") -> HardwareSpec:
+def calibrate(df: pd.DataFrame, *, name: str, devices: int, description: str = "",
+              refine: bool = True) -> HardwareSpec:
     """A spec whose primitive costs fit the measured dataset `df` (one backend, one machine)."""
     s = _per_scenario(df)
     if len(s) < 4:
@@ -67,7 +70,7 @@ def calibrate(df: pd.DataFrame, *, name: str, devices: int, description: str = "
     t_comm = s["t_comm_s"].to_numpy(float) / share
     lat, per_byte = _fit_line(shard_bytes[ring], t_comm[ring] / steps[ring])
     cil = float(np.nanmedian(s["cil_gemm_sm"])) if "cil_gemm_sm" in s else 0.0
-    return HardwareSpec(
+    spec = HardwareSpec(
         name=name, description=description or f"calibrated from {len(s)} measured scenarios",
         devices=devices, peak_tflops=peak, mem_bw_gbps=1e4,  # GEMMs here are compute-bound
         compute_units=1, tile_m=1, tile_n=1, gemm_efficiency=1.0,
@@ -77,6 +80,43 @@ def calibrate(df: pd.DataFrame, *, name: str, devices: int, description: str = "
         sm_comm_units=float(np.clip(1 - 1 / (1 + max(cil, 0.0)), 0.0, 0.9)),
         copy_engines=0, dma_latency_us=0.0, dma_bw_gbps=0.0, dma_mem_contention=0.0,
     )
+    return _refine(spec, df) if refine else spec
+
+
+def _refine(spec: HardwareSpec, df: pd.DataFrame) -> HardwareSpec:
+    """Second stage: adjust the fitted primitives so composed schedule times match.
+
+    Primitives timed alone miss what composing them costs here (rank skew, thread
+    wake-ups, gloo threads taking a core from the GEMM), so the scale of compute rate,
+    link bandwidth, per-transfer latency and launch cost, and the share of compute an
+    ``sm`` transfer takes, are fitted by Nelder-Mead to the median absolute log error of
+    every measured schedule time.
+    """
+    ok = df[(df["status"] == "ok") & df["verified"]]
+    scenarios = [Scenario.from_record(r) for r in ok.groupby("scenario_id", sort=False).first()
+                 .reset_index()[list(SCENARIO_COLUMNS)].to_dict("records")]
+    cols = build_rows(scenarios, spec)
+    keys = pd.DataFrame({"scenario_id": cols["scenario_id"], "schedule": cols["schedule"]})
+    measured = keys.merge(ok[["scenario_id", "schedule", "time_s"]], how="left")["time_s"].to_numpy()
+    have = np.isfinite(measured)
+
+    def adjusted(x: np.ndarray) -> HardwareSpec:
+        scale = [float(np.exp(v)) for v in x[:4]]
+        return dataclasses.replace(
+            spec, peak_tflops={d: v * scale[0] for d, v in spec.peak_tflops.items()},
+            link_bw_gbps=spec.link_bw_gbps * scale[1], sm_comm_latency_us=spec.sm_comm_latency_us * scale[2],
+            gemm_launch_us=spec.gemm_launch_us * scale[3], sm_comm_units=float(np.clip(x[4], 0.0, 0.9)))
+
+    def loss(x: np.ndarray) -> float:
+        c = dict(cols, _peak=cols["_peak"] * np.exp(x[0]))
+        t = predict(c, adjusted(x))["time_s"]
+        return float(np.median(np.abs(np.log(t[have] / measured[have]))))
+
+    start = np.array([0.0, 0.0, 0.0, 0.0, spec.sm_comm_units])
+    simplex = np.vstack([start] + [start + step for step in np.diag([0.3, 0.3, 0.3, 0.3, 0.2])])
+    best = minimize(loss, start, method="Nelder-Mead",
+                    options={"maxiter": 600, "xatol": 1e-3, "fatol": 1e-4, "initial_simplex": simplex})
+    return adjusted(best.x) if best.fun < loss(start) else spec
 
 
 def _fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:

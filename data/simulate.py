@@ -123,7 +123,7 @@ OP_CODES = {"ag_gemm": 0, "gemm_rs": 1, "a2a_gemm": 2}
 GRANULARITY_CODES = {"none": 0, "shard": 1, "ficco": 2}
 
 
-def _rows(scenarios: Sequence[Scenario], hw: HardwareSpec) -> dict[str, np.ndarray]:
+def build_rows(scenarios: Sequence[Scenario], hw: HardwareSpec) -> dict[str, np.ndarray]:
     """One row per (scenario, legal schedule): scenario columns and, as ``_*`` numeric
     columns, what the model needs."""
     cap = lambda x, P: min(x, max(4, P) + 1)  # noqa: E731 - extents beyond the largest degree are alike
@@ -150,7 +150,7 @@ def _rows(scenarios: Sequence[Scenario], hw: HardwareSpec) -> dict[str, np.ndarr
 
 def simulate_rows(scenarios: Sequence[Scenario], hw: HardwareSpec) -> pd.DataFrame:
     """Predicted time of every legal schedule of every scenario, plus signatures."""
-    cols = _rows(scenarios, hw)
+    cols = build_rows(scenarios, hw)
     pred = predict(cols, hw)
     public = {c: v for c, v in cols.items() if not c.startswith("_")}
     return pd.DataFrame({**public, **pred})
