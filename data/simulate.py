@@ -175,11 +175,13 @@ def predict(cols: dict[str, np.ndarray], hw: HardwareSpec) -> dict[str, np.ndarr
     shard_cols = np.select([is_ag, is_rs], [k, n], default=k)                 # bytes per row / dtype
     g_whole = gemm_time(hw, M_whole, N_whole, K_whole, b, peak)
 
-    # Baseline: the whole collective (ring for AG/RS, every peer at once for A2A), then the GEMM.
+    # Baseline: the whole collective, then the GEMM. The collective uses the better of a
+    # ring and a direct exchange with every peer at once (what a collective library picks:
+    # direct on a fully connected node), A2A always the direct exchange.
     shard_bytes = shard_rows * shard_cols * b
     ring_coll = (P - 1) * transfer_time(hw, shard_bytes, 1, False, P)
     a2a_coll = transfer_time(hw, shard_bytes, P - 1, False, P)
-    t_comm_whole = np.where(is_moe, a2a_coll, ring_coll)
+    t_comm_whole = np.where(is_moe, a2a_coll, np.minimum(ring_coll, a2a_coll))
     rs_adds = np.where(is_rs, (P - 1) * 3 * shard_bytes / (hw.mem_bw_gbps * GB), 0.0)
     t_comm_whole = t_comm_whole + rs_adds
 
