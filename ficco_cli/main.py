@@ -142,6 +142,73 @@ def simulate(scenarios_path, hardware, out, noise, seed, as_json) -> None:
         click.echo(f"{summary['rows']} rows for {summary['scenarios']} scenarios on {', '.join(names)} -> {out}")
 
 
+@main.command()
+@click.option("--dataset", "datasets", multiple=True, type=click.Path(dir_okay=False),
+              help="Dataset(s) to evaluate on (default: the committed cpu dataset + the catalog "
+                   "simulated on every GPU preset).")
+@click.option("--splits", default="random,family,hardware,world_size", show_default=True,
+              help="Comma-separated: random, family (leave one model family out), hardware "
+                   "(leave one hardware out), world_size (train on smaller, test on the largest).")
+@click.option("--json", "as_json", is_flag=True, help="Print every split's metrics as JSON.")
+@click.option("--no-progress", is_flag=True)
+def evaluate(datasets, splits, as_json, no_progress) -> None:
+    """Train every selector and the heuristic on some groups, score them on unseen ones."""
+    import pandas as pd
+
+    from data.dataset import DatasetError, read_dataset
+    from train.evaluate import evaluate as run_evaluate, tables
+    from train.metrics import format_table
+    from train.training_data import default_training_data
+
+    try:
+        df = (pd.concat([read_dataset(p) for p in datasets], ignore_index=True) if datasets
+              else default_training_data())
+        results = run_evaluate(df, splits=[x.strip() for x in splits.split(",") if x.strip()],
+                               progress=not no_progress)
+    except (DatasetError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        _echo_json(results)
+        return
+    for split, table in tables(results).items():
+        click.echo(f"\n== {split} (mean over {len(results['splits'][split]['folds'])} folds) ==")
+        click.echo(format_table(table))
+
+
+@main.command("train")
+@click.option("--dataset", "datasets", multiple=True, type=click.Path(dir_okay=False),
+              help="Dataset(s) to train on (default: committed cpu dataset + simulated GPU presets).")
+@click.option("--splits", default="random,family,hardware,world_size", show_default=True)
+@click.option("--out", "out_dir", default="out/train", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for the comparison tables (also logged to MLflow).")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--no-progress", is_flag=True)
+def train_cmd(datasets, splits, out_dir, as_json, no_progress) -> None:
+    """Evaluate every selector, track it in MLflow, register the best, promote it if it wins.
+
+    Tracking store: $MLFLOW_TRACKING_URI, else MLflow's default (sqlite:///mlflow.db here).
+    """
+    import pandas as pd
+
+    from data.dataset import DatasetError, read_dataset
+    from train.run import train
+    from train.training_data import default_training_data
+
+    try:
+        df = (pd.concat([read_dataset(p) for p in datasets], ignore_index=True) if datasets
+              else default_training_data())
+        summary = train(df, splits=[x.strip() for x in splits.split(",") if x.strip()], out_dir=out_dir,
+                        progress=not no_progress)
+    except (DatasetError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        _echo_json({k: v for k, v in summary.items() if k != "text"})
+        return
+    click.echo(summary["text"])
+    click.echo(f"\nMLflow run {summary['run_id']}: registered {summary['chosen']} as ficco-selector "
+               f"version {summary['version']}; champion {'moved to it' if summary['promoted'] else 'unchanged'}.")
+
+
 @main.group()
 def sim() -> None:
     """Calibrate the simulator from measurements and check it against them."""

@@ -1,0 +1,152 @@
+"""Features of (scenario, schedule) pairs.
+
+Scenario features: operator, shapes (log2), dtype size, world size, imbalance, the
+per-rank GEMM and shard, FLOPs, bytes moved, arithmetic intensity, the hardware's
+numbers, and analytic estimates on that hardware (``ficco_select.costs``): compute and
+communication time, their ratio, ideal overlap speedup, decomposition loss (DIL) and
+chunking loss at d = 2 and 4. Measured signatures are not used: the runtime never has
+them, and a model must see the same features in training and at runtime.
+
+Schedule features: the schedule's axes and its piece sizes and estimated piece costs.
+
+Shapes: ``pair_features(records, schedules, hardware)`` -> (n_pairs, n_features) float64,
+NaN where a value does not apply.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ficco_select.costs import GB, US, gemm_time, transfer_time
+from ficco_select.hardware import TOPOLOGIES, HardwareSpec
+from ficco_select.scenario import DTYPES, OPS
+from ficco_select.schedule import GRANULARITIES, Schedule, parse
+
+FEATURE_SCHEMA_VERSION = 1
+
+SCENARIO_FEATURES = (
+    *[f"op_{op}" for op in OPS],
+    "log2_m", "log2_n", "log2_k", "dtype_bytes", "world_size", "imbalance",
+    "log2_rank_M", "log2_rank_N", "log2_rank_K", "log2_shard_rows",
+    "log2_flops", "log2_bytes_moved", "log2_intensity",
+    "log2_peak_flops", "log2_mem_bw", "compute_units", "log2_link_bw",
+    "log2_sm_latency", "log2_dma_latency", "copy_engines",
+    *[f"topo_{t}" for t in TOPOLOGIES],
+    "log2_t_comp_est", "log2_t_comm_est", "log2_comp_comm_ratio", "ideal_est",
+    "dil_d2_est", "dil_d4_est", "chunk_d2_est", "chunk_d4_est",
+)
+SCHEDULE_FEATURES = (
+    *[f"gran_{g}" for g in GRANULARITIES],
+    "degree", "pattern_a2a", "gemm_per_step", "split_n", "engine_dma",
+    "log2_pieces", "log2_piece_rows", "log2_piece_bytes", "log2_piece_gemm_est", "log2_piece_comm_est",
+)
+FEATURE_NAMES = (*SCENARIO_FEATURES, *SCHEDULE_FEATURES)
+FEATURE_SCHEMA_HASH = hashlib.sha1(
+    f"{FEATURE_SCHEMA_VERSION}:{','.join(FEATURE_NAMES)}".encode()).hexdigest()[:12]
+"""Stored with every model; a model whose hash differs is refused at load."""
+
+
+def _log2(x) -> np.ndarray:
+    return np.log2(np.maximum(np.asarray(x, dtype=float), 1e-30))
+
+
+def schedule_axes(names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The schedule columns of the feature matrix, from schedule names."""
+    parsed = [parse(n) for n in names]
+    return {
+        **{f"gran_{g}": np.array([s.granularity == g for s in parsed], dtype=float) for g in GRANULARITIES},
+        "degree": np.array([s.degree for s in parsed], dtype=float),
+        "pattern_a2a": np.array([s.pattern == "a2a" for s in parsed], dtype=float),
+        "gemm_per_step": np.array([s.compute == "gemm_per_step" for s in parsed], dtype=float),
+        "split_n": np.array([s.split == "n" for s in parsed], dtype=float),
+        "engine_dma": np.array([s.engine == "dma" for s in parsed], dtype=float),
+    }
+
+
+def pair_features(records: Sequence[Mapping], schedules: Sequence[str | Schedule],
+                  hardware: Mapping[str, HardwareSpec]) -> np.ndarray:
+    """Feature matrix (n, len(FEATURE_NAMES)) for n (scenario record, schedule) pairs.
+
+    records[i] has the scenario-table columns; hardware maps each record's ``hardware``
+    to its spec. A record whose hardware is missing from the mapping raises KeyError.
+    """
+    n = len(records)
+    col = lambda name: np.array([r[name] for r in records])  # noqa: E731
+    op = col("op")
+    m, nn, k = (col(c).astype(float) for c in ("m", "n", "k"))
+    P = col("world_size").astype(float)
+    imb = np.array([float(r.get("imbalance", 1.0) or 1.0) for r in records])
+    b = np.array([DTYPES[r["dtype"]] for r in records], dtype=float)
+    specs = [hardware[r["hardware"]] for r in records]
+    peak = np.array([hw.peak_tflops.get(r["dtype"], hw.peak_tflops["float32"]) * 1e12
+                     for hw, r in zip(specs, records)])
+    is_ag, is_rs = op == "ag_gemm", op == "gemm_rs"
+    hot = imb * m
+    M = np.where(is_ag | is_rs, m, hot)
+    N = np.where(is_ag, nn / P, nn)
+    K = np.where(is_rs, k / P, k)
+    shard_rows = np.where(is_ag | is_rs, m / P, hot / P)
+    row_elems = np.where(is_rs, nn, k)
+    shard_bytes = shard_rows * row_elems * b
+    flops = 2 * M * N * K
+    moved = (P - 1) * shard_bytes
+
+    # Hardware-dependent estimates, per distinct spec (vectorized within each).
+    t_comp, t_comm = np.empty(n), np.empty(n)
+    dil = {d: np.empty(n) for d in (2, 4)}
+    chunk = {d: np.empty(n) for d in (2, 4)}
+    for spec in {id(s): s for s in specs}.values():
+        sel = np.array([s is spec for s in specs])
+        Ms, Ns, Ks, bs, pk, Ps, sb = M[sel], N[sel], K[sel], b[sel], peak[sel], P[sel], shard_bytes[sel]
+        t_comp[sel] = gemm_time(spec, Ms, Ns, Ks, bs, pk)
+        ring = (Ps - 1) * transfer_time(spec, sb, 1, False, Ps)
+        direct = transfer_time(spec, sb, Ps - 1, False, Ps)
+        t_comm[sel] = np.minimum(ring, direct)
+        for d in (2, 4):
+            pieces = Ps * d
+            dil[d][sel] = pieces * gemm_time(spec, Ms / pieces, Ns, Ks, bs, pk) / t_comp[sel] - 1
+            chunk[d][sel] = (Ps - 1) * d * transfer_time(spec, sb / d, 1, False, Ps) / ring - 1
+
+    cols: dict[str, np.ndarray] = {
+        **{f"op_{o}": (op == o).astype(float) for o in OPS},
+        "log2_m": _log2(m), "log2_n": _log2(nn), "log2_k": _log2(k), "dtype_bytes": b,
+        "world_size": P, "imbalance": imb,
+        "log2_rank_M": _log2(M), "log2_rank_N": _log2(N), "log2_rank_K": _log2(K),
+        "log2_shard_rows": _log2(shard_rows),
+        "log2_flops": _log2(flops), "log2_bytes_moved": _log2(moved),
+        "log2_intensity": _log2(flops / np.maximum(moved, 1)),
+        "log2_peak_flops": _log2(peak), "log2_mem_bw": _log2([s.mem_bw_gbps * GB for s in specs]),
+        "compute_units": np.array([s.compute_units for s in specs], dtype=float),
+        "log2_link_bw": _log2([s.link_bw_gbps * GB for s in specs]),
+        "log2_sm_latency": _log2([s.sm_comm_latency_us * US for s in specs]),
+        "log2_dma_latency": _log2([max(s.dma_latency_us, 1e-3) * US for s in specs]),
+        "copy_engines": np.array([s.copy_engines for s in specs], dtype=float),
+        **{f"topo_{t}": np.array([s.topology == t for s in specs], dtype=float) for t in TOPOLOGIES},
+        "log2_t_comp_est": _log2(t_comp), "log2_t_comm_est": _log2(t_comm),
+        "log2_comp_comm_ratio": _log2(t_comp / t_comm),
+        "ideal_est": (t_comp + t_comm) / np.maximum(t_comp, t_comm),
+        "dil_d2_est": dil[2], "dil_d4_est": dil[4], "chunk_d2_est": chunk[2], "chunk_d4_est": chunk[4],
+    }
+
+    names = [s.name if isinstance(s, Schedule) else s for s in schedules]
+    axes = schedule_axes(names)
+    d = np.where(axes["gran_ficco"] > 0, axes["degree"], 1.0)
+    piece_rows = np.where(axes["split_n"] > 0, shard_rows, shard_rows / d)
+    piece_bytes = shard_bytes / d
+    piece_gemm, piece_comm = np.empty(n), np.empty(n)
+    for spec in {id(s): s for s in specs}.values():
+        sel = np.array([s is spec for s in specs])
+        piece_N = np.where(axes["split_n"][sel] > 0, N[sel] / d[sel], N[sel])
+        piece_gemm[sel] = gemm_time(spec, piece_rows[sel], piece_N, K[sel], b[sel], peak[sel])
+        concurrent = np.where(axes["pattern_a2a"][sel] > 0, P[sel] - 1, 1)
+        piece_comm[sel] = transfer_time(spec, piece_bytes[sel], concurrent, axes["engine_dma"][sel] > 0, P[sel])
+    cols.update(axes)
+    cols.update({
+        "log2_pieces": _log2(P * d), "log2_piece_rows": _log2(piece_rows),
+        "log2_piece_bytes": _log2(piece_bytes), "log2_piece_gemm_est": _log2(piece_gemm),
+        "log2_piece_comm_est": _log2(piece_comm),
+    })
+    return np.column_stack([cols[name] for name in FEATURE_NAMES]) if n else np.empty((0, len(FEATURE_NAMES)))

@@ -1,0 +1,127 @@
+"""The hand heuristic: documented rules in the spirit of the FiCCO paper.
+
+Estimates come from ``ficco_select.costs`` on the scenario's hardware spec:
+T_comp (whole per-rank GEMM), T_comm (whole collective), DIL at degree d (the pieces'
+GEMMs over the whole GEMM, minus 1) and a piece's transfer time.
+
+Rules, in order:
+1. **Does overlap pay at all?** If the ideal speedup (T_comp + T_comm) / max(...) is
+   below ``min_ideal``, one side dwarfs the other: run the baseline.
+2. **How fine?** Shard-level if its own decomposition loss (P shard GEMMs vs the whole)
+   is at most ``max_dil``, else the baseline. Go one level deeper (d = 2, 4 or P, the finest
+   that passes) only if its decomposition loss is at most ``max_dil`` and its piece
+   transfer is not latency-bound (at least ``min_piece_over_latency`` times the
+   per-transfer fixed cost): finer pieces hide more communication but lose GEMM efficiency
+   and pay the fixed transfer cost more often.
+3. **Which pattern?** ``a2a`` (every link at once) on a fully connected or switched
+   topology with P >= 3, else ``ring``. A ring moves all bytes over one link per step: if
+   that alone outlasts the estimated baseline, ring schedules (shard included) are out.
+4. **GEMM per piece or per step?** Per step when per-piece GEMMs lose more than
+   ``max_dil`` / 2 (fewer, larger GEMMs), else per piece.
+5. **Which engine?** ``dma`` when the hardware has copy engines, the GEMM is at least as
+   long as the transfers (so SM contention would cost), and a piece is large enough
+   that the copy engine's larger fixed cost is amortized (transfer >= ``dma_amortize`` x
+   its latency); else ``sm``.
+6. If the result is not legal for the scenario, relax it step by step (ring, GEMM per
+   piece, shard) down to the baseline, which is always legal.
+
+``HeuristicParams`` are tuned on training data only (``train`` does the grid search).
+Plain Python + NumPy: the runtime falls back to this.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ficco_select.costs import transfer_time, gemm_time
+from ficco_select.hardware import HardwareSpec
+from ficco_select.scenario import Scenario
+from ficco_select.schedule import BASELINE, SHARD, Schedule, degrees, is_legal
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HeuristicParams:
+    min_ideal: float = 1.1
+    """Below this ideal overlap speedup, run the baseline."""
+    max_dil: float = 0.15
+    """Largest estimated decomposition loss accepted for a finer degree."""
+    min_piece_over_latency: float = 4.0
+    """A piece's transfer must take this many times the per-transfer fixed cost."""
+    dma_amortize: float = 3.0
+    """Use dma only if a piece's transfer takes this many times the DMA fixed cost."""
+
+
+def backend_for(hw: HardwareSpec) -> str:
+    """The backend whose candidate set applies: the cpu backend, or a GPU (cuda/sim)."""
+    return "cpu" if hw.name == "cpu" or hw.copy_engines == 0 and hw.compute_units == 1 else "sim"
+
+
+def estimates(s: Scenario, hw: HardwareSpec) -> dict[str, float]:
+    """Analytic T_comp, T_comm, ideal speedup, DIL per degree, piece transfer per degree."""
+    P, b = s.world_size, s.dtype_bytes
+    peak = hw.peak_tflops.get(s.dtype, hw.peak_tflops["float32"]) * 1e12
+    if s.op == "ag_gemm":
+        M, N, K, shard_bytes = s.m, s.n / P, s.k, s.m / P * s.k * b
+    elif s.op == "gemm_rs":
+        M, N, K, shard_bytes = s.m, s.n, s.k / P, s.m / P * s.n * b
+    else:
+        hot = s.imbalance * s.m
+        M, N, K, shard_bytes = hot, s.n, s.k, hot / P * s.k * b
+    t_comp = float(gemm_time(hw, M, N, K, b, peak))
+    ring = (P - 1) * float(transfer_time(hw, shard_bytes, 1, False, P))
+    direct = float(transfer_time(hw, shard_bytes, P - 1, False, P))
+    t_comm = min(ring, direct)
+    out = {"t_comp": t_comp, "t_comm": t_comm,
+           "ideal": (t_comp + t_comm) / max(t_comp, t_comm, 1e-30)}
+    for d in (1, *degrees(P)):
+        pieces = P * d
+        out[f"dil_{d}"] = pieces * float(gemm_time(hw, M / pieces, N, K, b, peak)) / max(t_comp, 1e-30) - 1
+        out[f"piece_comm_{d}"] = float(transfer_time(hw, shard_bytes / d, 1, False, P))
+    return out
+
+
+def choose(s: Scenario, hw: HardwareSpec, params: HeuristicParams = HeuristicParams(),
+           backend: str | None = None, est: dict[str, float] | None = None) -> Schedule:
+    """The heuristic's schedule for `s` on `hw` (always legal on `backend`).
+
+    `est` may pass ``estimates(s, hw)`` computed once (tuning calls this many times).
+    """
+    backend = backend or backend_for(hw)
+    est = est or estimates(s, hw)
+    P = s.world_size
+    if est["ideal"] < params.min_ideal:
+        return BASELINE
+    # Pattern: every link at once where each peer has its own path; a ring otherwise.
+    pattern = "a2a" if hw.topology in ("fully_connected", "switch") and P >= 3 else "ring"
+    # A ring moves everything over one link per step: when that alone outlasts the whole
+    # baseline, no ring schedule can win.
+    ring_total = (P - 1) * est["piece_comm_1"]
+    ring_viable = ring_total < est["t_comp"] + est["t_comm"]
+    latency = hw.sm_comm_latency_us * 1e-6
+    degree = 1
+    for d in degrees(P):
+        if (est[f"dil_{d}"] <= params.max_dil
+                and est[f"piece_comm_{d}"] >= params.min_piece_over_latency * latency):
+            degree = d
+    if degree == 1 and not (ring_viable and est["dil_1"] <= params.max_dil):
+        return BASELINE  # shard-level overlap would not pay either
+    engine = "sm"
+    if "dma" in hw.engines and est["t_comp"] >= est["t_comm"]:
+        if est[f"piece_comm_{degree}"] >= params.dma_amortize * hw.dma_latency_us * 1e-6:
+            engine = "dma"
+    wanted: list[Schedule] = []
+    if degree > 1:
+        compute = "gemm_per_step" if est[f"dil_{degree}"] > params.max_dil / 2 else "gemm_per_piece"
+        base = Schedule(granularity="ficco", degree=degree, pattern=pattern, compute=compute, split="m",
+                        engine=engine)
+        wanted += [base, dataclasses.replace(base, compute="gemm_per_piece"),
+                   dataclasses.replace(base, engine="sm")]
+        if ring_viable:
+            wanted += [dataclasses.replace(base, pattern="ring"),
+                       dataclasses.replace(base, pattern="ring", compute="gemm_per_piece")]
+    if ring_viable:
+        wanted += [dataclasses.replace(SHARD, engine=engine), SHARD]
+    for schedule in wanted:
+        if is_legal(schedule, s, backend):
+            return schedule
+    return BASELINE

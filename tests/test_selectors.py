@@ -1,0 +1,105 @@
+"""Features, the heuristic, every selector (one shared check), grouped evaluation without leakage."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from data.catalog import catalog
+from data.simulate import simulate
+from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, pair_features
+from ficco_select import Scenario, candidates
+from ficco_select.hardware import load_hardware
+from ficco_select.heuristic import HeuristicParams, choose
+from train.evaluate import SPLITS, evaluate, folds
+from train.metrics import score
+from train.selectors import AlwaysBaseline, Heuristic, Oracle, XGBRanker, XGBTimeRegressor, all_selectors, usable
+
+MODELS = ["llama3-8b", "mixtral-8x7b", "gpt3-175b"]
+
+
+@pytest.fixture(scope="module")
+def small():
+    frames = []
+    for hw in ("mi300x-8", "h100-nvswitch"):
+        spec = load_hardware(hw)
+        recs = catalog("full", world_sizes=(2, 4, 8), hardware=hw, models=MODELS)
+        frames.append(simulate([Scenario.from_record(r) for r in recs], spec, noise=0.03, seed=2))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_features_are_the_same_for_one_row_and_a_batch(small):
+    recs = small[["group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "imbalance"]].to_dict("records")
+    hw = {h: load_hardware(h) for h in set(small["hardware"])}
+    X = pair_features(recs, small["schedule"].tolist(), hw)
+    assert X.shape == (len(small), len(FEATURE_NAMES)) and np.isfinite(X).all()
+    for i in (0, 17, len(small) - 1):
+        np.testing.assert_array_equal(pair_features([recs[i]], [small["schedule"].iloc[i]], hw)[0], X[i])
+    assert len(FEATURE_SCHEMA_HASH) == 12
+
+
+def test_heuristic_is_always_legal_and_follows_its_rules():
+    rng = np.random.default_rng(0)
+    for hw_name in ("cpu", "mi300x-8", "h100-nvswitch", "l40s-pcie-8"):
+        hw = load_hardware(hw_name)
+        backend = "cpu" if hw_name == "cpu" else "sim"
+        for _ in range(200):
+            P = int(rng.choice([2, 3, 4, 8]))
+            op = str(rng.choice(["ag_gemm", "gemm_rs", "a2a_gemm"]))
+            s = Scenario(group="r", op=op, m=int(rng.integers(1, 512)) * P, n=int(rng.integers(1, 512)) * P,
+                         k=int(rng.integers(1, 512)) * P, dtype="float32", world_size=P, hardware=hw_name,
+                         imbalance=float(rng.uniform(1, P)) if op == "a2a_gemm" else 1.0)
+            assert choose(s, hw) in candidates(s, backend)
+    mi300x = load_hardware("mi300x-8")
+    # nothing to overlap with: a GEMM of 8 rows and a huge transfer -> baseline
+    assert choose(Scenario(group="t", op="ag_gemm", m=8, n=8, k=65536, dtype="bfloat16", world_size=8,
+                           hardware="mi300x-8"), mi300x, HeuristicParams(min_ideal=1.1)).is_baseline
+    big = Scenario(group="t", op="ag_gemm", m=65536, n=16384, k=8192, dtype="bfloat16", world_size=8,
+                   hardware="mi300x-8")
+    # fully connected: finer pieces go over every link at once
+    assert choose(big, mi300x, HeuristicParams(max_dil=0.5)).pattern == "a2a"
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_folds_never_leak_a_test_scenario_into_training(small, split):
+    for name, train, test in folds(small, split):
+        assert not set(small.loc[train, "scenario_id"]) & set(small.loc[test, "scenario_id"])
+        assert test.any() and train.any()
+        if split == "family":
+            held = name.split("=", 1)[1]
+            assert set(small.loc[test, "group"]) == {held} and held not in set(small.loc[train, "group"])
+        if split == "hardware":
+            held = name.split("=", 1)[1]
+            assert held not in set(small.loc[train, "hardware"])
+
+
+def test_every_selector_fits_predicts_legal_schedules_deterministically(small):
+    train, test = small[small["hardware"] == "mi300x-8"], small[small["hardware"] == "h100-nvswitch"]
+    legal = usable(test).groupby("scenario_id")["schedule"].agg(set)
+    for make in [type(s) for s in all_selectors()]:
+        first = make().fit(train).predict(test)
+        assert set(first) == set(legal.index), make.__name__
+        assert all(first[sid] in legal[sid] for sid in first), make.__name__
+        assert make().fit(train).predict(test) == first, f"{make.__name__} is not deterministic"
+
+
+def test_learned_selectors_beat_always_baseline_in_distribution(small):
+    rows = usable(small)
+    ids = sorted(set(rows["scenario_id"]))
+    train = rows[rows["scenario_id"].isin(ids[::2])]
+    test = rows[rows["scenario_id"].isin(ids[1::2])]
+    base = score(test, AlwaysBaseline().predict(test))["oracle_capture"]
+    for model in (XGBTimeRegressor(), XGBRanker(), Heuristic()):
+        got = score(test, model.fit(train).predict(test))["oracle_capture"]
+        assert got > base, type(model).__name__
+    assert score(test, Oracle().predict(test))["oracle_capture"] == 1.0
+
+
+def test_evaluate_reports_every_selector_per_split(small):
+    res = evaluate(small, splits=("random", "hardware"), progress=False,
+                   make_selectors=lambda: [XGBTimeRegressor(n_estimators=30), Heuristic(tune=False),
+                                           AlwaysBaseline(), Oracle()])
+    for split in ("random", "hardware"):
+        mean = res["splits"][split]["mean"]
+        assert set(mean) == {"xgb-regressor", "heuristic", "always-baseline", "oracle"}
+        assert mean["oracle"]["oracle_capture"] == 1.0 and mean["always-baseline"]["speedup"] == 1.0
+    assert len(res["splits"]["hardware"]["folds"]) == 2

@@ -1,0 +1,79 @@
+"""A real training tracked in a real MLflow SQLite store: runs, registry, promotion rules."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from data.catalog import catalog
+from data.simulate import simulate
+from features import FEATURE_SCHEMA_HASH
+from ficco_select import Scenario
+from ficco_select.hardware import load_hardware
+from train.run import ALIAS, EXPERIMENT, REGISTERED_MODEL, _maybe_promote, train
+from train.selectors import AlwaysBaseline, Heuristic, Oracle, XGBRanker, XGBTimeRegressor
+
+
+def fast_selectors():
+    return [XGBTimeRegressor(n_estimators=40), XGBRanker(n_estimators=40), Heuristic(tune=False),
+            AlwaysBaseline(), Oracle()]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow")
+    frames = []
+    for hw in ("mi300x-8", "h100-nvswitch"):
+        recs = catalog("full", world_sizes=(2, 4, 8), hardware=hw, models=["llama3-8b", "mixtral-8x7b"])
+        frames.append(simulate([Scenario.from_record(r) for r in recs], load_hardware(hw), noise=0.03, seed=4))
+    df = pd.concat(frames, ignore_index=True)
+    mp = pytest.MonkeyPatch()
+    mp.chdir(root)
+    mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+    first = train(df, splits=("family", "hardware"), selectors=fast_selectors, out_dir=root / "out1", progress=False)
+    second = train(df, splits=("family", "hardware"), selectors=fast_selectors, out_dir=root / "out2", progress=False)
+    yield root, first, second
+    mp.undo()
+
+
+def test_training_is_tracked_with_nested_runs_and_a_registered_model(store):
+    import mlflow
+
+    root, first, second = store
+    exp = mlflow.get_experiment_by_name(EXPERIMENT)
+    runs = mlflow.search_runs([exp.experiment_id])
+    parent = runs[runs["run_id"] == first["run_id"]].iloc[0]
+    assert parent["params.feature_schema_hash"] == FEATURE_SCHEMA_HASH
+    children = runs[runs["tags.mlflow.parentRunId"] == first["run_id"]]
+    assert set(children["params.selector"]) == {"xgb-regressor", "xgb-ranker", "heuristic", "always-baseline", "oracle"}
+    assert "metrics.family_oracle_capture" in runs.columns
+    client = mlflow.MlflowClient()
+    versions = client.search_model_versions(f"name='{REGISTERED_MODEL}'")
+    assert {str(v.version) for v in versions} == {first["version"], second["version"]}
+    local = mlflow.artifacts.download_artifacts(f"models:/{REGISTERED_MODEL}/{first['version']}")
+    meta = json.loads(next(Path(local).rglob("selector.json")).read_text())
+    assert meta["feature_schema_hash"] == FEATURE_SCHEMA_HASH and meta["selector"] == first["chosen"]
+    assert (root / "out1" / "comparison.txt").exists()
+
+
+def test_promotion_rules(store):
+    import mlflow
+
+    _, first, second = store
+    client = mlflow.MlflowClient()
+    v1, v2 = first["version"], second["version"]
+    client.set_registered_model_alias(REGISTERED_MODEL, ALIAS, v1)
+    client.set_model_version_tag(REGISTERED_MODEL, v1, "family_oracle_capture", "0.95")
+
+    def tables(model, heuristic):
+        return {"family": pd.DataFrame({"oracle_capture": {"xgb-ranker": model, "heuristic": heuristic}})}
+
+    # not better than the heuristic: no promotion
+    assert not _maybe_promote(client, v2, tables(0.90, 0.92), ["family"], "xgb-ranker")
+    # better than the heuristic but below the champion: no promotion
+    assert not _maybe_promote(client, v2, tables(0.93, 0.90), ["family"], "xgb-ranker")
+    assert str(client.get_model_version_by_alias(REGISTERED_MODEL, ALIAS).version) == v1
+    # better than both: the alias moves
+    assert _maybe_promote(client, v2, tables(0.97, 0.90), ["family"], "xgb-ranker")
+    assert str(client.get_model_version_by_alias(REGISTERED_MODEL, ALIAS).version) == v2

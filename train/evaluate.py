@@ -1,0 +1,94 @@
+"""Grouped evaluation: every selector trained on some groups, scored on groups it never saw.
+
+Splits (each a list of folds; a fold is (name, train mask, test mask) over scenarios):
+- ``random``: 20% of scenarios by id hash.
+- ``family``: leave one model family out (the ``group`` column).
+- ``hardware``: leave one hardware out.
+- ``world_size``: train on world sizes below the largest, test on the largest.
+No scenario of a fold's test side is in its training side (tested).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from train.metrics import METRICS, comparison_table, score
+from train.selectors import Selector, all_selectors, usable
+
+Fold = tuple[str, pd.Series, pd.Series]
+SPLITS = ("random", "family", "hardware", "world_size")
+
+
+def folds(df: pd.DataFrame, split: str) -> list[Fold]:
+    """Boolean masks over df's rows; every scenario is wholly on one side."""
+    if split == "random":
+        h = df["scenario_id"].map(lambda s: zlib.crc32(s.encode()) % 5)
+        return [("random", h != 0, h == 0)]
+    if split in ("family", "hardware"):
+        col = "group" if split == "family" else "hardware"
+        values = sorted(set(df[col]))
+        if len(values) < 2:
+            return []
+        return [(f"{split}={v}", df[col] != v, df[col] == v) for v in values]
+    if split == "world_size":
+        largest = df["world_size"].max()
+        return [(f"world_size={largest}", df["world_size"] < largest, df["world_size"] == largest)]
+    raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+
+
+def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
+             make_selectors: Callable[[], list[Selector]] = all_selectors, progress: bool = True) -> dict:
+    """For each split and fold: fit every selector on train, score on test.
+
+    Returns {"splits": {split: {"mean": {selector: metrics}, "folds": {fold: {selector: metrics}}}},
+    "fit_seconds": {selector: total}}.
+    """
+    df = usable(df).reset_index(drop=True)
+    plan = [(split, fold) for split in splits for fold in folds(df, split)]
+    results: dict = {"splits": {}, "fit_seconds": {}}
+    bar = tqdm(total=len(plan) * len(make_selectors()), desc="evaluate", unit="fit", disable=not progress)
+    for split, (fold_name, train_mask, test_mask) in plan:
+        train, test = df[train_mask], df[test_mask]
+        per_fold = results["splits"].setdefault(split, {"folds": {}})["folds"].setdefault(fold_name, {})
+        for selector in make_selectors():
+            t0 = time.perf_counter()
+            selector.fit(train)
+            results["fit_seconds"][selector.name] = results["fit_seconds"].get(selector.name, 0.0) + \
+                time.perf_counter() - t0
+            per_fold[selector.name] = score(test, selector.predict(test))
+            bar.update(1)
+    bar.close()
+    for split, block in results["splits"].items():
+        block["mean"] = _mean_over_folds(block["folds"])
+    return results
+
+
+def _mean_over_folds(per_fold: dict) -> dict:
+    """Scenario-weighted mean of each metric over folds (worst_regret: the max)."""
+    selectors = next(iter(per_fold.values())).keys()
+    out = {}
+    for name in selectors:
+        rows = [fold[name] for fold in per_fold.values()]
+        weights = np.array([r["n"] for r in rows], dtype=float)
+        agg = {}
+        for metric in METRICS:
+            values = np.array([r[metric] for r in rows], dtype=float)
+            if metric == "n":
+                agg[metric] = int(values.sum())
+            elif metric == "worst_regret":
+                agg[metric] = float(np.nanmax(values))
+            else:
+                agg[metric] = float(np.nansum(values * weights) / weights.sum())
+        out[name] = agg
+    return out
+
+
+def tables(results: dict) -> dict[str, pd.DataFrame]:
+    """One comparison table (selectors x metrics) per split."""
+    return {split: comparison_table(block["mean"]) for split, block in results["splits"].items()}

@@ -1,0 +1,151 @@
+"""Selector quality: how good are a selector's chosen schedules against the measurements?
+
+A dataset (see ``data.dataset``) has one row per (scenario, schedule). Only *usable* rows
+count: ``status == "ok"``, ``verified == True`` and a finite positive ``time_s``. For a
+scenario ``s``:
+
+- the oracle time ``t*(s)`` is the smallest ``time_s`` over its usable rows;
+- the baseline time ``t_b(s)`` is the smallest ``time_s`` over its usable baseline rows
+  (schedules named ``none.*``, e.g. ``none.sm`` and ``none.dma``);
+- ``t(c)`` is the time of the chosen schedule ``c``. A choice that is not a usable row of
+  the scenario (unknown name, unverified, failed) is *invalid* and is scored as if the
+  baseline had been chosen: ``t(c) = t_b(s)`` and its ``near_best`` flag is the baseline's,
+  because at run time an unusable choice falls back to the baseline.
+
+``score`` returns, over the scored scenarios (``n`` of them):
+
+- ``top1``: fraction where the choice is the fastest verified schedule, ties counted as
+  hits: ``t(c) <= t*`` or the chosen row has ``near_best`` (within measurement noise).
+- ``near_opt_2`` / ``near_opt_5``: fraction with ``t(c) <= 1.02 t*`` / ``<= 1.05 t*``.
+- ``oracle_capture``: geometric mean of ``t* / t(c)``; 1 is perfect, in (0, 1].
+- ``worst_regret``: max of ``t(c) / t*``; 1 is perfect, >= 1.
+- ``mean_regret``: arithmetic mean of ``t(c) / t* - 1``; 0 is perfect.
+- ``slower_than_baseline``: fraction with ``t(c) > t_b`` (strictly): the selector hurt.
+- ``speedup``: geometric mean of ``t_b / t(c)``, the selector's gain over the baseline.
+- ``oracle_speedup``: geometric mean of ``t_b / t*``, the best gain any selector can get.
+- ``invalid``: fraction of choices that are not a usable row of their scenario.
+
+With ``n == 0`` every metric but ``n`` is NaN. ``oracle_choices`` gives the oracle's picks
+(a selector that scores perfectly), ``comparison_table``/``format_table`` put several
+selectors' results side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+METRICS: tuple[str, ...] = ("n", "top1", "near_opt_2", "near_opt_5", "oracle_capture", "worst_regret",
+                            "mean_regret", "slower_than_baseline", "speedup", "oracle_speedup", "invalid")
+"""The keys ``score`` returns, in the column order of ``comparison_table``."""
+
+BASELINE_PREFIX = "none."
+"""Every baseline (no overlap) schedule name starts with this."""
+BASELINE_NAME = "none.sm"
+"""The baseline proper: the framework's own collective, then the GEMM."""
+
+
+def usable_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows that may be scored: ok, verified, finite positive time. Shape (<= len(df), same columns)."""
+    time = pd.to_numeric(df["time_s"], errors="coerce")
+    mask = df["status"].eq("ok") & df["verified"].eq(True) & np.isfinite(time) & (time > 0)
+    return df.loc[mask]
+
+
+def _fastest(rows: pd.DataFrame, key: list[str]) -> pd.DataFrame:
+    """One row per `key` value: the fastest, ties broken by schedule name."""
+    return (rows.sort_values([*key, "time_s", "schedule"], kind="mergesort")
+            .drop_duplicates(key, keep="first"))
+
+
+def _geomean(x: np.ndarray) -> float:
+    return float(np.exp(np.mean(np.log(x))))
+
+
+def score(df: pd.DataFrame, chosen: Mapping[str, str]) -> dict[str, float]:
+    """Score the choices ``chosen`` (scenario_id -> schedule name) against the dataset ``df``.
+
+    Only scenarios in ``chosen`` are scored. Returns ``{metric: value}`` for the keys in
+    ``METRICS`` (see the module docstring); ``n`` is the number of scenarios scored.
+    Raises ValueError naming a scenario of ``chosen`` that has no usable rows (unknown id,
+    failed, nothing verified) or no usable baseline (``none.*``) row.
+    """
+    ids = list(chosen.keys())
+    if not ids:
+        return {m: (0 if m == "n" else float("nan")) for m in METRICS}
+    cols = ["scenario_id", "schedule", "time_s", "near_best"]
+    u = usable_rows(df)
+    u = u.loc[u["scenario_id"].isin(ids), cols]
+    u = u.assign(time_s=u["time_s"].astype(float), near_best=u["near_best"].eq(True))
+
+    t_star = u.groupby("scenario_id", sort=False)["time_s"].min()
+    missing = [s for s in ids if s not in t_star.index]
+    if missing:
+        raise ValueError(f"no usable (ok and verified) rows for scenario(s) {missing[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''}")
+    # The baseline is what a framework runs: none.sm; the fastest none.* if there is no none.sm.
+    nones = u[u["schedule"].str.startswith(BASELINE_PREFIX)]
+    nones = nones.assign(_rank=(nones["schedule"] != BASELINE_NAME).astype(int))
+    base = (nones.sort_values(["scenario_id", "_rank", "time_s", "schedule"], kind="mergesort")
+            .drop_duplicates(["scenario_id"]).set_index("scenario_id"))
+    missing = [s for s in ids if s not in base.index]
+    if missing:
+        raise ValueError(f"no usable baseline ({BASELINE_PREFIX}*) row for scenario(s) {missing[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''}")
+
+    rows = _fastest(u, ["scenario_id", "schedule"])  # one row per (scenario, schedule)
+    picks = pd.DataFrame({"scenario_id": pd.Series(ids, dtype=object),
+                          "schedule": pd.Series(list(chosen.values()), dtype=object)})
+    picks = picks.merge(rows, on=["scenario_id", "schedule"], how="left")  # keeps picks' order
+
+    ts = t_star.reindex(ids).to_numpy(float)                      # (n,) oracle time
+    tb = base["time_s"].reindex(ids).to_numpy(float)              # (n,) baseline time
+    invalid = picks["time_s"].isna().to_numpy()                   # (n,) bool
+    t = np.where(invalid, tb, picks["time_s"].to_numpy(float))    # (n,) chosen time
+    nb = np.where(invalid, base["near_best"].reindex(ids).to_numpy(bool),
+                  picks["near_best"].eq(True).to_numpy())         # (n,) chosen is a near-tie
+
+    regret = t / ts
+    return {
+        "n": len(ids),
+        "top1": float(np.mean((t <= ts) | nb)),
+        "near_opt_2": float(np.mean(t <= 1.02 * ts)),
+        "near_opt_5": float(np.mean(t <= 1.05 * ts)),
+        "oracle_capture": _geomean(ts / t),
+        "worst_regret": float(np.max(regret)),
+        "mean_regret": float(np.mean(regret - 1.0)),
+        "slower_than_baseline": float(np.mean(t > tb)),
+        "speedup": _geomean(tb / t),
+        "oracle_speedup": _geomean(tb / ts),
+        "invalid": float(np.mean(invalid)),
+    }
+
+
+def oracle_choices(df: pd.DataFrame) -> dict[str, str]:
+    """scenario_id -> its fastest usable schedule, ties broken by schedule name.
+
+    Scenarios without usable rows are left out. Keys are in scenario_id order.
+    """
+    best = _fastest(usable_rows(df)[["scenario_id", "schedule", "time_s"]], ["scenario_id"])
+    return dict(zip(best["scenario_id"], best["schedule"]))
+
+
+def comparison_table(results: Mapping[str, Mapping[str, float]]) -> pd.DataFrame:
+    """Selectors side by side: one row per selector (in the given order), columns ``METRICS``.
+
+    ``results`` maps selector name -> ``score`` output; a missing metric is NaN, extra keys
+    are dropped.
+    """
+    table = pd.DataFrame([[r.get(m, np.nan) for m in METRICS] for r in results.values()],
+                         index=pd.Index(list(results.keys()), name="selector"), columns=list(METRICS),
+                         dtype=float)
+    if table["n"].notna().all():
+        table["n"] = table["n"].astype(int)
+    return table
+
+
+def format_table(df: pd.DataFrame) -> str:
+    """Plain-text rendering of a ``comparison_table`` with 3 decimals."""
+    return df.to_string(float_format=lambda x: f"{x:.3f}")

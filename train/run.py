@@ -1,0 +1,142 @@
+"""One training: evaluate every selector, track it in MLflow, register the best learned one,
+and move the ``champion`` alias only when it wins.
+
+MLflow layout: experiment ``ficco-select``; a parent run per training with the dataset
+(digest), parameters and the comparison tables; a nested run per selector with its
+metrics per split (``<split>_<metric>``); the chosen model logged in XGBoost's native UBJ
+format with ``selector.json`` (feature schema version and hash, training ranges) and
+registered as ``ficco-selector``. Promotion rule: the new version gets ``champion`` only
+if, on every grouped hold-out split evaluated, its oracle capture beats the heuristic's
+and is at least the current champion's. mlflow is imported here only, never by the
+runtime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
+from ficco_select import __version__
+from train.evaluate import evaluate, tables
+from train.metrics import format_table
+from train.selectors import Selector, XGBRanker, XGBTimeRegressor, all_selectors, usable
+
+EXPERIMENT = "ficco-select"
+REGISTERED_MODEL = "ficco-selector"
+ALIAS = "champion"
+GROUPED_SPLITS = ("family", "hardware")
+LEARNED = {"xgb-regressor": XGBTimeRegressor, "xgb-ranker": XGBRanker}
+"""Selectors that can be exported (XGBoost native format)."""
+
+
+def dataset_digest(df: pd.DataFrame) -> str:
+    cols = ["scenario_id", "schedule", "time_s", "verified", "backend"]
+    return hashlib.sha1(pd.util.hash_pandas_object(df[cols], index=False).values.tobytes()).hexdigest()[:16]
+
+
+def training_ranges(df: pd.DataFrame) -> dict:
+    """Per scenario column, the range seen in training: the runtime abstains outside it."""
+    ok = usable(df)
+    return {"m": [int(ok["m"].min()), int(ok["m"].max())], "n": [int(ok["n"].min()), int(ok["n"].max())],
+            "k": [int(ok["k"].min()), int(ok["k"].max())],
+            "world_size": [int(ok["world_size"].min()), int(ok["world_size"].max())],
+            "hardware": sorted(set(ok["hardware"])), "dtype": sorted(set(ok["dtype"])),
+            "op": sorted(set(ok["op"]))}
+
+
+def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLITS, "world_size"),
+          selectors=all_selectors, out_dir: str | Path = "out/train", progress: bool = True) -> dict:
+    """Evaluate, log, register, maybe promote. Returns a summary (tables, run id, version, promoted)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mlflow.set_experiment(EXPERIMENT)
+    digest = dataset_digest(df)
+    with mlflow.start_run(run_name=f"train-{digest[:8]}") as parent:
+        mlflow.log_params({"dataset_digest": digest, "rows": len(df), "scenarios": df["scenario_id"].nunique(),
+                           "hardware": ",".join(sorted(set(df["hardware"]))), "splits": ",".join(splits),
+                           "feature_schema_version": FEATURE_SCHEMA_VERSION,
+                           "feature_schema_hash": FEATURE_SCHEMA_HASH, "ficco_version": __version__})
+        scen = df.groupby("scenario_id", sort=False).first().reset_index()[
+            ["scenario_id", "group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "backend"]]
+        mlflow.log_input(mlflow.data.from_pandas(scen, name=f"ficco-dataset-{digest}"), context="training")
+
+        results = evaluate(df, splits=splits, make_selectors=selectors, progress=progress)
+        by_split = tables(results)
+        for name in next(iter(by_split.values())).index:
+            with mlflow.start_run(run_name=name, nested=True):
+                mlflow.log_param("selector", name)
+                for split, table in by_split.items():
+                    mlflow.log_metrics({f"{split}_{metric}": float(value)
+                                        for metric, value in table.loc[name].items() if np.isfinite(value)})
+        text = "\n\n".join(f"== {split} ==\n{format_table(t)}" for split, t in by_split.items())
+        (out_dir / "comparison.txt").write_text(text + "\n")
+        (out_dir / "evaluation.json").write_text(json.dumps(results, indent=2, default=float))
+        for split, table in by_split.items():
+            table.to_csv(out_dir / f"comparison_{split}.csv")
+        mlflow.log_artifacts(str(out_dir), artifact_path="evaluation")
+
+        # The candidate: the exportable learned selector with the best grouped hold-out capture.
+        grouped = [s for s in GROUPED_SPLITS if s in by_split] or list(by_split)
+        capture = {name: float(np.mean([by_split[s].loc[name, "oracle_capture"] for s in grouped]))
+                   for name in LEARNED if name in by_split[grouped[0]].index}
+        chosen = max(capture, key=capture.get)
+        model: Selector = LEARNED[chosen]().fit(df)
+        version = _register(model, chosen, df, digest, by_split, grouped, parent.info.run_id)
+        promoted = _maybe_promote(MlflowClient(), version, by_split, grouped, chosen)
+        mlflow.set_tags({"chosen_selector": chosen, "registered_version": version, "promoted": str(promoted)})
+        return {"run_id": parent.info.run_id, "chosen": chosen, "version": version, "promoted": promoted,
+                "tables": {s: t.to_dict("index") for s, t in by_split.items()}, "text": text}
+
+
+def _register(model: Selector, name: str, df: pd.DataFrame, digest: str, by_split: dict,
+              grouped: Sequence[str], run_id: str) -> str:
+    import mlflow
+
+    meta = {"selector": name, "feature_schema_version": FEATURE_SCHEMA_VERSION,
+            "feature_schema_hash": FEATURE_SCHEMA_HASH, "feature_names": list(FEATURE_NAMES),
+            "target": "log(time / baseline time)" if name == "xgb-regressor" else "rank score (higher is better)",
+            "training_ranges": training_ranges(df), "dataset_digest": digest, "mlflow_run_id": run_id,
+            "ficco_version": __version__}
+    with tempfile.TemporaryDirectory() as tmp:
+        meta_path = Path(tmp) / "selector.json"
+        meta_path.write_text(json.dumps(meta, indent=2))
+        info = mlflow.xgboost.log_model(model.model_, name="selector", registered_model_name=REGISTERED_MODEL,
+                                        model_format="ubj", extra_files=[str(meta_path)])
+    version = str(info.registered_model_version)
+    client = mlflow.MlflowClient()
+    for split in grouped:
+        table = by_split[split]
+        client.set_model_version_tag(REGISTERED_MODEL, version, f"{split}_oracle_capture",
+                                     f"{table.loc[name, 'oracle_capture']:.6f}")
+        client.set_model_version_tag(REGISTERED_MODEL, version, f"{split}_heuristic_capture",
+                                     f"{table.loc['heuristic', 'oracle_capture']:.6f}")
+    client.set_model_version_tag(REGISTERED_MODEL, version, "feature_schema_hash", FEATURE_SCHEMA_HASH)
+    return version
+
+
+def _maybe_promote(client, version: str, by_split: dict, grouped: Sequence[str], name: str) -> bool:
+    """Move the champion alias to `version` only if it beats the heuristic and the champion."""
+    for split in grouped:
+        if by_split[split].loc[name, "oracle_capture"] <= by_split[split].loc["heuristic", "oracle_capture"]:
+            return False
+    try:
+        champion = client.get_model_version_by_alias(REGISTERED_MODEL, ALIAS)
+    except Exception:  # noqa: BLE001 - no champion yet (MLflow raises its own error type)
+        champion = None
+    if champion is not None:
+        for split in grouped:
+            theirs = champion.tags.get(f"{split}_oracle_capture")
+            if theirs is not None and by_split[split].loc[name, "oracle_capture"] < float(theirs):
+                return False
+    client.set_registered_model_alias(REGISTERED_MODEL, ALIAS, version)
+    return True

@@ -1,0 +1,268 @@
+"""Selectors with one API: ``fit(df)`` on a labeled dataset, ``predict(df)`` -> {scenario_id: schedule}.
+
+``df`` is a dataset (``data.dataset`` schema); ``predict`` uses only the scenario
+columns and the schedule names of each scenario's rows (its legal candidates), never
+the times, except ``Oracle`` which is the upper bound by definition. Learned state ends
+in ``_``; constructors only store arguments (scikit-learn style).
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from features import FEATURE_NAMES, pair_features
+from ficco_select.hardware import HardwareSpec, load_hardware
+from ficco_select.heuristic import HeuristicParams, choose, estimates
+from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
+from ficco_select.schedule import BASELINE, SHARD
+from train.metrics import oracle_choices, score
+
+SEED = 0
+
+
+def usable(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows a selector may learn from or choose: measured and verified."""
+    return df[(df["status"] == "ok") & df["verified"]]
+
+
+def hardware_of(df: pd.DataFrame) -> dict[str, HardwareSpec]:
+    return {name: load_hardware(name) for name in sorted(set(df["hardware"]))}
+
+
+def scenario_records(df: pd.DataFrame) -> list[dict]:
+    return df.groupby("scenario_id", sort=False).first().reset_index()[
+        ["scenario_id", *SCENARIO_COLUMNS]].to_dict("records")
+
+
+class Selector:
+    name = "selector"
+
+    def fit(self, df: pd.DataFrame) -> "Selector":
+        return self
+
+    def predict(self, df: pd.DataFrame) -> dict[str, str]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class AlwaysBaseline(Selector):
+    name = "always-baseline"
+
+    def predict(self, df):
+        return {sid: BASELINE.name if BASELINE.name in set(g) else min(n for n in g if n.startswith("none."))
+                for sid, g in usable(df).groupby("scenario_id")["schedule"]}
+
+
+class AlwaysShard(Selector):
+    name = "always-shard"
+
+    def predict(self, df):
+        out = {}
+        for sid, g in usable(df).groupby("scenario_id"):
+            names = set(g["schedule"])
+            out[sid] = SHARD.name if SHARD.name in names else BASELINE.name
+        return out
+
+
+class Oracle(Selector):
+    name = "oracle"
+
+    def predict(self, df):
+        return oracle_choices(df)
+
+
+class Heuristic(Selector):
+    """The hand heuristic; ``fit`` tunes its thresholds on the training data only."""
+
+    name = "heuristic"
+    GRID = {"min_ideal": (1.0, 1.05, 1.1, 1.2), "max_dil": (0.05, 0.15, 0.4, 1.0),
+            "min_piece_over_latency": (1.0, 4.0, 16.0), "dma_amortize": (1.0, 3.0)}
+
+    def __init__(self, params: HeuristicParams | None = None, tune: bool = True) -> None:
+        self.params = params
+        self.tune = tune
+
+    TUNE_SCENARIOS = 800
+    """Tuning scores each grid point on at most this many training scenarios (by id hash)."""
+
+    def fit(self, df):
+        self.params_ = self.params or HeuristicParams()
+        if self.tune:
+            ids = sorted(set(usable(df)["scenario_id"]), key=lambda s: zlib.crc32(s.encode()))
+            sample = df[df["scenario_id"].isin(ids[: self.TUNE_SCENARIOS])]
+            best = -1.0
+            for values in itertools.product(*self.GRID.values()):
+                params = HeuristicParams(**dict(zip(self.GRID, values)))
+                capture = score(sample, self._choose(sample, params))["oracle_capture"]
+                if capture > best:
+                    best, self.params_ = capture, params
+        return self
+
+    def predict(self, df):
+        return self._choose(df, getattr(self, "params_", self.params or HeuristicParams()))
+
+    def _choose(self, df: pd.DataFrame, params: HeuristicParams) -> dict[str, str]:
+        # Estimates do not depend on the thresholds: compute them once per scenario.
+        cache = self.__dict__.setdefault("_estimates", {})
+        hw = hardware_of(df)
+        ok = usable(df)
+        legal = ok.groupby("scenario_id")["schedule"].agg(set)
+        out = {}
+        for rec in scenario_records(ok):
+            sid = rec.pop("scenario_id")
+            if sid not in cache:
+                scenario = Scenario.from_record(rec)
+                cache[sid] = (scenario, estimates(scenario, hw[rec["hardware"]]))
+            scenario, est = cache[sid]
+            name = choose(scenario, hw[rec["hardware"]], params, est=est).name
+            out[sid] = name if name in legal[sid] else BASELINE.name
+        return out
+
+
+def _pairs(df: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    ok = usable(df).reset_index(drop=True)
+    recs = ok[list(SCENARIO_COLUMNS)].to_dict("records")
+    return ok, pair_features(recs, ok["schedule"].tolist(), hardware_of(ok))
+
+
+def _relative_log_time(ok: pd.DataFrame) -> np.ndarray:
+    """log(time / baseline time) per row: comparable across scenarios of any scale."""
+    base = ok.loc[ok["schedule"].str.startswith("none.")].groupby("scenario_id")["time_s"].min()
+    return np.log(ok["time_s"].to_numpy() / ok["scenario_id"].map(base).to_numpy())
+
+
+def _argmin_choice(ok: pd.DataFrame, predicted: np.ndarray) -> dict[str, str]:
+    frame = pd.DataFrame({"sid": ok["scenario_id"].to_numpy(), "schedule": ok["schedule"].to_numpy(),
+                          "p": predicted}).sort_values(["sid", "p", "schedule"])
+    return dict(frame.groupby("sid", sort=False).first()["schedule"])
+
+
+class XGBTimeRegressor(Selector):
+    """XGBoost regression of each schedule's log time relative to the baseline; choose the argmin."""
+
+    name = "xgb-regressor"
+
+    def __init__(self, n_estimators: int = 300, max_depth: int = 6, learning_rate: float = 0.08) -> None:
+        self.n_estimators, self.max_depth, self.learning_rate = n_estimators, max_depth, learning_rate
+
+    def _model(self):
+        import xgboost as xgb
+
+        return xgb.XGBRegressor(n_estimators=self.n_estimators, max_depth=self.max_depth,
+                                learning_rate=self.learning_rate, tree_method="hist", random_state=SEED,
+                                n_jobs=2, subsample=0.9, colsample_bytree=0.9)
+
+    def fit(self, df):
+        ok, X = _pairs(df)
+        self.model_ = self._model().fit(X, _relative_log_time(ok))
+        return self
+
+    def predict(self, df):
+        ok, X = _pairs(df)
+        return _argmin_choice(ok, self.model_.predict(X))
+
+
+class XGBRanker(Selector):
+    """XGBoost learning-to-rank, one query group per scenario; choose the top-ranked."""
+
+    name = "xgb-ranker"
+
+    def __init__(self, n_estimators: int = 300, max_depth: int = 6, learning_rate: float = 0.08) -> None:
+        self.n_estimators, self.max_depth, self.learning_rate = n_estimators, max_depth, learning_rate
+
+    def fit(self, df):
+        import xgboost as xgb
+
+        ok, X = _pairs(df)
+        order = np.argsort(ok["scenario_id"].to_numpy(), kind="stable")
+        ok, X = ok.iloc[order].reset_index(drop=True), X[order]
+        # Relevance: graded by how close to the scenario's best (ties within noise rank alike).
+        rel = _relative_log_time(ok)
+        best = pd.Series(rel).groupby(ok["scenario_id"]).transform("min").to_numpy()
+        gap = np.exp(rel - best) - 1
+        grade = np.select([gap <= 0.02, gap <= 0.05, gap <= 0.15, gap <= 0.4], [4, 3, 2, 1], 0)
+        qid = pd.factorize(ok["scenario_id"])[0]
+        self.model_ = xgb.XGBRanker(objective="rank:ndcg", n_estimators=self.n_estimators,
+                                    max_depth=self.max_depth, learning_rate=self.learning_rate,
+                                    tree_method="hist", random_state=SEED, n_jobs=2)
+        self.model_.fit(X, grade, qid=qid)
+        return self
+
+    def predict(self, df):
+        ok, X = _pairs(df)
+        return _argmin_choice(ok, -self.model_.predict(X))
+
+
+class RandomForestTime(Selector):
+    """scikit-learn random forest on the same regression target."""
+
+    name = "random-forest"
+
+    def __init__(self, n_estimators: int = 60, min_samples_leaf: int = 3) -> None:
+        self.n_estimators, self.min_samples_leaf = n_estimators, min_samples_leaf
+
+    def fit(self, df):
+        from sklearn.ensemble import RandomForestRegressor
+
+        ok, X = _pairs(df)
+        self.model_ = RandomForestRegressor(n_estimators=self.n_estimators, min_samples_leaf=self.min_samples_leaf,
+                                            max_features=0.5, n_jobs=2, random_state=SEED)
+        self.model_.fit(np.nan_to_num(X, nan=-1.0), _relative_log_time(ok))
+        return self
+
+    def predict(self, df):
+        ok, X = _pairs(df)
+        return _argmin_choice(ok, self.model_.predict(np.nan_to_num(X, nan=-1.0)))
+
+
+class HGBClassifier(Selector):
+    """HistGradientBoosting classifier of the best schedule (scenario features only);
+    choose the most probable class that is legal for the scenario."""
+
+    name = "hgb-classifier"
+
+    def fit(self, df):
+        from sklearn.ensemble import HistGradientBoostingClassifier
+
+        ok, X = _pairs(df)
+        best = oracle_choices(df)
+        first = ~ok["scenario_id"].duplicated()
+        Xs = X[first.to_numpy()][:, : self._n_scenario_features()]
+        y = ok.loc[first, "scenario_id"].map(best).to_numpy()
+        self.model_ = HistGradientBoostingClassifier(max_iter=200, random_state=SEED).fit(Xs, y)
+        return self
+
+    @staticmethod
+    def _n_scenario_features() -> int:
+        from features import SCENARIO_FEATURES
+
+        return len(SCENARIO_FEATURES)
+
+    def predict(self, df):
+        ok, X = _pairs(df)
+        first = (~ok["scenario_id"].duplicated()).to_numpy()
+        proba = self.model_.predict_proba(X[first][:, : self._n_scenario_features()])
+        classes = self.model_.classes_
+        legal = ok.groupby("scenario_id")["schedule"].agg(set)
+        out = {}
+        for sid, p in zip(ok.loc[first, "scenario_id"], proba):
+            for idx in np.argsort(-p):
+                if classes[idx] in legal[sid]:
+                    out[sid] = classes[idx]
+                    break
+            else:
+                out[sid] = BASELINE.name
+        return out
+
+
+def all_selectors() -> list[Selector]:
+    """Every selector, learned ones first; reference points last."""
+    return [XGBTimeRegressor(), XGBRanker(), HGBClassifier(), RandomForestTime(), Heuristic(),
+            AlwaysBaseline(), AlwaysShard(), Oracle()]
+
+
+__all__ = ["FEATURE_NAMES", "Selector", "all_selectors", "usable"]
