@@ -22,3 +22,8 @@ def test_executor_imports_nothing_downstream():
     mods = loaded_after("import ficco_select.executor.cpu")
     assert "torch" in mods
     assert not mods & set(FORBIDDEN)
+
+
+def test_features_and_heuristic_stay_light():
+    mods = loaded_after("import features, ficco_select.heuristic, ficco_select.hardware")
+    assert not mods & {"pandas", "sklearn", "mlflow", "xgboost", "torch", "data", "train"}
