@@ -207,6 +207,21 @@ def train_cmd(datasets, splits, out_dir, as_json, no_progress) -> None:
     click.echo(summary["text"])
     click.echo(f"\nMLflow run {summary['run_id']}: registered {summary['chosen']} as ficco-selector "
                f"version {summary['version']}; champion {'moved to it' if summary['promoted'] else 'unchanged'}.")
+    click.echo(f"report: {summary['report']}")
+
+
+@main.command()
+@click.option("--dir", "folder", default="out/train", show_default=True, type=click.Path(file_okay=False),
+              help="A training's output folder (what `ficco train` wrote).")
+def report(folder) -> None:
+    """Render a training's comparison tables and plots as one HTML file."""
+    from train.report import write_report
+
+    try:
+        path = write_report(folder)
+    except FileNotFoundError as e:
+        raise click.ClickException(f"{folder}: not a training output folder ({e.filename} missing)") from None
+    click.echo(str(path))
 
 
 @main.group()

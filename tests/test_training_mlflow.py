@@ -77,3 +77,18 @@ def test_promotion_rules(store):
     # better than both: the alias moves
     assert _maybe_promote(client, v2, tables(0.97, 0.90), ["family"], "xgb-ranker")
     assert str(client.get_model_version_by_alias(REGISTERED_MODEL, ALIAS).version) == v2
+
+
+def test_the_report_is_one_html_file_with_tables_and_plots(store):
+    root, first, _ = store
+    page = (root / "out1" / "report.html").read_text()
+    assert page.count("<table") >= 2 and page.count("data:image/png;base64,") >= 4
+    assert first["chosen"] in page
+    from click.testing import CliRunner
+
+    from ficco_cli.main import main
+
+    res = CliRunner().invoke(main, ["report", "--dir", str(root / "out1")])
+    assert res.exit_code == 0 and res.output.strip().endswith("report.html")
+    bad = CliRunner().invoke(main, ["report", "--dir", str(root / "nothing")])
+    assert bad.exit_code != 0

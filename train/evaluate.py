@@ -47,11 +47,12 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
     """For each split and fold: fit every selector on train, score on test.
 
     Returns {"splits": {split: {"mean": {selector: metrics}, "folds": {fold: {selector: metrics}}}},
-    "fit_seconds": {selector: total}}.
+    "fit_seconds": {selector: total}, "choices": {split: {selector: {scenario_id: schedule}}}}
+    (each scenario is in the test side of at most one fold per split).
     """
     df = usable(df).reset_index(drop=True)
     plan = [(split, fold) for split in splits for fold in folds(df, split)]
-    results: dict = {"splits": {}, "fit_seconds": {}}
+    results: dict = {"splits": {}, "fit_seconds": {}, "choices": {}}
     bar = tqdm(total=len(plan) * len(make_selectors()), desc="evaluate", unit="fit", disable=not progress)
     for split, (fold_name, train_mask, test_mask) in plan:
         train, test = df[train_mask], df[test_mask]
@@ -61,12 +62,32 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
             selector.fit(train)
             results["fit_seconds"][selector.name] = results["fit_seconds"].get(selector.name, 0.0) + \
                 time.perf_counter() - t0
-            per_fold[selector.name] = score(test, selector.predict(test))
+            chosen = selector.predict(test)
+            per_fold[selector.name] = score(test, chosen)
+            results.setdefault("choices", {}).setdefault(split, {}).setdefault(selector.name, {}).update(chosen)
             bar.update(1)
     bar.close()
     for split, block in results["splits"].items():
         block["mean"] = _mean_over_folds(block["folds"])
     return results
+
+
+def choices_table(df: pd.DataFrame, results: dict) -> pd.DataFrame:
+    """One row per (split, selector, scenario): chosen and best schedule, regret, and the
+    scenario's tokens and compute/communication ratio (for the report's plots)."""
+    ok = usable(df)
+    best = ok.loc[ok.groupby("scenario_id")["time_s"].idxmin(),
+                  ["scenario_id", "schedule", "time_s", "op", "m", "hardware", "group", "t_comp_s", "t_comm_s"]]
+    best = best.rename(columns={"schedule": "best", "time_s": "best_time_s"})
+    picks = pd.DataFrame([(split, name, sid, schedule)
+                          for split, by_selector in results["choices"].items()
+                          for name, chosen in by_selector.items() for sid, schedule in chosen.items()],
+                         columns=["split", "selector", "scenario_id", "chosen"])
+    picks = picks.merge(ok[["scenario_id", "schedule", "time_s"]].rename(columns={"schedule": "chosen"}),
+                        on=["scenario_id", "chosen"], how="left").merge(best, on="scenario_id", how="left")
+    picks["regret"] = picks["time_s"] / picks["best_time_s"]
+    picks["comp_comm_ratio"] = picks["t_comp_s"] / picks["t_comm_s"]
+    return picks.drop(columns=["time_s", "best_time_s", "t_comp_s", "t_comm_s"])
 
 
 def _mean_over_folds(per_fold: dict) -> dict:

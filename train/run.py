@@ -24,8 +24,9 @@ import pandas as pd
 
 from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from ficco_select import __version__
-from train.evaluate import evaluate, tables
+from train.evaluate import choices_table, evaluate, tables
 from train.metrics import format_table
+from train.report import write_report
 from train.selectors import Selector, XGBRanker, XGBTimeRegressor, all_selectors, usable
 
 EXPERIMENT = "ficco-select"
@@ -80,10 +81,11 @@ def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLIT
                                         for metric, value in table.loc[name].items() if np.isfinite(value)})
         text = "\n\n".join(f"== {split} ==\n{format_table(t)}" for split, t in by_split.items())
         (out_dir / "comparison.txt").write_text(text + "\n")
-        (out_dir / "evaluation.json").write_text(json.dumps(results, indent=2, default=float))
+        (out_dir / "evaluation.json").write_text(json.dumps({k: v for k, v in results.items() if k != "choices"},
+                                                            indent=2, default=float))
+        choices_table(df, results).to_parquet(out_dir / "choices.parquet", index=False)
         for split, table in by_split.items():
             table.to_csv(out_dir / f"comparison_{split}.csv")
-        mlflow.log_artifacts(str(out_dir), artifact_path="evaluation")
 
         # The candidate: the exportable learned selector with the best grouped hold-out capture.
         grouped = [s for s in GROUPED_SPLITS if s in by_split] or list(by_split)
@@ -94,7 +96,18 @@ def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLIT
         version = _register(model, chosen, df, digest, by_split, grouped, parent.info.run_id)
         promoted = _maybe_promote(MlflowClient(), version, by_split, grouped, chosen)
         mlflow.set_tags({"chosen_selector": chosen, "registered_version": version, "promoted": str(promoted)})
+        gain = model.model_.get_booster().get_score(importance_type="gain")
+        importance = {FEATURE_NAMES[int(k[1:])] if k.startswith("f") and k[1:].isdigit() else k: float(v)
+                      for k, v in gain.items()}
+        (out_dir / "importance.json").write_text(json.dumps(importance, indent=2))
+        (out_dir / "summary.json").write_text(json.dumps(
+            {"mlflow_run_id": parent.info.run_id, "dataset_digest": digest, "rows": len(df), "chosen": chosen,
+             "registered_version": version, "promoted": promoted, "feature_schema_hash": FEATURE_SCHEMA_HASH},
+            indent=2))
+        report = write_report(out_dir)
+        mlflow.log_artifacts(str(out_dir), artifact_path="evaluation")
         return {"run_id": parent.info.run_id, "chosen": chosen, "version": version, "promoted": promoted,
+                "report": str(report),
                 "tables": {s: t.to_dict("index") for s, t in by_split.items()}, "text": text}
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from features import FEATURE_NAMES, pair_features
+from features import pair_features
 from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.heuristic import HeuristicParams, choose, estimates
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
@@ -264,5 +264,3 @@ def all_selectors() -> list[Selector]:
     return [XGBTimeRegressor(), XGBRanker(), HGBClassifier(), RandomForestTime(), Heuristic(),
             AlwaysBaseline(), AlwaysShard(), Oracle()]
 
-
-__all__ = ["FEATURE_NAMES", "Selector", "all_selectors", "usable"]

@@ -1,0 +1,148 @@
+"""An HTML report of one training, readable without MLflow: the comparison tables and plots.
+
+Plots (PNG, embedded): regret CDF per selector on each grouped split; the chosen
+selector's confusion of chosen vs best schedule family; a map of the best schedule family
+over token count and compute/communication ratio; feature importance of the chosen model.
+Input: what ``train.run.train`` writes to its output folder (``evaluation.json``,
+``choices.parquet``, ``importance.json``); ``write_report(folder)`` renders ``report.html``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from train.metrics import comparison_table
+
+
+def family_of(schedule: str) -> str:
+    """Coarse schedule family for plots: none, shard, ring/a2a at d, with the engine."""
+    parts = str(schedule).split(".")
+    if parts[0] in ("none", "shard"):
+        return f"{parts[0]}.{parts[-1]}"
+    return f"{parts[2]}.{parts[1]}.{parts[-1]}" if len(parts) == 6 else str(schedule)
+
+
+def coarse_family(schedule: str) -> str:
+    """Four classes for the map: baseline, shard ring, finer ring, finer a2a."""
+    parts = str(schedule).split(".")
+    if parts[0] == "none":
+        return "baseline"
+    if parts[0] == "shard":
+        return "shard ring"
+    return f"finer {parts[2]}" if len(parts) == 6 else str(schedule)
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def regret_cdf(choices: pd.DataFrame, split: str):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, g in choices[choices["split"] == split].groupby("selector", sort=False):
+        r = np.sort(g["regret"].dropna().to_numpy())
+        if len(r):
+            ax.step(r, np.arange(1, len(r) + 1) / len(r), where="post", label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("t(chosen) / t(best)")
+    ax.set_ylabel("fraction of scenarios")
+    ax.set_title(f"regret CDF, {split} hold-out")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def confusion(choices: pd.DataFrame, split: str, selector: str):
+    import matplotlib.pyplot as plt
+
+    g = choices[(choices["split"] == split) & (choices["selector"] == selector)]
+    table = pd.crosstab(g["best"].map(family_of), g["chosen"].map(family_of))
+    fig, ax = plt.subplots(figsize=(7, 6))
+    ax.imshow(table.to_numpy(), cmap="Blues")
+    ax.set_xticks(range(table.shape[1]), table.columns, rotation=70, fontsize=7)
+    ax.set_yticks(range(table.shape[0]), table.index, fontsize=7)
+    for (i, j), v in np.ndenumerate(table.to_numpy()):
+        if v:
+            ax.text(j, i, str(v), ha="center", va="center", fontsize=6)
+    ax.set_xlabel(f"chosen by {selector}")
+    ax.set_ylabel("fastest measured")
+    ax.set_title(f"chosen vs best, {split} hold-out")
+    return fig
+
+
+def best_map(choices: pd.DataFrame):
+    import matplotlib.pyplot as plt
+
+    first = choices.drop_duplicates("scenario_id")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = {"baseline": "tab:gray", "shard ring": "tab:blue", "finer ring": "tab:orange", "finer a2a": "tab:red"}
+    for fam, g in first.groupby(first["best"].map(coarse_family)):
+        ax.scatter(g["m"], g["comp_comm_ratio"], s=8, label=fam, color=colors.get(fam), alpha=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens m")
+    ax.set_ylabel("T_comp / T_comm (each alone)")
+    ax.set_title("fastest schedule over token count and compute/communication ratio")
+    ax.legend(fontsize=7, markerscale=2)
+    return fig
+
+
+def importance_plot(importance: dict[str, float]):
+    import matplotlib.pyplot as plt
+
+    top = sorted(importance.items(), key=lambda kv: kv[1], reverse=True)[:15]
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    ax.barh([k for k, _ in top][::-1], [v for _, v in top][::-1])
+    ax.set_xlabel("gain")
+    ax.set_title("feature importance of the chosen model")
+    return fig
+
+
+def write_report(folder: str | Path, title: str = "ficco-select training") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    folder = Path(folder)
+    results = json.loads((folder / "evaluation.json").read_text())
+    choices = pd.read_parquet(folder / "choices.parquet")
+    meta = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").exists() else {}
+    importance = json.loads((folder / "importance.json").read_text()) if (folder / "importance.json").exists() else {}
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    if meta:
+        parts.append("<p>" + ", ".join(f"<b>{html.escape(str(k))}</b>: {html.escape(str(v))}"
+                                       for k, v in meta.items()) + "</p>")
+    for split, block in results["splits"].items():
+        table = comparison_table(block["mean"])
+        parts.append(f"<h2>{html.escape(split)} hold-out ({len(block['folds'])} folds)</h2>")
+        parts.append(table.to_html(float_format=lambda x: f"{x:.3f}"))
+        if split in set(choices["split"]):
+            parts.append(f'<img src="data:image/png;base64,{_png(regret_cdf(choices, split))}">')
+    chosen = meta.get("chosen")
+    grouped = [s for s in ("family", "hardware") if s in set(choices["split"])]
+    if chosen and grouped:
+        parts.append(f'<h2>{html.escape(chosen)}: chosen vs best</h2>')
+        parts.append(f'<img src="data:image/png;base64,{_png(confusion(choices, grouped[0], chosen))}">')
+    parts.append("<h2>Where each schedule family wins</h2>")
+    parts.append(f'<img src="data:image/png;base64,{_png(best_map(choices))}">')
+    if importance:
+        parts.append("<h2>Feature importance</h2>")
+        parts.append(f'<img src="data:image/png;base64,{_png(importance_plot(importance))}">')
+    page = ("<!doctype html><html><head><meta charset='utf-8'><title>ficco-select report</title>"
+            "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;"
+            "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>"
+            + "\n".join(parts) + "</body></html>")
+    out = folder / "report.html"
+    out.write_text(page)
+    return out
