@@ -211,6 +211,30 @@ def train_cmd(datasets, splits, out_dir, as_json, no_progress) -> None:
 
 
 @main.command()
+@click.option("--backend", type=click.Choice(["cpu", "sim", "cuda"]), default=None,
+              help="Add a machine's rows first: measure it (cpu) or simulate it (sim).")
+@click.option("--hardware", default=None, help="Preset name or spec file of the machine (with --backend sim).")
+@click.option("--out", "out_dir", default="out/pipeline", show_default=True, type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--no-progress", is_flag=True)
+def pipeline(backend, hardware, out_dir, as_json, no_progress) -> None:
+    """The whole pipeline in one command: data, training, grouped evaluation, MLflow, report."""
+    from train.pipeline import run_pipeline
+
+    try:
+        summary = run_pipeline(backend=backend, hardware=hardware, out_dir=out_dir, progress=not no_progress)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        _echo_json({k: v for k, v in summary.items() if k != "text"})
+        return
+    click.echo(summary["text"])
+    click.echo(f"\nregistered {summary['chosen']} as ficco-selector version {summary['version']} "
+               f"(champion {'moved to it' if summary['promoted'] else 'unchanged'}); MLflow run {summary['run_id']}")
+    click.echo(f"report: {summary['report']}   tracking: `mlflow ui` in this folder")
+
+
+@main.command()
 @click.option("--dir", "folder", default="out/train", show_default=True, type=click.Path(file_okay=False),
               help="A training's output folder (what `ficco train` wrote).")
 def report(folder) -> None:

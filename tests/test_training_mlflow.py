@@ -92,3 +92,14 @@ def test_the_report_is_one_html_file_with_tables_and_plots(store):
     assert res.exit_code == 0 and res.output.strip().endswith("report.html")
     bad = CliRunner().invoke(main, ["report", "--dir", str(root / "nothing")])
     assert bad.exit_code != 0
+
+
+def test_pipeline_adds_new_hardware_rows_and_refuses_what_it_cannot_do(tmp_path):
+    from train.pipeline import new_hardware_rows
+
+    rows = new_hardware_rows("sim", "l40s-pcie-8", tmp_path, progress=False)
+    assert set(rows["hardware"]) == {"l40s-pcie-8"} and (rows["backend"] == "sim").all()
+    with pytest.raises(ValueError, match="needs --hardware"):
+        new_hardware_rows("sim", None, tmp_path, progress=False)
+    with pytest.raises(ValueError, match="cuda executor is not built"):
+        new_hardware_rows("cuda", None, tmp_path, progress=False)

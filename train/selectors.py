@@ -82,18 +82,16 @@ class Heuristic(Selector):
     GRID = {"min_ideal": (1.0, 1.05, 1.1, 1.2), "max_dil": (0.05, 0.15, 0.4, 1.0),
             "min_piece_over_latency": (1.0, 4.0, 16.0), "dma_amortize": (1.0, 3.0)}
 
-    def __init__(self, params: HeuristicParams | None = None, tune: bool = True) -> None:
+    def __init__(self, params: HeuristicParams | None = None, tune: bool = True, tune_scenarios: int = 800) -> None:
         self.params = params
         self.tune = tune
-
-    TUNE_SCENARIOS = 800
-    """Tuning scores each grid point on at most this many training scenarios (by id hash)."""
+        self.tune_scenarios = tune_scenarios
 
     def fit(self, df):
         self.params_ = self.params or HeuristicParams()
         if self.tune:
             ids = sorted(set(usable(df)["scenario_id"]), key=lambda s: zlib.crc32(s.encode()))
-            sample = df[df["scenario_id"].isin(ids[: self.TUNE_SCENARIOS])]
+            sample = df[df["scenario_id"].isin(ids[: self.tune_scenarios])]
             best = -1.0
             for values in itertools.product(*self.GRID.values()):
                 params = HeuristicParams(**dict(zip(self.GRID, values)))
@@ -202,15 +200,16 @@ class RandomForestTime(Selector):
 
     name = "random-forest"
 
-    def __init__(self, n_estimators: int = 60, min_samples_leaf: int = 3) -> None:
-        self.n_estimators, self.min_samples_leaf = n_estimators, min_samples_leaf
+    def __init__(self, n_estimators: int = 60, min_samples_leaf: int = 3, max_samples: float | None = None) -> None:
+        self.n_estimators, self.min_samples_leaf, self.max_samples = n_estimators, min_samples_leaf, max_samples
 
     def fit(self, df):
         from sklearn.ensemble import RandomForestRegressor
 
         ok, X = _pairs(df)
         self.model_ = RandomForestRegressor(n_estimators=self.n_estimators, min_samples_leaf=self.min_samples_leaf,
-                                            max_features=0.5, n_jobs=2, random_state=SEED)
+                                            max_features=0.5, max_samples=self.max_samples, n_jobs=2,
+                                            random_state=SEED)
         self.model_.fit(np.nan_to_num(X, nan=-1.0), _relative_log_time(ok))
         return self
 
@@ -225,6 +224,9 @@ class HGBClassifier(Selector):
 
     name = "hgb-classifier"
 
+    def __init__(self, max_iter: int = 200) -> None:
+        self.max_iter = max_iter
+
     def fit(self, df):
         from sklearn.ensemble import HistGradientBoostingClassifier
 
@@ -233,7 +235,7 @@ class HGBClassifier(Selector):
         first = ~ok["scenario_id"].duplicated()
         Xs = X[first.to_numpy()][:, : self._n_scenario_features()]
         y = ok.loc[first, "scenario_id"].map(best).to_numpy()
-        self.model_ = HistGradientBoostingClassifier(max_iter=200, random_state=SEED).fit(Xs, y)
+        self.model_ = HistGradientBoostingClassifier(max_iter=self.max_iter, random_state=SEED).fit(Xs, y)
         return self
 
     @staticmethod
@@ -262,5 +264,12 @@ class HGBClassifier(Selector):
 def all_selectors() -> list[Selector]:
     """Every selector, learned ones first; reference points last."""
     return [XGBTimeRegressor(), XGBRanker(), HGBClassifier(), RandomForestTime(), Heuristic(),
+            AlwaysBaseline(), AlwaysShard(), Oracle()]
+
+
+def fast_selectors() -> list[Selector]:
+    """The same selectors, smaller: for the one-command pipeline's many folds on 2 cores."""
+    return [XGBTimeRegressor(n_estimators=150), XGBRanker(n_estimators=150), HGBClassifier(max_iter=50),
+            RandomForestTime(n_estimators=25, min_samples_leaf=5, max_samples=0.4), Heuristic(tune_scenarios=150),
             AlwaysBaseline(), AlwaysShard(), Oracle()]
 

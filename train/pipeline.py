@@ -1,0 +1,49 @@
+"""The one-command pipeline: data -> train -> evaluate -> register -> report.
+
+With no arguments: the committed cpu dataset plus the catalog simulated on every GPU
+preset. Pointed at new hardware (``backend``, ``hardware``), it first adds that machine's
+rows (simulated, or measured resumably on the cpu backend); the grouped evaluation then
+scores every selector with that hardware held out (leave-one-hardware-out) and with it
+included (the family and random splits), and the champion moves only by the promotion
+rules of ``train.run``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from train.run import train
+from train.selectors import fast_selectors
+from train.training_data import default_training_data, simulated
+
+PIPELINE_SPLITS = ("family", "hardware")
+
+
+def new_hardware_rows(backend: str, hardware: str | None, out_dir: Path, progress: bool) -> pd.DataFrame | None:
+    """Rows for the machine being added: simulated on its spec, or measured here."""
+    if backend == "sim":
+        if not hardware:
+            raise ValueError("--backend sim needs --hardware NAME|FILE (the machine to simulate)")
+        return simulated(hardware)
+    if backend == "cpu":
+        from data.measure import measure
+        from data.scenarios import packaged, read_scenarios
+        from ficco_select.executor.cpu import MeasureConfig
+
+        scenarios = read_scenarios(packaged("catalog_cpu.csv"), backend="cpu")
+        return measure(scenarios, config=MeasureConfig(), out=out_dir / "measured_cpu.parquet", progress=progress)
+    if backend == "cuda":
+        raise ValueError("--backend cuda: the cuda executor is not built yet (see the cuda backend issue); "
+                         "use --backend sim --hardware <spec> for a GPU you do not have")
+    return None
+
+
+def run_pipeline(*, backend: str | None = None, hardware: str | None = None, out_dir: str | Path = "out/pipeline",
+                 progress: bool = True) -> dict:
+    out_dir = Path(out_dir)
+    extra = new_hardware_rows(backend, hardware, out_dir, progress) if backend else None
+    df = default_training_data(extra=[extra] if extra is not None else [])
+    df = df.drop_duplicates(["scenario_id", "schedule"], keep="last")  # re-adding a preset replaces it
+    return train(df, splits=PIPELINE_SPLITS, selectors=fast_selectors, out_dir=out_dir, progress=progress)
