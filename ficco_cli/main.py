@@ -153,16 +153,12 @@ def simulate(scenarios_path, hardware, out, noise, seed, as_json) -> None:
 @click.option("--no-progress", is_flag=True)
 def evaluate(datasets, splits, as_json, no_progress) -> None:
     """Train every selector and the heuristic on some groups, score them on unseen ones."""
-    import pandas as pd
-
-    from data.dataset import DatasetError, read_dataset
+    from data.dataset import DatasetError
     from train.evaluate import evaluate as run_evaluate, tables
     from train.metrics import format_table
-    from train.training_data import default_training_data
 
     try:
-        df = (pd.concat([read_dataset(p) for p in datasets], ignore_index=True) if datasets
-              else default_training_data())
+        df = _training_data(datasets)
         results = run_evaluate(df, splits=[x.strip() for x in splits.split(",") if x.strip()],
                                progress=not no_progress)
     except (DatasetError, ValueError) as e:
@@ -188,15 +184,11 @@ def train_cmd(datasets, splits, out_dir, as_json, no_progress) -> None:
 
     Tracking store: $MLFLOW_TRACKING_URI, else MLflow's default (sqlite:///mlflow.db here).
     """
-    import pandas as pd
-
-    from data.dataset import DatasetError, read_dataset
+    from data.dataset import DatasetError
     from train.run import train
-    from train.training_data import default_training_data
 
     try:
-        df = (pd.concat([read_dataset(p) for p in datasets], ignore_index=True) if datasets
-              else default_training_data())
+        df = _training_data(datasets)
         summary = train(df, splits=[x.strip() for x in splits.split(",") if x.strip()], out_dir=out_dir,
                         progress=not no_progress)
     except (DatasetError, ValueError) as e:
@@ -378,6 +370,18 @@ def info(path, as_json) -> None:
                 click.echo(f"  {k}: {v}")
         else:
             click.echo(f"{key}: {value}")
+
+
+def _training_data(datasets):
+    """The given datasets, or the default training data (cpu measured + GPU presets simulated)."""
+    import pandas as pd
+
+    from data.dataset import read_dataset
+    from train.training_data import default_training_data
+
+    if not datasets:
+        return default_training_data()
+    return pd.concat([read_dataset(p) for p in datasets], ignore_index=True)
 
 
 def _echo_json(obj) -> None:

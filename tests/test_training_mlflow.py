@@ -84,6 +84,7 @@ def test_the_report_is_one_html_file_with_tables_and_plots(store):
     page = (root / "out1" / "report.html").read_text()
     assert page.count("<table") >= 2 and page.count("data:image/png;base64,") >= 4
     assert first["chosen"] in page
+    assert {p.name for p in (root / "out1").glob("*.png")} >= {"confusion.png", "best_schedule_map.png", "feature_importance.png"}
     from click.testing import CliRunner
 
     from ficco_cli.main import main

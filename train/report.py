@@ -39,9 +39,12 @@ def coarse_family(schedule: str) -> str:
     return f"finer {parts[2]}" if len(parts) == 6 else str(schedule)
 
 
-def _png(fig) -> str:
+def _png(fig, path: Path | None = None) -> str:
+    """The figure as base64 PNG for embedding; also saved to `path` (an MLflow artifact)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    if path is not None:
+        path.write_bytes(buf.getvalue())
     import matplotlib.pyplot as plt
 
     plt.close(fig)
@@ -128,17 +131,20 @@ def write_report(folder: str | Path, title: str = "ficco-select training") -> Pa
         parts.append(f"<h2>{html.escape(split)} hold-out ({len(block['folds'])} folds)</h2>")
         parts.append(table.to_html(float_format=lambda x: f"{x:.3f}"))
         if split in set(choices["split"]):
-            parts.append(f'<img src="data:image/png;base64,{_png(regret_cdf(choices, split))}">')
+            png = _png(regret_cdf(choices, split), folder / f"regret_cdf_{split}.png")
+            parts.append(f'<img src="data:image/png;base64,{png}">')
     chosen = meta.get("chosen")
     grouped = [s for s in ("family", "hardware") if s in set(choices["split"])]
     if chosen and grouped:
         parts.append(f'<h2>{html.escape(chosen)}: chosen vs best</h2>')
-        parts.append(f'<img src="data:image/png;base64,{_png(confusion(choices, grouped[0], chosen))}">')
+        png = _png(confusion(choices, grouped[0], chosen), folder / "confusion.png")
+        parts.append(f'<img src="data:image/png;base64,{png}">')
     parts.append("<h2>Where each schedule family wins</h2>")
-    parts.append(f'<img src="data:image/png;base64,{_png(best_map(choices))}">')
+    parts.append(f'<img src="data:image/png;base64,{_png(best_map(choices), folder / "best_schedule_map.png")}">')
     if importance:
         parts.append("<h2>Feature importance</h2>")
-        parts.append(f'<img src="data:image/png;base64,{_png(importance_plot(importance))}">')
+        png = _png(importance_plot(importance), folder / "feature_importance.png")
+        parts.append(f'<img src="data:image/png;base64,{png}">')
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>ficco-select report</title>"
             "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;"
             "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>"

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import itertools
 import zlib
-from collections.abc import Mapping
-
 import numpy as np
 import pandas as pd
 
