@@ -226,6 +226,23 @@ def pipeline(backend, hardware, out_dir, as_json, no_progress) -> None:
     click.echo(f"report: {summary['report']}   tracking: `mlflow ui` in this folder")
 
 
+@main.command("export")
+@click.option("--model-uri", default="models:/ficco-selector@champion", show_default=True)
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="Folder to write (default: where Selector.load() looks, $FICCO_SELECTOR or "
+                   "~/.cache/ficco-select/selector).")
+def export_cmd(model_uri, out) -> None:
+    """Copy a registered selector out of MLflow into a runtime folder (XGBoost JSON + selector.json)."""
+    from ficco_select.selector import DEFAULT_PATH
+    from train.export import export
+
+    try:
+        path = export(out or DEFAULT_PATH, model_uri)
+    except Exception as e:  # noqa: BLE001 - MLflow raises many kinds; say which model failed
+        raise click.ClickException(f"{model_uri}: {e}") from None
+    click.echo(str(path))
+
+
 @main.command()
 @click.option("--dir", "folder", default="out/train", show_default=True, type=click.Path(file_okay=False),
               help="A training's output folder (what `ficco train` wrote).")

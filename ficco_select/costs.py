@@ -23,6 +23,11 @@ smaller tile, filling more compute units at a lower per-unit efficiency."""
 def gemm_time(hw: HardwareSpec, M, N, K, dtype_bytes, peak_flops, units_free=1.0, mem_slowdown=0.0):
     """Seconds for one (M x K) @ (K x N) GEMM on one device; 0 for empty GEMMs."""
     M, N, K = (np.asarray(x, dtype=float) for x in (M, N, K))
+    with np.errstate(over="ignore"):  # absurd shapes give inf times, not warnings
+        return _gemm_time(hw, M, N, K, dtype_bytes, peak_flops, units_free, mem_slowdown)
+
+
+def _gemm_time(hw, M, N, K, dtype_bytes, peak_flops, units_free, mem_slowdown):
     units = hw.compute_units * np.asarray(units_free, dtype=float)
     flops = 2 * M * N * K
     compute = np.full(np.broadcast(M, N, K).shape, np.inf)

@@ -104,3 +104,34 @@ def test_pipeline_adds_new_hardware_rows_and_refuses_what_it_cannot_do(tmp_path)
         new_hardware_rows("sim", None, tmp_path, progress=False)
     with pytest.raises(ValueError, match="cuda executor is not built"):
         new_hardware_rows("cuda", None, tmp_path, progress=False)
+
+
+def test_export_then_the_runtime_selector_decides_without_raising(store, tmp_path, caplog):
+    from ficco_select.selector import Selector
+    from train.export import export
+
+    root, first, second = store
+    folder = export(tmp_path / "sel", f"models:/{REGISTERED_MODEL}/{second['version']}")
+    assert {p.name for p in folder.iterdir()} == {"model.json", "selector.json"}
+    sel = Selector.load(folder)
+    assert sel.model is not None
+    recs = catalog("full", world_sizes=(4, 8), hardware="mi300x-8", models=["llama3-8b"])
+    sources = set()
+    for rec in recs:
+        d = sel.select(rec)
+        assert d.schedule in __import__("ficco_select").candidates(Scenario.from_record(rec), "sim")
+        assert sel.select(rec) is d  # cached
+        sources.add(d.source)
+    assert "model" in sources
+    # outside what it was trained on: the heuristic decides, and says so
+    d = sel.select({**recs[0], "hardware": "a100-nvswitch"})
+    assert d.source == "heuristic" and "not seen" in d.reason
+    # broken input never raises: the baseline, with one warning per key
+    bad = {**recs[0], "m": -1}
+    assert sel.select(bad).source == "fallback" and sel.select(bad).schedule.is_baseline
+    # a corrupt model file: heuristic-only selector, one clear warning
+    (folder / "model.json").write_text("{not json")
+    caplog.clear()
+    broken = Selector.load(folder)
+    assert broken.model is None and "using the heuristic" in caplog.text
+    assert broken.select(recs[0]).source == "heuristic"
