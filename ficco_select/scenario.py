@@ -68,6 +68,13 @@ class Scenario:
     def __post_init__(self) -> None:
         self.validate()
 
+    def __hash__(self) -> int:
+        # Cached: the runtime selector looks scenarios up in its cache on every call.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = self.__dict__["_hash"] = hash(tuple(getattr(self, c) for c in SCENARIO_COLUMNS))
+        return h
+
     # -- validation -------------------------------------------------------------------
     def validate(self) -> None:
         """Check every field; raise ScenarioError naming the field (column) at fault."""

@@ -86,6 +86,10 @@ class Selector:
 
     # -- deciding -------------------------------------------------------------------------
     def select(self, scenario: Scenario | Mapping[str, Any]) -> Decision:
+        if type(scenario) is Scenario:  # the hot path: the scenario is its own (cached-hash) key
+            hit = self._cache.get(scenario)
+            if hit is not None:
+                return hit
         try:
             key = self._key(scenario)
         except Exception:  # noqa: BLE001 - unhashable or odd input
@@ -98,9 +102,9 @@ class Selector:
         return decision
 
     @staticmethod
-    def _key(scenario) -> tuple:
+    def _key(scenario) -> Any:
         if isinstance(scenario, Scenario):
-            return tuple(getattr(scenario, c) for c in SCENARIO_COLUMNS)
+            return scenario
         return tuple(scenario.get(c) for c in SCENARIO_COLUMNS)
 
     def _decide(self, raw, key) -> Decision:
@@ -118,7 +122,7 @@ class Selector:
                 return Decision(choose(scenario, hw), "heuristic", 0.0, why)
             return self._model_decision(scenario, hw)
         except Exception as e:  # noqa: BLE001 - a model bug must not break the job
-            self._warn_once(("error",) + key, f"selector failed on {key!r}: {e}; running the baseline")
+            self._warn_once(("error", key), f"selector failed on {key!r}: {e}; running the baseline")
             return Decision(BASELINE, "fallback", 0.0, str(e))
 
     def _spec(self, name: str) -> HardwareSpec | None:
