@@ -150,13 +150,14 @@ class AllGatherGemm(Operator):
     memory; so no schedule, baseline included, copies the local shard.
     """
 
-    def __init__(self, scenario: Scenario, comm: P2PComm, **kw) -> None:
+    def __init__(self, scenario: Scenario, comm: P2PComm, *, A_shard: torch.Tensor | None = None,
+                 W: torch.Tensor | None = None, **kw) -> None:
         super().__init__(scenario, comm, **kw)
         s, P, r = scenario, self.P, self.r
         self.ms = s.m // P  # rows per shard
         self.A_full = self._empty(s.m, s.k)
-        self.A_full[r * self.ms:(r + 1) * self.ms] = self._rand(self.ms, s.k)
-        self.W = self._rand(s.k, s.n // P)
+        self.A_full[r * self.ms:(r + 1) * self.ms] = self._rand(self.ms, s.k) if A_shard is None else A_shard
+        self.W = self._rand(s.k, s.n // P) if W is None else W
         self.out = self._empty(s.m, s.n // P)
 
     def shard(self, q: int) -> torch.Tensor:
@@ -268,27 +269,33 @@ class GemmReduceScatter(Operator):
     column-piece buffers so every transfer is contiguous.
     """
 
-    def __init__(self, scenario: Scenario, comm: P2PComm, **kw) -> None:
+    def __init__(self, scenario: Scenario, comm: P2PComm, *, A: torch.Tensor | None = None,
+                 W: torch.Tensor | None = None, eager_buffers: bool = True, **kw) -> None:
         super().__init__(scenario, comm, **kw)
         s, P = scenario, self.P
         self.mb = s.m // P  # rows per output block
-        self.A = self._rand(s.m, s.k // P)
-        self.W = self._rand(s.k // P, s.n)
+        self.A = self._rand(s.m, s.k // P) if A is None else A
+        self.W = self._rand(s.k // P, s.n) if W is None else W
         self.C = self._empty(s.m, s.n)
         self.recv = self._empty(2, self.mb, s.n)  # ring: double buffer by hop parity
         self.recv_peers = self._empty(P, self.mb, s.n)  # a2a pattern: one slot per peer
         self.out_n = self._empty(self.mb, s.n)  # output of column-piece schedules
         self._n_bufs: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-        for d in degrees(P):
-            self._alloc_n(d)
+        if eager_buffers:  # measurement: allocate before anything is timed
+            for d in degrees(P):
+                self._alloc_n(d)
 
-    def _alloc_n(self, d: int) -> None:
+    def _alloc_n(self, d: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         # Column pieces: partials (m, n_j) and receive slots (P, m/P, n_j) per piece j.
-        if d in self._n_bufs or d > self.scenario.n:
-            return
-        widths = [hi - lo for lo, hi in piece_bounds(self.scenario.n, d)]
-        self._n_bufs[d] = ([self._empty(self.scenario.m, w) for w in widths],
-                           [self._empty(self.P, self.mb, w) for w in widths])
+        # Allocated lazily (poisoned) when a runtime call needs them.
+        if d not in self._n_bufs and d <= self.scenario.n:
+            widths = [hi - lo for lo, hi in piece_bounds(self.scenario.n, d)]
+            bufs = ([self._empty(self.scenario.m, w) for w in widths],
+                    [self._empty(self.P, self.mb, w) for w in widths])
+            for b in bufs[0] + bufs[1]:
+                b.fill_(float("nan"))
+            self._n_bufs[d] = bufs
+        return self._n_bufs[d]
 
     def _scratch(self):
         bufs = [self.C, self.recv, self.recv_peers, self.out_n]
@@ -402,7 +409,7 @@ class GemmReduceScatter(Operator):
     def _run_ring_n(self, d: int) -> torch.Tensor:
         # As _run_ring_m with column pieces: piece j of block b is parts[j][block b].
         r, P = self.r, self.P
-        parts, recvs = self._n_bufs[d]
+        parts, recvs = self._alloc_n(d)
         cols = piece_bounds(self.scenario.n, d)
         inflight: list[list] = [[] for _ in range(d)]
         sends: list = []
@@ -426,7 +433,7 @@ class GemmReduceScatter(Operator):
 
     def _run_a2a_n(self, d: int) -> torch.Tensor:
         r, P = self.r, self.P
-        parts, recvs = self._n_bufs[d]
+        parts, recvs = self._alloc_n(d)
         cols = piece_bounds(self.scenario.n, d)
         peers = [q for q in range(P) if q != r]
 
@@ -459,15 +466,19 @@ class AllToAllGemm(Operator):
     out (sum_q c[q][r], n) = X_recv @ W_r. The local chunk is read from X in place.
     """
 
-    def __init__(self, scenario: Scenario, comm: P2PComm, **kw) -> None:
+    def __init__(self, scenario: Scenario, comm: P2PComm, *, X: torch.Tensor | None = None,
+                 W: torch.Tensor | None = None, send_sizes: list[int] | None = None,
+                 recv_sizes: list[int] | None = None, **kw) -> None:
         super().__init__(scenario, comm, **kw)
         s, r, P = scenario, self.r, self.P
-        self.counts = s.token_counts()
-        self.send_sizes = self.counts[r]  # to each destination
-        self.recv_sizes = [self.counts[q][r] for q in range(P)]  # from each source
+        if send_sizes is None:  # the scenario's synthetic routing (measurement)
+            counts = s.token_counts()
+            send_sizes, recv_sizes = counts[r], [counts[q][r] for q in range(P)]
+        self.send_sizes = list(send_sizes)  # to each destination
+        self.recv_sizes = list(recv_sizes)  # from each source
         self.send_off, self.recv_off = offsets(self.send_sizes), offsets(self.recv_sizes)
-        self.X = self._rand(sum(self.send_sizes), s.k)
-        self.W = self._rand(s.k, s.n)
+        self.X = self._rand(sum(self.send_sizes), s.k) if X is None else X
+        self.W = self._rand(s.k, s.n) if W is None else W
         self.X_recv = self._empty(sum(self.recv_sizes), s.k)
         self.out = self._empty(sum(self.recv_sizes), s.n)
 

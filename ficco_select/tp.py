@@ -1,0 +1,146 @@
+"""Sequence-parallel tensor-parallel linear layers, and the hook that makes them use ficco.
+
+The layers (Megatron-style sequence parallelism, the pattern PyTorch's async-TP fuses):
+
+- ``ColumnParallelLinear``: input sharded along the sequence dim; all-gather it, then
+  multiply by this rank's rows of the weight (output features split across ranks).
+- ``RowParallelLinear``: input features split across ranks; multiply by this rank's
+  columns of the weight, then reduce-scatter the partial sums along the sequence dim.
+
+Unhooked, they run PyTorch's plain (differentiable) collectives. ``install(model)``
+switches every such layer in a model to ``ficco_select.torch_ops`` (schedule chosen per
+shape, executed by the executor); the returned handle's ``remove()`` restores them.
+Backward of a hooked layer is the mirror op, itself chosen and executed by ficco:
+d(AG(x) @ W^T)/dx = RS(dy @ W) and d(RS(x @ W^T))/dx = AG(dy) @ W.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+from torch import nn
+
+from ficco_select.torch_ops import all_gather_matmul, matmul_reduce_scatter
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = all_gather(x, seq_dim) @ W_r^T + b_r; W_r: this rank's rows of the weight."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: dist.ProcessGroup,
+                 seq_dim: int = 0) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+        self.bias = nn.Parameter(bias) if bias is not None else None
+        self.group, self.seq_dim = group, seq_dim
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group: dist.ProcessGroup, seq_dim: int = 0) -> "ColumnParallelLinear":
+        """This rank's shard of a full ``nn.Linear`` (out_features divisible by the world size)."""
+        r, P = dist.get_rank(group), dist.get_world_size(group)
+        w = linear.weight.detach().chunk(P, dim=0)[r].clone()
+        b = None if linear.bias is None else linear.bias.detach().chunk(P)[r].clone()
+        return cls(w, b, group, seq_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        full = funcol.all_gather_single_autograd(x.contiguous(), self.seq_dim, self.group)
+        return F.linear(full, self.weight, self.bias)
+
+    def ficco_forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _AllGatherMatmul.apply(x, self.weight, self.seq_dim, self.group)
+        return y if self.bias is None else y + self.bias
+
+
+class RowParallelLinear(nn.Module):
+    """y = reduce_scatter(x @ W_r^T, seq_dim) + b; W_r: this rank's columns of the weight."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: dist.ProcessGroup,
+                 seq_dim: int = 0) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+        self.bias = nn.Parameter(bias) if bias is not None else None  # full: added after the sum
+        self.group, self.seq_dim = group, seq_dim
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group: dist.ProcessGroup, seq_dim: int = 0) -> "RowParallelLinear":
+        r, P = dist.get_rank(group), dist.get_world_size(group)
+        w = linear.weight.detach().chunk(P, dim=1)[r].clone()
+        b = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(w, b, group, seq_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = funcol.reduce_scatter_single_autograd(F.linear(x, self.weight), "sum", self.seq_dim, self.group)
+        return y if self.bias is None else y + self.bias
+
+    def ficco_forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _MatmulReduceScatter.apply(x, self.weight, self.seq_dim, self.group)
+        return y if self.bias is None else y + self.bias
+
+
+TP_LAYERS = (ColumnParallelLinear, RowParallelLinear)
+
+
+class _AllGatherMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, seq_dim, group):
+        A, (y,) = all_gather_matmul(x, [weight.t()], seq_dim, group, return_A=True)
+        ctx.save_for_backward(A, weight)
+        ctx.seq_dim, ctx.group = seq_dim, group
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        A, weight = ctx.saved_tensors
+        dx = matmul_reduce_scatter(dy.contiguous(), weight, "sum", ctx.seq_dim, ctx.group)
+        dw = dy.reshape(-1, dy.shape[-1]).t() @ A.reshape(-1, A.shape[-1])
+        return dx, dw, None, None
+
+
+class _MatmulReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, seq_dim, group):
+        ctx.save_for_backward(x, weight)
+        ctx.seq_dim, ctx.group = seq_dim, group
+        return matmul_reduce_scatter(x, weight.t(), "sum", seq_dim, group)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dy_full, (dx,) = all_gather_matmul(dy.contiguous(), [weight], ctx.seq_dim, ctx.group, return_A=True)
+        dw = dy_full.reshape(-1, dy_full.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+        return dx, dw, None, None
+
+
+class HookHandle:
+    """The layers ``install`` switched; ``remove()`` switches them back (idempotent)."""
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        self.layers = layers
+
+    def remove(self) -> None:
+        for layer in self.layers:
+            if "forward" in vars(layer):
+                del layer.forward  # back to the class's forward
+        self.layers = []
+
+    def __enter__(self) -> "HookHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def install(model: nn.Module) -> HookHandle:
+    """Make every tensor-parallel linear layer of `model` run through ficco's ops.
+
+    Layers already switched are left alone (installing twice is harmless).
+    """
+    layers = []
+    for module in model.modules():
+        if isinstance(module, TP_LAYERS) and "forward" not in vars(module):
+            module.forward = types.MethodType(type(module).ficco_forward, module)
+            layers.append(module)
+    return HookHandle(layers)

@@ -1,0 +1,216 @@
+"""ficco's torch ops and tensor-parallel hooks on real gloo ranks.
+
+The ops are compared with PyTorch's own fallbacks of the fused async-TP ops
+(``_fused_all_gather_matmul_fallback``, ``_fused_matmul_reduce_scatter_fallback``) for
+every gather/scatter dim, several Bs, odd shapes, and every schedule pinned in turn;
+the tensor-parallel MLP gives the same output and gradients hooked and unhooked.
+Each test is one job of real ranks; a rank collects its mismatches and fails with all.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._symmetric_memory as symm_mem
+import torch.multiprocessing as mp
+from torch import nn
+
+from ficco_select import torch_ops
+from ficco_select.executor.ops import TOLERANCE, relative_error
+from ficco_select.schedule import all_schedules
+from ficco_select.selector import Selector
+
+
+def _entry(rank: int, fn, P: int, tmp: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=P)
+    try:
+        torch_ops.reset()
+        torch_ops.configure(selector=Selector(), hardware="cpu")  # heuristic; no exported model
+        fn(rank, P, Path(tmp))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn, P: int, tmp: Path) -> None:
+    mp.spawn(_entry, args=(fn, P, str(tmp)), nprocs=P, join=True)
+
+
+def _rand(gen, *shape, dtype=torch.float32):
+    return (torch.rand(*shape, generator=gen) * 2 - 1).to(dtype)
+
+
+def _schedules(P: int) -> list[str]:
+    return [s.name for s in all_schedules(P, engines=("sm",))] + [""]  # "" = the selector decides
+
+
+def _close(got, want, dtype, what, failures):
+    err = relative_error(got, want.float())
+    if not err <= TOLERANCE[{torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]]:
+        failures.append(f"{what}: rel. error {err:.3g} (shape {tuple(got.shape)} vs {tuple(want.shape)})")
+
+
+# -- all_gather_matmul / matmul_reduce_scatter vs PyTorch's fallbacks --------------------
+AG_CASES = [  # (A_shard shape, gather_dim, B widths, dtype)
+    ((5, 7), 0, (3,), torch.float32),
+    ((5, 7), 0, (4, 1, 6), torch.float32),
+    ((3, 4, 6), 0, (5,), torch.float32),
+    ((3, 4, 6), 1, (2, 7), torch.float32),
+    ((2, 3, 5, 4), 2, (3,), torch.float32),
+    ((3, 4, 6), -1, (5,), torch.float32),  # gathers the contraction dim: PyTorch's path
+    ((7, 9), 0, (6, 2), torch.bfloat16),
+]
+RS_CASES = [  # (A shape, B width, scatter_dim, reduce_op, dtype); extents divisible by P=2, 4
+    ((8, 5), 6, 0, "sum", torch.float32),
+    ((12, 3, 7), 5, 0, "sum", torch.float32),
+    ((3, 12, 7), 5, 1, "avg", torch.float32),
+    ((3, 5, 7), 12, -1, "sum", torch.float32),
+    ((16, 9), 4, 0, "sum", torch.bfloat16),
+]
+
+
+def check_ops(rank: int, P: int, tmp: Path) -> None:
+    gen = torch.Generator().manual_seed(1000 + rank)
+    group = dist.group.WORLD
+    failures, pinned_runs = [], 0
+    for shape, gdim, widths, dtype in AG_CASES:
+        A_shard = _rand(gen, *shape, dtype=dtype)
+        Bs = [_rand(gen, shape[-1] * (P if gdim == -1 else 1), w, dtype=dtype) for w in widths]
+        for return_A in (True, False):
+            want_A, want = symm_mem._fused_all_gather_matmul_fallback(A_shard, Bs, gdim, group.group_name,
+                                                                      return_A=return_A)
+            for name in _schedules(P):
+                torch_ops.configure(schedule=name)
+                A, outs = torch_ops.all_gather_matmul(A_shard, Bs, gdim, group.group_name, return_A=return_A)
+                what = f"AG {shape} dim {gdim} Bs {widths} {dtype} return_A={return_A} [{name or 'selector'}]"
+                pinned_runs += torch_ops.last_decision.source == "pinned"
+                if (A is None) != (want_A is None) or len(outs) != len(want):
+                    failures.append(f"{what}: returned {A is None=}, {len(outs)} outputs")
+                    continue
+                if A is not None:
+                    _close(A, want_A, dtype, what + " A", failures)
+                for i, (o, w) in enumerate(zip(outs, want)):
+                    _close(o, w, dtype, f"{what} out[{i}]", failures)
+    for shape, width, sdim, op, dtype in RS_CASES:
+        A = _rand(gen, *shape, dtype=dtype)
+        B = _rand(gen, shape[-1], width, dtype=dtype)
+        want = symm_mem._fused_matmul_reduce_scatter_fallback(A, B, op, sdim, group.group_name)
+        for name in _schedules(P):
+            torch_ops.configure(schedule=name)
+            got = torch_ops.matmul_reduce_scatter(A, B, op, sdim, group.group_name)
+            pinned_runs += torch_ops.last_decision.source == "pinned"
+            _close(got, want, dtype, f"RS {shape}x{width} dim {sdim} {op} {dtype} [{name or 'selector'}]", failures)
+    # MoE: uneven routing, one rank sends nothing to the last expert.
+    k, n = 6, 5
+    send = [(rank + 2 * q + 1) % 5 for q in range(P)]
+    send[-1] = 0
+    counts = torch.zeros(P * P, dtype=torch.int64)
+    dist.all_gather_single(counts, torch.tensor(send, dtype=torch.int64))
+    recv = counts.view(P, P)[:, rank].tolist()
+    X, W = _rand(gen, sum(send), k), _rand(gen, k, n)
+    X_recv = torch.empty(sum(recv), k)
+    dist.all_to_all_single(X_recv, X, recv, send)
+    for name in _schedules(P):
+        torch_ops.configure(schedule=name)
+        got = torch_ops.all_to_all_matmul(X, W, recv, send, group.group_name)
+        pinned_runs += torch_ops.last_decision.source == "pinned"
+        _close(got, X_recv @ W, torch.float32, f"A2A send {send} [{name or 'selector'}]", failures)
+    (tmp / f"pinned-{rank}").write_text(str(pinned_runs))
+    assert not failures, f"rank {rank}: {len(failures)} mismatches:\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("P", [2, 4])
+def test_ops_equal_pytorch_fallbacks_for_every_schedule(P, tmp_path):
+    spawn(check_ops, P, tmp_path)
+    # The pins really ran: most of the sm schedules are legal for most cases.
+    assert int((tmp_path / "pinned-0").read_text()) > 100
+
+
+# -- every rank runs rank 0's decision -------------------------------------------------
+def check_agreement(rank: int, P: int, tmp: Path) -> None:
+    # Ranks disagree on what they would pick; rank 0's pin must win everywhere.
+    torch_ops.configure(schedule="ficco.d2.ring.gemm_per_piece.m.sm" if rank == 0 else "none.sm")
+    gen = torch.Generator().manual_seed(rank)
+    A, B = _rand(gen, 6, 4), _rand(gen, 4, 3)
+    _, (out,) = torch_ops.all_gather_matmul(A, [B], 0, dist.group.WORLD)
+    _, (want,) = symm_mem._fused_all_gather_matmul_fallback(A, [B], 0, dist.group.WORLD.group_name)
+    torch.testing.assert_close(out, want)
+    assert torch_ops.last_decision.schedule.name == "ficco.d2.ring.gemm_per_piece.m.sm", torch_ops.last_decision
+
+
+def test_every_rank_runs_rank_zeros_decision(tmp_path):
+    spawn(check_agreement, 2, tmp_path)
+
+
+# -- telemetry ------------------------------------------------------------------------
+def check_telemetry(rank: int, P: int, tmp: Path) -> None:
+    torch_ops.configure(telemetry=tmp / "telemetry-{rank}.jsonl")
+    gen = torch.Generator().manual_seed(rank)
+    A, B = _rand(gen, 8, 5), _rand(gen, 5, 6)
+    for _ in range(3):
+        torch_ops.matmul_reduce_scatter(A, B, "sum", 0, dist.group.WORLD)
+    torch_ops.configure(schedule="shard.ring.sm")
+    torch_ops.matmul_reduce_scatter(A, B, "sum", 0, dist.group.WORLD)
+
+
+def test_telemetry_records_every_execution_and_checks_the_first(tmp_path):
+    spawn(check_telemetry, 2, tmp_path)
+    for rank in range(2):
+        lines = [json.loads(x) for x in (tmp_path / f"telemetry-{rank}.jsonl").read_text().splitlines()]
+        assert len(lines) == 4
+        assert [x["rank"] for x in lines] == [rank] * 4
+        first = lines[0]["schedule"]
+        assert [x["call"] for x in lines[:3]] == [0, 1, 2] and {x["schedule"] for x in lines[:3]} == {first}
+        assert lines[0]["verified"] is True and lines[1]["verified"] is None
+        assert lines[3]["schedule"] == "shard.ring.sm" and lines[3]["source"] == "pinned"
+        assert lines[3]["verified"] is True and lines[3]["call"] == 0
+        assert all(x["op"] == "gemm_rs" and x["m"] == 8 and x["k"] == 10 and x["time_s"] > 0 for x in lines)
+
+
+# -- the tensor-parallel MLP, hooked and unhooked --------------------------------------
+def check_tp_mlp(rank: int, P: int, tmp: Path) -> None:
+    from ficco_select.tp import ColumnParallelLinear, RowParallelLinear, install
+
+    torch.manual_seed(0)  # the same full model and batch on every rank
+    hidden, ffn, seq, batch = 12, 8 * P, 5 * P, 3
+    full = nn.Sequential(nn.Linear(hidden, ffn), nn.GELU(), nn.Linear(ffn, hidden))
+    x_full = torch.randn(seq, batch, hidden)
+    group = dist.group.WORLD
+    tp = nn.Sequential(ColumnParallelLinear.from_linear(full[0], group), nn.GELU(),
+                       RowParallelLinear.from_linear(full[2], group))
+    x = x_full.chunk(P, dim=0)[rank].clone().requires_grad_()
+
+    def run():
+        x.grad = None
+        tp.zero_grad()
+        y = tp(x)
+        (y.square().sum() + y.sum()).backward()
+        return y.detach(), x.grad.clone(), [p.grad.clone() for p in tp.parameters()]
+
+    y_plain, dx_plain, dw_plain = run()
+    torch.testing.assert_close(y_plain, full(x_full).detach().chunk(P, dim=0)[rank], rtol=1e-5, atol=1e-5)
+    sources = {}
+    for pin in ("", "ficco.d2.ring.gemm_per_piece.m.sm", "shard.ring.sm"):
+        torch_ops.configure(schedule=pin)
+        with install(tp) as handle:
+            assert len(handle.layers) == 2
+            y_hooked, dx_hooked, dw_hooked = run()
+            sources[pin] = torch_ops.last_decision.source
+        torch.testing.assert_close(y_hooked, y_plain, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(dx_hooked, dx_plain, rtol=1e-5, atol=1e-5)
+        for a, b in zip(dw_hooked, dw_plain):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        assert all("forward" not in vars(m) for m in tp.modules())  # uninstalled cleanly
+    assert sources == {"": "heuristic", "ficco.d2.ring.gemm_per_piece.m.sm": "pinned",
+                       "shard.ring.sm": "pinned"}, sources
+    y_again, _, _ = run()
+    torch.testing.assert_close(y_again, y_plain, rtol=0, atol=0)
+    (tmp / f"max-diff-{rank}").write_text(str((y_hooked - y_plain).abs().max().item()))
+
+
+def test_tensor_parallel_mlp_same_hooked_and_unhooked(tmp_path):
+    spawn(check_tp_mlp, 2, tmp_path)
