@@ -27,3 +27,11 @@ def test_executor_imports_nothing_downstream():
 def test_features_and_heuristic_stay_light():
     mods = loaded_after("import features, ficco_select.heuristic, ficco_select.hardware")
     assert not mods & {"pandas", "sklearn", "mlflow", "xgboost", "torch", "data", "train"}
+
+
+def test_framework_hooks_stay_light():
+    # What a training job imports: the ops, the hooks, the selector with a decision made.
+    mods = loaded_after("import ficco_select.tp, ficco_select.torch_ops; from ficco_select.selector import Selector; "
+                        "from ficco_select import Scenario; Selector().select(Scenario(group='g', op='ag_gemm', "
+                        "m=64, n=64, k=64, dtype='bfloat16', world_size=8, hardware='mi300x-8'))")
+    assert not mods & {"pandas", "sklearn", "mlflow", "xgboost", "data", "train", "ficco_cli"}
