@@ -22,6 +22,9 @@ Choices a caller should know:
 - Several ``Bs`` are concatenated into one weight (one gathered A, one GEMM per piece).
 - The executor allocates its buffers per call (no persistent symmetric memory yet).
 - Forward only; backward goes through ``ficco_select.tp``'s autograd functions.
+
+``last_decision.source``: the selector's ``model``, ``heuristic`` or ``fallback`` (also
+when PyTorch's implementation ran), or ``pinned`` (``configure(schedule=...)``).
 """
 
 from __future__ import annotations
