@@ -7,11 +7,12 @@ and prints the result (a table, or JSON with --json).
 from __future__ import annotations
 
 import json
+import logging
 import sys
 
 import click
 
-from ficco_select.scenario import ScenarioError
+from ficco_select.scenario import Scenario, ScenarioError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -177,9 +178,12 @@ def evaluate(datasets, splits, as_json, no_progress) -> None:
 @click.option("--splits", default="random,family,hardware,world_size", show_default=True)
 @click.option("--out", "out_dir", default="out/train", show_default=True, type=click.Path(file_okay=False),
               help="Folder for the comparison tables (also logged to MLflow).")
+@click.option("--telemetry", "telemetry", multiple=True, type=click.Path(dir_okay=False),
+              help="Telemetry file(s) of running jobs ($FICCO_TELEMETRY); repeatable. Their scenarios "
+                   "join the registered model's training data, not the evaluation (they lack most schedules).")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--no-progress", is_flag=True)
-def train_cmd(datasets, splits, out_dir, as_json, no_progress) -> None:
+def train_cmd(datasets, splits, out_dir, telemetry, as_json, no_progress) -> None:
     """Evaluate every selector, track it in MLflow, register the best, promote it if it wins.
 
     Tracking store: $MLFLOW_TRACKING_URI, else MLflow's default (sqlite:///mlflow.db here).
@@ -189,14 +193,19 @@ def train_cmd(datasets, splits, out_dir, as_json, no_progress) -> None:
 
     try:
         df = _training_data(datasets)
+        extra = _telemetry_rows(telemetry, df) if telemetry else None
         summary = train(df, splits=[x.strip() for x in splits.split(",") if x.strip()], out_dir=out_dir,
-                        progress=not no_progress)
+                        progress=not no_progress, extra=extra)
     except (DatasetError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     if as_json:
-        _echo_json({k: v for k, v in summary.items() if k != "text"})
+        _echo_json({k: v for k, v in summary.items() if k != "text"}
+                   | ({"telemetry_rows": len(extra)} if extra is not None else {}))
         return
     click.echo(summary["text"])
+    if extra is not None:
+        click.echo(f"\ntelemetry: {len(extra)} rows of {extra['scenario_id'].nunique()} scenarios added to the "
+                   "registered model's training data (not scored)")
     click.echo(f"\nMLflow run {summary['run_id']}: registered {summary['chosen']} as ficco-selector "
                f"version {summary['version']}; champion {'moved to it' if summary['promoted'] else 'unchanged'}.")
     click.echo(f"report: {summary['report']}")
@@ -241,6 +250,58 @@ def export_cmd(model_uri, out) -> None:
     except Exception as e:  # noqa: BLE001 - MLflow raises many kinds; say which model failed
         raise click.ClickException(f"{model_uri}: {e}") from None
     click.echo(str(path))
+
+
+@main.command("select")
+@click.option("--scenarios", "scenarios_path", type=click.Path(dir_okay=False), required=True,
+              help="Scenario table (CSV or Parquet). Rows are not validated first: an invalid row gets "
+                   "the baseline (source fallback) and a null scenario_id.")
+@click.option("--model", "model_path", type=click.Path(file_okay=False), default=None,
+              help="An exported selector folder (`ficco export`). Default: the exported champion "
+                   "($FICCO_SELECTOR or ~/.cache/ficco-select/selector) if there is one, else the heuristic.")
+@click.option("--heuristic-only", is_flag=True, help="No model: the hand heuristic decides every row.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one decision per row.")
+def select_cmd(scenarios_path, model_path, heuristic_only, as_json) -> None:
+    """Which schedule for each row of a scenario table: the runtime selector's decisions.
+
+    One decision per row, in order: row (1-based, header excluded), scenario_id, schedule,
+    source (model | heuristic | fallback), confidence, reason.
+    """
+    from data.scenarios import read_table
+    from ficco_select.scenario import REQUIRED_COLUMNS
+    from ficco_select.selector import Selector
+
+    if model_path and heuristic_only:
+        raise click.UsageError("--model and --heuristic-only exclude each other; drop one")
+    try:
+        table = read_table(scenarios_path)
+    except ScenarioError as e:
+        raise click.ClickException(str(e)) from None
+    # A missing column is the wrong file, not a bad row: every row would silently fall back.
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
+    if missing:
+        raise click.ClickException(f"{scenarios_path}: column '{missing[0]}' is missing "
+                                   f"(need {', '.join(REQUIRED_COLUMNS)})")
+    if heuristic_only:
+        selector = Selector()
+    else:
+        selector = Selector.load(model_path)
+        if model_path and selector.model is None:
+            raise click.ClickException(f"--model {model_path}: no usable selector there (see the warning "
+                                       "above); export one with `ficco export` or pass --heuristic-only")
+    records = table.to_dict("records")
+    # Each fallback's reason is in the output: no warning per bad row on top of it.
+    quiet = logging.getLogger("ficco_select.selector")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        decisions = [_decision(i, record, selector) for i, record in enumerate(records, start=1)]
+    finally:
+        quiet.setLevel(level)
+    if as_json:
+        _echo_json(decisions)
+        return
+    _echo_decisions(decisions, records, selector, model_path)
 
 
 @main.command()
@@ -399,6 +460,45 @@ def _training_data(datasets):
     if not datasets:
         return default_training_data()
     return pd.concat([read_dataset(p) for p in datasets], ignore_index=True)
+
+
+def _telemetry_rows(paths, df):
+    """Telemetry as extra training rows beside `df`; refuses files that add nothing."""
+    from data.telemetry import read_telemetry
+    from train.training_data import telemetry_training_rows
+
+    rows = telemetry_training_rows(read_telemetry(paths), df)
+    if rows.empty:
+        raise ValueError(f"{', '.join(paths)}: no telemetry scenario has a verified baseline and another "
+                         "verified schedule outside the dataset; nothing to add to the training data")
+    return rows
+
+
+def _decision(row: int, record: dict, selector) -> dict:
+    """The selector's decision on one raw table row (never raises: a bad row is a fallback)."""
+    try:
+        scenario_id = Scenario.from_record(record).scenario_id
+    except ScenarioError:
+        scenario_id = None
+    d = selector.select(record)
+    return {"row": row, "scenario_id": scenario_id, "schedule": d.schedule.name, "source": d.source,
+            "confidence": d.confidence, "reason": d.reason}
+
+
+def _echo_decisions(decisions: list[dict], records: list[dict], selector, model_path) -> None:
+    """A left-aligned table, one line per row, then the count per source."""
+    header = ("row", "scenario_id", "op", "m,n,k", "P", "hardware", "schedule", "source", "confidence", "reason")
+    lines = [header] + [(str(d["row"]), d["scenario_id"] or "-", str(r.get("op")),
+                         f"{r.get('m')},{r.get('n')},{r.get('k')}", str(r.get("world_size")), str(r.get("hardware")),
+                         d["schedule"], d["source"], f"{d['confidence']:.3f}", d["reason"])
+                        for d, r in zip(decisions, records)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
+    counts = {s: sum(d["source"] == s for d in decisions) for s in ("model", "heuristic", "fallback")}
+    model = (f"model {selector.meta.get('selector', '?')} from {model_path or 'the default export'}"
+             if selector.model is not None else "heuristic only")
+    click.echo(f"\n{len(decisions)} rows: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + f" ({model})")
 
 
 def _echo_json(obj) -> None:

@@ -53,20 +53,29 @@ def training_ranges(df: pd.DataFrame) -> dict:
 
 
 def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLITS, "world_size"),
-          selectors=all_selectors, out_dir: str | Path = "out/train", progress: bool = True) -> dict:
-    """Evaluate, log, register, maybe promote. Returns a summary (tables, run id, version, promoted)."""
+          selectors=all_selectors, out_dir: str | Path = "out/train", progress: bool = True,
+          extra: pd.DataFrame | None = None) -> dict:
+    """Evaluate, log, register, maybe promote. Returns a summary (tables, run id, version, promoted).
+
+    `extra`: labeled rows added only to the registered model's training data, never
+    scored (e.g. telemetry, whose scenarios lack most candidates:
+    ``train.training_data.telemetry_training_rows``). The evaluation, and so the choice of
+    selector and its promotion, is on `df` alone.
+    """
     import mlflow
     from mlflow import MlflowClient
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     mlflow.set_experiment(EXPERIMENT)
-    digest = dataset_digest(df)
+    fit_df = df if extra is None or extra.empty else pd.concat([df, extra], ignore_index=True)
+    digest = dataset_digest(fit_df)  # of what the registered model was fitted on
     with mlflow.start_run(run_name=f"train-{digest[:8]}") as parent:
         mlflow.log_params({"dataset_digest": digest, "rows": len(df), "scenarios": df["scenario_id"].nunique(),
                            "hardware": ",".join(sorted(set(df["hardware"]))), "splits": ",".join(splits),
                            "feature_schema_version": FEATURE_SCHEMA_VERSION,
-                           "feature_schema_hash": FEATURE_SCHEMA_HASH, "ficco_version": __version__})
+                           "feature_schema_hash": FEATURE_SCHEMA_HASH, "ficco_version": __version__,
+                           "extra_rows": len(fit_df) - len(df)})
         scen = df.groupby("scenario_id", sort=False).first().reset_index()[
             ["scenario_id", "group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "backend"]]
         mlflow.log_input(mlflow.data.from_pandas(scen, name=f"ficco-dataset-{digest}"), context="training")
@@ -92,8 +101,8 @@ def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLIT
         capture = {name: float(np.mean([by_split[s].loc[name, "oracle_capture"] for s in grouped]))
                    for name in LEARNED if name in by_split[grouped[0]].index}
         chosen = max(capture, key=capture.get)
-        model: Selector = LEARNED[chosen]().fit(df)
-        version = _register(model, chosen, df, digest, by_split, grouped, parent.info.run_id)
+        model: Selector = LEARNED[chosen]().fit(fit_df)
+        version = _register(model, chosen, fit_df, digest, by_split, grouped, parent.info.run_id)
         promoted = _maybe_promote(MlflowClient(), version, by_split, grouped, chosen)
         mlflow.set_tags({"chosen_selector": chosen, "registered_version": version, "promoted": str(promoted)})
         gain = model.model_.get_booster().get_score(importance_type="gain")
@@ -101,7 +110,8 @@ def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLIT
                       for k, v in gain.items()}
         (out_dir / "importance.json").write_text(json.dumps(importance, indent=2))
         (out_dir / "summary.json").write_text(json.dumps(
-            {"mlflow_run_id": parent.info.run_id, "dataset_digest": digest, "rows": len(df), "chosen": chosen,
+            {"mlflow_run_id": parent.info.run_id, "dataset_digest": digest, "rows": len(df),
+             "extra_rows": len(fit_df) - len(df), "chosen": chosen,
              "registered_version": version, "promoted": promoted, "feature_schema_hash": FEATURE_SCHEMA_HASH},
             indent=2))
         report = write_report(out_dir)

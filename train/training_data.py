@@ -3,6 +3,7 @@ on every GPU preset (with measurement-like noise), one dataset schema for all.""
 
 from __future__ import annotations
 
+import logging
 from importlib import resources
 from pathlib import Path
 
@@ -13,6 +14,9 @@ from data.dataset import read_dataset
 from data.simulate import simulate
 from ficco_select.hardware import load_hardware, preset_names
 from ficco_select.scenario import Scenario
+from train.metrics import BASELINE_PREFIX, usable_rows
+
+log = logging.getLogger("train.training_data")
 
 MEASURED = "cpu_catalog.parquet"
 """The committed measured dataset in data/measured/."""
@@ -38,3 +42,30 @@ def default_training_data(*, noise: float = SIM_NOISE, seed: int = 0, extra: lis
     frames += [simulated(name, noise=noise, seed=seed) for name in preset_names() if name != "cpu"]
     frames += list(extra)
     return pd.concat(frames, ignore_index=True)
+
+
+def telemetry_training_rows(telemetry: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
+    """The telemetry rows (``data.telemetry.read_telemetry``) a learned selector can fit on
+    beside the dataset `df`, as extra rows for the registered model only.
+
+    Telemetry holds the one or two schedules a job ran per scenario, not every candidate,
+    so it is never scored: the metrics compare a choice with the best of *all* candidates
+    (``train.metrics``), which a partial scenario cannot give. Kept: scenarios with a
+    verified baseline (``none.*``) row and at least one other verified row, since the
+    learned targets are times relative to the scenario's baseline and a lone row compares
+    nothing; and only scenarios not already in `df`, whose complete, controlled
+    measurement is the better label (one scenario's times from two runs would be compared
+    as if taken under the same conditions). Failed or unverified rows are never labels.
+    """
+    ok = usable_rows(telemetry)
+    ok = ok[~ok["scenario_id"].isin(set(df["scenario_id"]))]
+    per = ok.groupby("scenario_id")["schedule"]
+    has_base = per.transform(lambda s: s.str.startswith(BASELINE_PREFIX).any())
+    kept = ok[has_base & (per.transform("size") >= 2)]
+    for name in sorted(set(kept["hardware"])):
+        load_hardware(name)  # an unknown spec fails now, not after minutes of evaluation
+    dropped = telemetry["scenario_id"].nunique() - kept["scenario_id"].nunique()
+    if dropped:
+        log.warning("telemetry: %d of %d scenario(s) not used for training (already in the dataset, or no "
+                    "verified baseline plus another verified schedule)", dropped, telemetry["scenario_id"].nunique())
+    return kept.reset_index(drop=True)

@@ -1,0 +1,232 @@
+"""Telemetry lines (``ficco_select.telemetry``) -> labeled dataset rows (``data.dataset`` schema).
+
+A job that records telemetry times the schedules it really ran, on every rank, every
+call. ``read_telemetry`` turns those lines into one dataset row per (scenario, schedule):
+
+- a call's time is the slowest rank's: the max over the ranks' lines of that call. A call
+  with fewer ranks than the (scenario, schedule)'s fullest call is dropped (a job killed
+  mid-call: the missing rank may have been the slowest);
+- ``times_s`` are the calls' times in call order, ``time_s`` their median, ``time_spread``
+  their interquartile range / median (the harness's ``summarize``), ``attempts`` the
+  number of calls, ``noisy`` as in the harness;
+- ``verified`` is True only if at least one rank's check passed and none failed; a failed
+  check makes the row ``status='failed'`` with the rank, call and relative error in
+  ``error``, so it is never a label;
+- ``is_best`` / ``near_best`` among the scenario's verified ok rows, by the harness's rule;
+- signature columns are NaN (a job does not measure them), ``threads_per_rank`` is 0,
+  provenance: ``backend`` from the lines, ``hardware_fingerprint`` ``telemetry:<hardware>``
+  (these rows came from a job, not a controlled sweep), ``created_at`` the last line's
+  time; the lines do not say host, torch or ficco version (empty).
+
+These rows are not a complete dataset: a job runs one or two schedules per scenario, not
+every candidate, and often fewer than five calls. ``data.dataset.validate`` reports both;
+training uses them only as extra rows (``train.training_data.telemetry_training_rows``).
+
+Malformed lines (not JSON, a truncated last line of a killed job, a missing field, an
+invalid scenario or schedule) are skipped with one warning per file naming the lines; a
+file with no usable line is an error. Two jobs appending to one file both count calls
+from 0: the n-th repeat of a (scenario, schedule, call, rank) is taken as the n-th job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from data.dataset import COLUMNS, SCHEMA_VERSION
+from ficco_select.executor.harness import SIGNATURE_COLUMNS, TimingPolicy, summarize
+from ficco_select.scenario import REQUIRED_COLUMNS, SCENARIO_COLUMNS, Scenario, ScenarioError
+from ficco_select.schedule import BACKENDS, ScheduleError, is_legal, parse
+from ficco_select.telemetry import TELEMETRY_VERSION
+
+log = logging.getLogger("data.telemetry")
+
+LINE_FIELDS = (*REQUIRED_COLUMNS, "scenario_id", "schedule", "source", "rank", "call", "time_s",
+               "verified", "rel_error", "backend", "ts")
+"""Fields every line must have (``imbalance`` may be omitted: 1.0)."""
+POLICY = TimingPolicy()
+"""The harness's noise and tie thresholds, so telemetry rows are labeled like measured ones."""
+SHOWN_PROBLEMS = 5
+"""Skipped lines named in a file's warning; the rest are counted."""
+
+
+class TelemetryError(ValueError):
+    """A telemetry file cannot be used at all (missing, no usable line, another version)."""
+
+
+class _BadLine(ValueError):
+    """One line is skipped; the message says which field is wrong."""
+
+
+def read_telemetry(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
+    """Dataset rows (columns ``data.dataset.COLUMNS``), one per (scenario, schedule) in the lines.
+
+    Pass every rank's file of a job together (``{rank}`` paths): a call's time is the
+    slowest rank's only if all ranks' lines are there.
+    """
+    paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    if not paths:
+        raise TelemetryError("no telemetry file given")
+    lines = pd.DataFrame([line for path in paths for line in _read_lines(path)])
+    return _aggregate(lines)
+
+
+# -- reading -----------------------------------------------------------------------------
+def _read_lines(path: Path) -> list[dict]:
+    """The usable lines of one file, each tagged with its file and line number."""
+    if not path.is_file():
+        raise TelemetryError(f"{path}: no such telemetry file")
+    good, problems, backend_of = [], [], {}
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for number, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            try:
+                line = _parse(text, path, number)
+                # One scenario, one backend: its candidates and legality depend on it.
+                first = backend_of.setdefault(line["scenario_id"], (line["backend"], number))
+                if first[0] != line["backend"]:
+                    raise _BadLine(f"field 'backend': {line['backend']!r}, but line {first[1]} recorded this "
+                                   f"scenario on {first[0]!r}")
+            except _BadLine as e:
+                problems.append(f"line {number}: {e}")
+                continue
+            good.append({**line, "file": str(path), "line": number})
+    if not good:
+        first = f"; {problems[0]}" if problems else " (the file is empty)"
+        raise TelemetryError(f"{path}: no usable telemetry line{first}")
+    if problems:
+        more = f"; and {len(problems) - SHOWN_PROBLEMS} more" if len(problems) > SHOWN_PROBLEMS else ""
+        log.warning("%s: skipped %d malformed telemetry line(s): %s%s", path, len(problems),
+                    "; ".join(problems[:SHOWN_PROBLEMS]), more)
+    return good
+
+
+def _parse(text: str, path: Path, number: int) -> dict:
+    """One line -> a checked, normalized dict; raises _BadLine naming the field."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _BadLine(f"not JSON ({e.msg}; a truncated line of a killed job?)") from None
+    if not isinstance(raw, dict):
+        raise _BadLine("not a JSON object")
+    if raw.get("v") != TELEMETRY_VERSION:
+        # Another format version is not a damaged line: refuse rather than guess its fields.
+        raise TelemetryError(f"{path}: line {number}: telemetry version {raw.get('v')!r}; this ficco-select "
+                             f"reads version {TELEMETRY_VERSION}")
+    missing = [f for f in LINE_FIELDS if f not in raw]
+    if missing:
+        raise _BadLine(f"missing field '{missing[0]}'")
+    try:
+        scenario = Scenario.from_record(raw)
+    except ScenarioError as e:
+        raise _BadLine(f"invalid scenario: {e}") from None
+    if raw["scenario_id"] != scenario.scenario_id:
+        raise _BadLine(f"field 'scenario_id': {raw['scenario_id']!r} does not match its scenario columns "
+                       f"(expected {scenario.scenario_id})")
+    backend = raw["backend"]
+    if backend not in BACKENDS:
+        raise _BadLine(f"field 'backend': unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    try:
+        schedule = parse(raw["schedule"])
+    except (ScheduleError, TypeError) as e:
+        raise _BadLine(f"field 'schedule': {e}") from None
+    if not is_legal(schedule, scenario, backend):
+        raise _BadLine(f"field 'schedule': {schedule.name} is not a legal schedule of this scenario on the "
+                       f"{backend} backend")
+    for field in ("rank", "call"):
+        if not _is_int(raw[field]) or raw[field] < 0:
+            raise _BadLine(f"field '{field}': must be a non-negative integer, got {raw[field]!r}")
+    t = raw["time_s"]
+    if not _is_number(t) or not math.isfinite(t) or t <= 0:
+        raise _BadLine(f"field 'time_s': must be a positive number of seconds, got {t!r}")
+    if raw["verified"] not in (True, False, None):
+        raise _BadLine(f"field 'verified': must be true, false or null, got {raw['verified']!r}")
+    if raw["rel_error"] is not None and not _is_number(raw["rel_error"]):
+        raise _BadLine(f"field 'rel_error': must be a number or null, got {raw['rel_error']!r}")
+    return {**scenario.as_record(), "scenario_id": scenario.scenario_id, "schedule": schedule.name,
+            "rank": raw["rank"], "call": raw["call"], "time_s": float(t), "verified": raw["verified"],
+            "rel_error": math.nan if raw["rel_error"] is None else float(raw["rel_error"]),
+            "backend": backend, "ts": str(raw["ts"])}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# -- aggregating -------------------------------------------------------------------------
+def _aggregate(lines: pd.DataFrame) -> pd.DataFrame:
+    """Lines (one per rank and call) -> rows (one per scenario and schedule)."""
+    key = ["scenario_id", "schedule"]
+    # The n-th repeat of (scenario, schedule, call, rank) comes from the n-th job that wrote it.
+    lines = lines.assign(job=lines.groupby([*key, "call", "rank"]).cumcount())
+    calls = (lines.groupby([*key, "job", "call"], sort=True)
+             .agg(time_s=("time_s", "max"), ranks=("rank", "nunique")).reset_index())
+    fullest = calls.groupby(key)["ranks"].transform("max")
+    times_of = calls[calls["ranks"] == fullest].groupby(key)["time_s"].agg(list)  # in (job, call) order
+    _warn_missing_ranks(lines)
+
+    scenarios = []
+    for _, scenario_lines in lines.groupby("scenario_id", sort=False):
+        rows = pd.DataFrame([_row(g, times_of[key_]) for key_, g in scenario_lines.groupby(key, sort=False)],
+                            columns=list(COLUMNS))
+        scenarios.append(_label_best(rows))
+    return pd.concat(scenarios, ignore_index=True)
+
+
+def _row(g: pd.DataFrame, times: list[float]) -> dict:
+    """One (scenario, schedule): its lines `g` (every rank and call) and its calls' times."""
+    first = g.iloc[0]
+    median, spread = summarize(times) if len(times) > 1 else (times[0], 0.0)
+    failed = g[g["verified"].eq(False)]
+    error = ""
+    if len(failed):
+        bad = failed.iloc[0]
+        error = (f"verification failed: relative error {bad['rel_error']:.3g} on rank {bad['rank']}, "
+                 f"call {bad['call']} ({bad['file']}, line {bad['line']})")
+    return {
+        **{c: first[c] for c in SCENARIO_COLUMNS}, "scenario_id": first["scenario_id"],
+        "schedule": first["schedule"], "status": "failed" if len(failed) else "ok", "error": error,
+        "time_s": float(median), "time_spread": float(spread), "times_s": times, "attempts": len(times),
+        "noisy": bool(spread > POLICY.noisy_spread),
+        "verified": bool(g["verified"].eq(True).any() and not len(failed)),
+        "rel_error": float(g["rel_error"].max()) if g["rel_error"].notna().any() else math.nan,
+        "is_best": False, "near_best": False,
+        **{c: math.nan for c in SIGNATURE_COLUMNS}, "threads_per_rank": 0,
+        "backend": first["backend"], "hardware_fingerprint": f"telemetry:{first['hardware']}", "host": "",
+        "torch_version": "", "ficco_version": "", "schema_version": SCHEMA_VERSION, "created_at": max(g["ts"]),
+    }
+
+
+def _label_best(g: pd.DataFrame) -> pd.DataFrame:
+    """is_best / near_best by the harness's rule (``measure_scenario``): among verified ok
+    rows, the fastest median, and every row within max(tie floor, the best's spread, its own
+    spread) of it."""
+    good = g["verified"] & g["status"].eq("ok")
+    if not good.any():
+        return g
+    best = g.loc[good, "time_s"].min()
+    best_spread = g.loc[good & g["time_s"].eq(best), "time_spread"].min()
+    tie = np.maximum(np.maximum(POLICY.tie_floor, best_spread), g["time_spread"])
+    return g.assign(is_best=good & g["time_s"].eq(best), near_best=good & (g["time_s"] <= best * (1 + tie)))
+
+
+def _warn_missing_ranks(lines: pd.DataFrame) -> None:
+    """Times from fewer ranks than the world size are not the slowest rank's: say so once."""
+    ranks = lines.groupby(["scenario_id", "schedule"]).agg(ranks=("rank", "nunique"), P=("world_size", "first"))
+    short = ranks[ranks["ranks"] < ranks["P"]]
+    if len(short):
+        sid, name = short.index[0]
+        log.warning("telemetry of %d (scenario, schedule) pair(s) has lines from fewer ranks than the world "
+                    "size (e.g. %s %s: %d of %d); pass every rank's file, or those times may miss the "
+                    "slowest rank", len(short), sid, name, short.iloc[0]["ranks"], short.iloc[0]["P"])
