@@ -169,6 +169,12 @@ def test_telemetry_records_every_execution_and_checks_the_first(tmp_path):
         assert lines[3]["schedule"] == "shard.ring.sm" and lines[3]["source"] == "pinned"
         assert lines[3]["verified"] is True and lines[3]["call"] == 0
         assert all(x["op"] == "gemm_rs" and x["m"] == 8 and x["k"] == 10 and x["time_s"] > 0 for x in lines)
+    # ... and `ficco train --telemetry` reads them: one labeled row per schedule that ran.
+    from data.telemetry import read_telemetry
+
+    rows = read_telemetry(sorted(tmp_path.glob("telemetry-*.jsonl"))).set_index("schedule")
+    assert len(rows) == 2 and rows["verified"].all() and (rows["status"] == "ok").all()
+    assert rows.loc["shard.ring.sm", "attempts"] == 1 and rows.drop("shard.ring.sm")["attempts"].item() == 3
 
 
 # -- the tensor-parallel MLP, hooked and unhooked --------------------------------------
