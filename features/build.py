@@ -10,11 +10,14 @@ them, and a model must see the same features in training and at runtime.
 Schedule features: the schedule's axes and its piece sizes and estimated piece costs.
 
 Shapes: ``pair_features(records, schedules, hardware)`` -> (n_pairs, n_features) float64,
-NaN where a value does not apply.
+NaN where a value does not apply. ``candidate_features(scenario, schedules, hw)`` gives the
+same rows, bit for bit, for one scenario and its candidate schedules, fast: the runtime
+selector's path on a cache miss.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping, Sequence
 
@@ -22,7 +25,7 @@ import numpy as np
 
 from ficco_select.costs import GB, US, gemm_time, transfer_time
 from ficco_select.hardware import TOPOLOGIES, HardwareSpec
-from ficco_select.scenario import DTYPES, OPS
+from ficco_select.scenario import DTYPES, OPS, Scenario
 from ficco_select.schedule import GRANULARITIES, Schedule, parse
 
 FEATURE_SCHEMA_VERSION = 1
@@ -150,3 +153,139 @@ def pair_features(records: Sequence[Mapping], schedules: Sequence[str | Schedule
         "log2_piece_comm_est": _log2(piece_comm),
     })
     return np.column_stack([cols[name] for name in FEATURE_NAMES]) if n else np.empty((0, len(FEATURE_NAMES)))
+
+
+# -- one scenario and its candidates: the runtime's fast path -----------------------------
+_LOG2_SCENARIO = np.array([name.startswith("log2_") for name in SCENARIO_FEATURES])
+"""Scenario columns that are log2 of a raw value (``_log2`` is applied to them at once)."""
+_PIECE_COLUMNS = ["log2_piece_rows", "log2_piece_bytes", "log2_piece_gemm_est", "log2_piece_comm_est"]
+"""Schedule columns that depend on the scenario too, in the order candidate_features fills them."""
+_AXIS_COLUMNS = [name for name in SCHEDULE_FEATURES if name not in _PIECE_COLUMNS]
+"""Schedule columns that depend on the schedule and the world size alone."""
+_SCENARIO_AT, _AXES_AT, _PIECES_AT = (np.array([FEATURE_NAMES.index(name) for name in names])
+                                      for names in (SCENARIO_FEATURES, _AXIS_COLUMNS, _PIECE_COLUMNS))
+_OP_COLUMNS = [(f"op_{o}", o) for o in OPS]
+_TOPOLOGY_COLUMNS = [(f"topo_{t}", t) for t in TOPOLOGIES]
+_LAYOUTS: dict[tuple, "_CandidateLayout"] = {}
+_LAYOUTS_LIMIT = 4096
+
+
+def candidate_features(scenario: Scenario, schedules: Sequence[str | Schedule], hw: HardwareSpec) -> np.ndarray:
+    """The rows of ``pair_features`` for one scenario and each of its candidate schedules.
+
+    Equal, bit for bit, to ``pair_features([scenario.as_record()] * n, schedules,
+    {scenario.hardware: hw})`` (tests check it): (n_schedules, n_features) float64. The
+    runtime selector calls this on every cache miss, so the same formulas run with the
+    scenario's columns as scalars, what depends on the schedules alone cached per
+    (world size, candidate list), and one batched ``gemm_time`` and ``transfer_time`` call
+    for all the estimates of the decision.
+    """
+    n = len(schedules)
+    if not n:
+        return np.empty((0, len(FEATURE_NAMES)))
+    layout = _layout(scenario.world_size, tuple(schedules))
+    op = scenario.op
+    m, nn, k = float(scenario.m), float(scenario.n), float(scenario.k)
+    P = float(scenario.world_size)
+    imb = float(scenario.imbalance or 1.0)
+    b = float(DTYPES[scenario.dtype])
+    peak = hw.peak_tflops.get(scenario.dtype, hw.peak_tflops["float32"]) * 1e12
+    is_ag, is_rs = op == "ag_gemm", op == "gemm_rs"
+    hot = imb * m
+    M = m if is_ag or is_rs else hot
+    N = nn / P if is_ag else nn
+    K = k / P if is_rs else k
+    shard_rows = m / P if is_ag or is_rs else hot / P
+    shard_bytes = shard_rows * (nn if is_rs else k) * b
+    flops = 2 * M * N * K
+    moved = (P - 1) * shard_bytes
+
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        # One call per cost formula for every estimate: see _CandidateLayout for the entries.
+        gemm_M = np.where(layout.is_piece_gemm, shard_rows, M) / layout.gemm_M_div
+        gemm = gemm_time(hw, gemm_M, N / layout.gemm_N_div, K, b, peak)
+        comm_bytes = shard_bytes / layout.comm_bytes_div
+        comm = transfer_time(hw, comm_bytes, layout.concurrent, layout.dma, P)
+        t_comp = gemm[0]
+        ring = (P - 1) * comm[0]
+        t_comm = np.minimum(ring, comm[1])
+        raw = {
+            **{name: float(op == o) for name, o in _OP_COLUMNS},
+            "log2_m": m, "log2_n": nn, "log2_k": k, "dtype_bytes": b, "world_size": P, "imbalance": imb,
+            "log2_rank_M": M, "log2_rank_N": N, "log2_rank_K": K, "log2_shard_rows": shard_rows,
+            "log2_flops": flops, "log2_bytes_moved": moved, "log2_intensity": flops / np.maximum(moved, 1),
+            "log2_peak_flops": peak, "log2_mem_bw": hw.mem_bw_gbps * GB, "compute_units": float(hw.compute_units),
+            "log2_link_bw": hw.link_bw_gbps * GB, "log2_sm_latency": hw.sm_comm_latency_us * US,
+            "log2_dma_latency": max(hw.dma_latency_us, 1e-3) * US, "copy_engines": float(hw.copy_engines),
+            **{name: float(hw.topology == t) for name, t in _TOPOLOGY_COLUMNS},
+            "log2_t_comp_est": t_comp, "log2_t_comm_est": t_comm, "log2_comp_comm_ratio": t_comp / t_comm,
+            "ideal_est": (t_comp + t_comm) / np.maximum(t_comp, t_comm),
+            "dil_d2_est": P * 2 * gemm[1] / t_comp - 1, "dil_d4_est": P * 4 * gemm[2] / t_comp - 1,
+            "chunk_d2_est": (P - 1) * 2 * comm[2] / ring - 1, "chunk_d4_est": (P - 1) * 4 * comm[3] / ring - 1,
+        }
+        scenario_row = np.array([raw[name] for name in SCENARIO_FEATURES], dtype=float)
+        scenario_row[_LOG2_SCENARIO] = _log2(scenario_row[_LOG2_SCENARIO])
+        pieces = np.empty((n, len(_PIECE_COLUMNS)))  # raw values of _PIECE_COLUMNS, then their log2
+        pieces[:, 0] = gemm_M[3:]
+        pieces[:, 1] = comm_bytes[4:]
+        pieces[:, 2] = gemm[3:]
+        pieces[:, 3] = comm[4:]
+
+    X = np.empty((n, len(FEATURE_NAMES)))
+    X[:, _SCENARIO_AT] = scenario_row
+    X[:, _AXES_AT] = layout.axes
+    X[:, _PIECES_AT] = _log2(pieces)
+    return X
+
+
+@dataclasses.dataclass(frozen=True)
+class _CandidateLayout:
+    """What ``candidate_features`` needs of a candidate list at a world size P, made once.
+
+    The batched cost calls evaluate, in this order:
+    GEMMs (3 + n,): the whole per-rank GEMM, its pieces at d = 2 and d = 4 (for DIL), then
+    each candidate's piece GEMM; transfers (4 + n,): one ring step, the direct exchange,
+    a ring step of a shard cut in 2 and in 4 (for chunking loss), then each candidate's
+    piece transfer. d is the number of pieces per shard (the degree for ficco, else 1).
+    """
+
+    axes: np.ndarray
+    """(n, len(_AXIS_COLUMNS)): the schedule-axis columns, log2_pieces included."""
+    is_piece_gemm: np.ndarray
+    """(3 + n,) bool: the GEMM's rows are a shard's (a candidate's piece), else the whole M."""
+    gemm_M_div: np.ndarray
+    """(3 + n,): rows divisor: 1, 2P, 4P, then d (1 for an n-split: rows stay whole)."""
+    gemm_N_div: np.ndarray
+    """(3 + n,): columns divisor: 1, 1, 1, then d for an n-split, else 1."""
+    comm_bytes_div: np.ndarray
+    """(4 + n,): shard bytes divisor: 1, 1, 2, 4, then d."""
+    concurrent: np.ndarray
+    """(4 + n,): peers sent to at once: 1, P - 1, 1, 1, then P - 1 for a2a, else 1."""
+    dma: np.ndarray
+    """(4 + n,) bool: the transfer runs on copy engines."""
+
+
+def _layout(world_size: int, schedules: tuple) -> _CandidateLayout:
+    """The cached layout of a candidate list; a framework asks for the same few again and again."""
+    key = (world_size, schedules)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        if len(_LAYOUTS) >= _LAYOUTS_LIMIT:
+            _LAYOUTS.clear()
+        cols = schedule_axes([s.name if isinstance(s, Schedule) else s for s in schedules])
+        P = float(world_size)
+        d = np.where(cols["gran_ficco"] > 0, cols["degree"], 1.0)
+        split_n, a2a = cols["split_n"] > 0, cols["pattern_a2a"] > 0
+        cols["log2_pieces"] = _log2(P * d)
+        layout = _CandidateLayout(
+            axes=np.column_stack([cols[name] for name in _AXIS_COLUMNS]),
+            is_piece_gemm=np.concatenate([[False] * 3, np.ones(len(d), bool)]),
+            gemm_M_div=np.concatenate([[1.0, P * 2, P * 4], np.where(split_n, 1.0, d)]),
+            gemm_N_div=np.concatenate([[1.0, 1.0, 1.0], np.where(split_n, d, 1.0)]),
+            comm_bytes_div=np.concatenate([[1.0, 1.0, 2.0, 4.0], d]),
+            concurrent=np.concatenate([[1.0, P - 1, 1.0, 1.0], np.where(a2a, P - 1, 1.0)]),
+            dma=np.concatenate([[False] * 4, cols["engine_dma"] > 0]))
+        for array in dataclasses.astuple(layout):
+            array.flags.writeable = False  # shared between calls
+        _LAYOUTS[key] = layout
+    return layout

@@ -7,7 +7,10 @@
 Sources: ``model`` (the learned selector decided), ``heuristic`` (no usable model, or it
 abstained: unknown hardware, a scenario outside the training ranges, or a margin between
 the two best predictions below ``min_margin``), ``fallback`` (the scenario is invalid:
-the baseline, with one warning per key). Decisions are cached per scenario key.
+the baseline, with one warning per key). Decisions are cached: a Scenario object seen
+before costs one dict lookup by its id; an equal scenario built again, or a mapping, is
+found by value. A miss scores every candidate schedule with the model (one feature row
+each, ``features.build.candidate_features``).
 
 An exported selector is a folder with ``model.json`` (XGBoost JSON, evaluated by
 ``ficco_select.trees``) and ``selector.json`` (feature schema hash, training ranges);
@@ -18,6 +21,7 @@ mlflow or xgboost.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -30,7 +34,7 @@ import numpy as np
 from ficco_select.hardware import HardwareError, HardwareSpec, load_hardware
 from ficco_select.heuristic import backend_for, choose
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
-from ficco_select.schedule import BASELINE, Schedule, candidates
+from ficco_select.schedule import BACKENDS, BASELINE, Schedule, all_schedules, backend_problem, is_legal
 from ficco_select.trees import TreeEnsemble
 
 log = logging.getLogger("ficco_select.selector")
@@ -56,7 +60,13 @@ class Selector:
         self.model = model
         self.meta = dict(meta or {})
         self.min_margin = min_margin
-        self._cache: dict[tuple, Decision] = {}
+        # Decisions, found three ways: by the id of a Scenario object seen before (the hot
+        # path; `_alive` holds those objects so that no other object can take their id), by
+        # scenario value (an equal Scenario built again), by a mapping's scenario columns.
+        self._by_id: dict[int, Decision] = {}
+        self._alive: dict[int, Scenario] = {}
+        self._cache: dict[Scenario, Decision] = {}
+        self._by_record: dict[tuple, Decision] = {}
         self._hardware: dict[str, HardwareSpec | None] = {}
         self._warned: set = set()
 
@@ -86,26 +96,50 @@ class Selector:
 
     # -- deciding -------------------------------------------------------------------------
     def select(self, scenario: Scenario | Mapping[str, Any]) -> Decision:
-        if type(scenario) is Scenario:  # the hot path: the scenario is its own (cached-hash) key
-            hit = self._cache.get(scenario)
-            if hit is not None:
-                return hit
+        """The decision for a Scenario or a mapping with the scenario-table columns; never raises."""
+        # The hot path: a Scenario object decided before, found by its id. Scenario.__hash__
+        # is Python code, so a dict keyed by the scenario itself costs nearly twice this.
         try:
-            key = self._key(scenario)
-        except Exception:  # noqa: BLE001 - unhashable or odd input
-            key = ("unhashable", id(scenario))
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        decision = self._decide(scenario, key)
-        self._cache[key] = decision
-        return decision
+            return self._by_id[id(scenario)]
+        except KeyError:
+            return self._select_slow(scenario)
 
-    @staticmethod
-    def _key(scenario) -> Any:
-        if isinstance(scenario, Scenario):
-            return scenario
-        return tuple(scenario.get(c) for c in SCENARIO_COLUMNS)
+    def clear_cache(self) -> None:
+        """Forget every decision (the next ``select`` of each scenario decides again)."""
+        for cache in (self._by_id, self._alive, self._cache, self._by_record):
+            cache.clear()
+
+    def _select_slow(self, raw) -> Decision:
+        """A scenario not seen as this object: find its decision by value, or decide."""
+        try:
+            if isinstance(raw, Scenario):
+                decision = self._cache.get(raw)
+                if decision is None:
+                    decision = self._decide(raw, raw)
+                    _bound(_CACHE_LIMIT, self._cache)
+                    self._cache[raw] = decision
+                if type(raw) is Scenario:  # frozen: its decision can be found by id from now on
+                    _bound(_OBJECTS_LIMIT, self._by_id, self._alive)
+                    self._alive[id(raw)] = raw  # before _by_id: an id found there is held
+                    self._by_id[id(raw)] = decision
+                return decision
+            return self._select_record(raw)
+        except Exception as e:  # noqa: BLE001 - never break the caller's job
+            self._warn_once(("error", type(e).__name__), f"selector failed: {e!r}; running the baseline")
+            return Decision(BASELINE, "fallback", 0.0, repr(e))
+
+    def _select_record(self, raw) -> Decision:
+        """A mapping, found by its scenario columns when they are hashable."""
+        try:
+            key = tuple(map(raw.get, SCENARIO_COLUMNS))
+            decision = self._by_record.get(key)
+        except Exception:  # noqa: BLE001 - not a mapping, or unhashable values: decide, uncached
+            return self._decide(raw, ("unhashable", type(raw).__name__))
+        if decision is None:
+            decision = self._decide(raw, key)
+            _bound(_CACHE_LIMIT, self._by_record)
+            self._by_record[key] = decision
+        return decision
 
     def _decide(self, raw, key) -> Decision:
         try:
@@ -148,11 +182,10 @@ class Selector:
         return ""
 
     def _model_decision(self, s: Scenario, hw: HardwareSpec) -> Decision:
-        from features import pair_features
+        from features.build import candidate_features
 
-        cands = candidates(s, backend_for(hw))
-        record = s.as_record()
-        X = pair_features([record] * len(cands), cands, {s.hardware: hw})
+        cands = _candidates(s, backend_for(hw))
+        X = candidate_features(s, cands, hw)  # (n_candidates, n_features)
         scores = self.model.predict(X)
         if self.meta.get("selector") == "xgb-ranker":
             scores = -scores  # ranker: higher is better; we take the argmin below
@@ -167,3 +200,30 @@ class Selector:
         if key not in self._warned:
             self._warned.add(key)
             log.warning("ficco-select: %s", message)
+
+
+# Bounds for callers that pass ever-new shapes or objects; decisions are deterministic, so
+# a cache that starts over only costs the misses.
+_CACHE_LIMIT = 1 << 16
+"""Decisions a by-value cache holds before it starts over."""
+_OBJECTS_LIMIT = 1 << 12
+"""Scenario objects the by-id cache holds (alive) before it starts over."""
+
+
+def _bound(limit: int, *caches: dict) -> None:
+    """Empty the caches, in order, if the first holds `limit` entries."""
+    if len(caches[0]) >= limit:
+        for cache in caches:
+            cache.clear()
+
+
+def _candidates(s: Scenario, backend: str) -> tuple[Schedule, ...]:
+    """``candidates(s, backend)``, with the schedule space of each world size built once."""
+    if backend_problem(s, backend) is not None:
+        return ()
+    return tuple(c for c in _all_schedules(s.world_size, BACKENDS[backend].engines) if is_legal(c, s, backend))
+
+
+@functools.lru_cache(maxsize=256)
+def _all_schedules(world_size: int, engines: tuple[str, ...]) -> tuple[Schedule, ...]:
+    return tuple(all_schedules(world_size, engines))

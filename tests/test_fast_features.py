@@ -1,0 +1,78 @@
+"""The runtime's feature builder gives pair_features' rows bit for bit (NaN where it has NaN)."""
+
+import numpy as np
+import pytest
+
+from data.catalog import catalog
+from features import FEATURE_NAMES, pair_features
+from features.build import candidate_features
+from ficco_select import Scenario, candidates
+from ficco_select.hardware import load_hardware, preset_names
+from ficco_select.heuristic import backend_for
+
+
+def reference(s: Scenario, schedules, hw) -> np.ndarray:
+    with np.errstate(all="ignore"):  # absurd shapes: inf / inf, on purpose
+        return pair_features([s.as_record()] * len(schedules), schedules, {s.hardware: hw})
+
+
+def catalog_scenarios() -> list[tuple[Scenario, str]]:
+    """Every op, every preset, world sizes 2, 3, 4, 8, float32 and bfloat16 (a sample of rows)."""
+    out = []
+    for name in preset_names():
+        scale = "cpu" if name == "cpu" else "full"
+        for dtype in ("float32", "bfloat16"):
+            out += [(Scenario.from_record(r), name)
+                    for r in catalog(scale, hardware=name, dtype=dtype)[::5]]
+    return out
+
+
+SCENARIOS = catalog_scenarios()
+
+
+def test_the_sample_covers_ops_hardware_and_world_sizes():
+    assert {s.op for s, _ in SCENARIOS} == {"ag_gemm", "gemm_rs", "a2a_gemm"}
+    assert {hw for _, hw in SCENARIOS} == set(preset_names())
+    assert {2, 3, 4, 8} <= {s.world_size for s, _ in SCENARIOS}
+    assert any(s.imbalance > 1 for s, _ in SCENARIOS)
+
+
+@pytest.mark.parametrize("hardware", preset_names())
+def test_equal_to_pair_features_on_catalog_scenarios(hardware):
+    hw = load_hardware(hardware)
+    rows = [s for s, name in SCENARIOS if name == hardware]
+    assert rows
+    for s in rows:
+        cands = candidates(s, backend_for(hw))
+        np.testing.assert_array_equal(candidate_features(s, cands, hw), reference(s, cands, hw),
+                                      err_msg=f"{s} on {hardware}")
+
+
+@pytest.mark.parametrize("hardware", ["mi300x-8", "l40s-pcie-8", "h100-nvswitch"])
+def test_equal_on_absurd_shapes_with_inf_and_nan(hardware):
+    # Shapes far outside any model overflow the estimates to inf, and inf / inf is NaN:
+    # the runtime must see NaN exactly where training did.
+    hw = load_hardware(hardware)
+    nan_seen = False
+    for op in ("ag_gemm", "gemm_rs", "a2a_gemm"):
+        for P in (2, 3, 8, 64):
+            for m, n, k in [(P, P, P), (P * 2 ** 300, P * 2 ** 300, P * 2 ** 400), (P * 2 ** 900, P, P),
+                            (P, P * 2 ** 600, P * 2 ** 500), (P * 3 ** 400, 7 * P, P * 2 ** 1000)]:
+                s = Scenario(group="g", op=op, m=m, n=n, k=k, dtype="bfloat16", world_size=P, hardware=hardware,
+                             imbalance=float(P) if op == "a2a_gemm" else 1.0)
+                cands = candidates(s, "sim")
+                got, want = candidate_features(s, cands, hw), reference(s, cands, hw)
+                np.testing.assert_array_equal(got, want, err_msg=f"{s}")
+                nan_seen |= bool(np.isnan(want).any())
+    assert nan_seen, "no NaN feature produced: the NaN case is not exercised"
+
+
+def test_schedule_names_and_repeated_calls_give_the_same_rows():
+    hw = load_hardware("h200-nvswitch")
+    s = next(s for s, name in SCENARIOS if name == "h200-nvswitch" and s.op == "gemm_rs")
+    cands = candidates(s, "sim")
+    first = candidate_features(s, cands, hw)
+    np.testing.assert_array_equal(candidate_features(s, [c.name for c in cands], hw), first)
+    np.testing.assert_array_equal(candidate_features(s, cands[::-1], hw), first[::-1])
+    np.testing.assert_array_equal(candidate_features(s, cands, hw), first)  # cached layout
+    assert candidate_features(s, [], hw).shape == (0, len(FEATURE_NAMES))
