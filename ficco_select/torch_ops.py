@@ -139,7 +139,7 @@ def _decide(key: tuple, group: dist.ProcessGroup, make_scenario) -> tuple[Scenar
         if dist.get_rank(group) == 0:
             try:
                 scenario = make_scenario()
-            except ScenarioError as e:
+            except Exception as e:  # noqa: BLE001 - the other ranks wait for this rank's answer
                 decision = Decision(BASELINE, "fallback", 0.0, f"not a scenario the executor runs: {e}")
             pinned = _config.schedule
             if decision is None and pinned is not None and is_legal(pinned, scenario, _backend(scenario)):

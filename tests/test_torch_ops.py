@@ -140,6 +140,10 @@ def check_agreement(rank: int, P: int, tmp: Path) -> None:
     _, (want,) = symm_mem._fused_all_gather_matmul_fallback(A, [B], 0, dist.group.WORLD.group_name)
     torch.testing.assert_close(out, want)
     assert torch_ops.last_decision.schedule.name == "ficco.d2.ring.gemm_per_piece.m.sm", torch_ops.last_decision
+    # A dtype the executor does not run: PyTorch's implementation, on every rank, and said so.
+    _, (out64,) = torch_ops.all_gather_matmul(A.double(), [B.double()], 0, dist.group.WORLD)
+    torch.testing.assert_close(out64, want.double(), rtol=1e-5, atol=1e-5)
+    assert torch_ops.last_decision.source == "fallback" and "dtype" in torch_ops.last_decision.reason
 
 
 def test_every_rank_runs_rank_zeros_decision(tmp_path):
