@@ -55,8 +55,11 @@ def rank_main(rank: int, args, tmp: str) -> None:
         plain.append(timed())
         with install(tp):
             hooked.append(timed())
+    with torch.no_grad():
+        y_plain = tp(x)
+        with install(tp):
+            y_hooked = tp(x)
     with install(tp):
-        tp(x)
         decisions = [d.schedule.name + f" ({d.source})" for _, d in torch_ops._decisions.values()]
     key = next(iter(torch_ops._decisions))[0]
     n = 100_000
@@ -68,8 +71,9 @@ def rank_main(rank: int, args, tmp: str) -> None:
         out = {"world_size": P, "seq": args.seq, "hidden": args.hidden, "reps": args.reps,
                "plain_ms": 1e3 * statistics.median(plain), "hooked_ms": 1e3 * statistics.median(hooked),
                "hooked_over_plain": statistics.median(hooked) / statistics.median(plain),
-               "decision_hit_us": hit_us, "decisions": decisions}
-        out = {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+               "decision_hit_us": hit_us, "max_abs_diff_hooked_vs_plain": (y_hooked - y_plain).abs().max().item(),
+               "decisions": decisions}
+        out = {k: round(v, 3) if isinstance(v, float) and "diff" not in k else v for k, v in out.items()}
         print(json.dumps(out, indent=2) if args.json else "\n".join(f"{k:>18}: {v}" for k, v in out.items()))
     dist.barrier()
     dist.destroy_process_group()
