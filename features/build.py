@@ -162,12 +162,34 @@ _PIECE_COLUMNS = ["log2_piece_rows", "log2_piece_bytes", "log2_piece_gemm_est", 
 """Schedule columns that depend on the scenario too, in the order candidate_features fills them."""
 _AXIS_COLUMNS = [name for name in SCHEDULE_FEATURES if name not in _PIECE_COLUMNS]
 """Schedule columns that depend on the schedule and the world size alone."""
-_SCENARIO_AT, _AXES_AT, _PIECES_AT = (np.array([FEATURE_NAMES.index(name) for name in names])
-                                      for names in (SCENARIO_FEATURES, _AXIS_COLUMNS, _PIECE_COLUMNS))
+
+
+def _columns_at(names) -> slice | np.ndarray:
+    """Where `names` sit in FEATURE_NAMES: a slice when they are adjacent and in order (a
+    copy into a slice is cheaper than into an index array), else the index array."""
+    at = np.array([FEATURE_NAMES.index(name) for name in names])
+    return slice(int(at[0]), int(at[-1]) + 1) if (np.diff(at) == 1).all() else at
+
+
+_SCENARIO_AT, _AXES_AT, _PIECES_AT = (_columns_at(names) for names in (SCENARIO_FEATURES, _AXIS_COLUMNS,
+                                                                         _PIECE_COLUMNS))
 _OP_COLUMNS = [(f"op_{o}", o) for o in OPS]
 _TOPOLOGY_COLUMNS = [(f"topo_{t}", t) for t in TOPOLOGIES]
 _LAYOUTS: dict[tuple, "_CandidateLayout"] = {}
+_LAYOUTS_BY_ID: dict[int, tuple[int, tuple, "_CandidateLayout"]] = {}
+"""The layouts of candidate tuples seen before, by the tuple's id: (world size, the tuple
+itself, kept alive so that no other object takes its id, its layout)."""
 _LAYOUTS_LIMIT = 4096
+
+
+def _maximum(a, b):
+    """``np.maximum`` of two scalars (NaN if either is), without a ufunc call's overhead."""
+    return a if a >= b or a != a else b
+
+
+def _minimum(a, b):
+    """``np.minimum`` of two scalars (NaN if either is), without a ufunc call's overhead."""
+    return a if a <= b or a != a else b
 
 
 def candidate_features(scenario: Scenario, schedules: Sequence[str | Schedule], hw: HardwareSpec) -> np.ndarray:
@@ -183,7 +205,8 @@ def candidate_features(scenario: Scenario, schedules: Sequence[str | Schedule], 
     n = len(schedules)
     if not n:
         return np.empty((0, len(FEATURE_NAMES)))
-    layout = _layout(scenario.world_size, tuple(schedules))
+    given_tuple = type(schedules) is tuple  # immutable: its layout can be found by its id next time
+    layout = _layout(scenario.world_size, schedules if given_tuple else tuple(schedules), remember=given_tuple)
     op = scenario.op
     m, nn, k = float(scenario.m), float(scenario.n), float(scenario.k)
     P = float(scenario.world_size)
@@ -208,33 +231,29 @@ def candidate_features(scenario: Scenario, schedules: Sequence[str | Schedule], 
         comm = transfer_time(hw, comm_bytes, layout.concurrent, layout.dma, P)
         t_comp = gemm[0]
         ring = (P - 1) * comm[0]
-        t_comm = np.minimum(ring, comm[1])
+        t_comm = _minimum(ring, comm[1])
         raw = {
             **{name: float(op == o) for name, o in _OP_COLUMNS},
             "log2_m": m, "log2_n": nn, "log2_k": k, "dtype_bytes": b, "world_size": P, "imbalance": imb,
             "log2_rank_M": M, "log2_rank_N": N, "log2_rank_K": K, "log2_shard_rows": shard_rows,
-            "log2_flops": flops, "log2_bytes_moved": moved, "log2_intensity": flops / np.maximum(moved, 1),
+            "log2_flops": flops, "log2_bytes_moved": moved, "log2_intensity": flops / _maximum(moved, 1.0),
             "log2_peak_flops": peak, "log2_mem_bw": hw.mem_bw_gbps * GB, "compute_units": float(hw.compute_units),
             "log2_link_bw": hw.link_bw_gbps * GB, "log2_sm_latency": hw.sm_comm_latency_us * US,
             "log2_dma_latency": max(hw.dma_latency_us, 1e-3) * US, "copy_engines": float(hw.copy_engines),
             **{name: float(hw.topology == t) for name, t in _TOPOLOGY_COLUMNS},
             "log2_t_comp_est": t_comp, "log2_t_comm_est": t_comm, "log2_comp_comm_ratio": t_comp / t_comm,
-            "ideal_est": (t_comp + t_comm) / np.maximum(t_comp, t_comm),
+            "ideal_est": (t_comp + t_comm) / _maximum(t_comp, t_comm),
             "dil_d2_est": P * 2 * gemm[1] / t_comp - 1, "dil_d4_est": P * 4 * gemm[2] / t_comp - 1,
             "chunk_d2_est": (P - 1) * 2 * comm[2] / ring - 1, "chunk_d4_est": (P - 1) * 4 * comm[3] / ring - 1,
         }
         scenario_row = np.array([raw[name] for name in SCENARIO_FEATURES], dtype=float)
-        scenario_row[_LOG2_SCENARIO] = _log2(scenario_row[_LOG2_SCENARIO])
-        pieces = np.empty((n, len(_PIECE_COLUMNS)))  # raw values of _PIECE_COLUMNS, then their log2
-        pieces[:, 0] = gemm_M[3:]
-        pieces[:, 1] = comm_bytes[4:]
-        pieces[:, 2] = gemm[3:]
-        pieces[:, 3] = comm[4:]
-
-    X = np.empty((n, len(FEATURE_NAMES)))
-    X[:, _SCENARIO_AT] = scenario_row
-    X[:, _AXES_AT] = layout.axes
-    X[:, _PIECES_AT] = _log2(pieces)
+        scenario_row = np.where(_LOG2_SCENARIO, np.log2(np.maximum(scenario_row, 1e-30)), scenario_row)  # _log2
+        X = np.empty((n, len(FEATURE_NAMES)))
+        X[:, _SCENARIO_AT] = scenario_row
+        X[:, _AXES_AT] = layout.axes
+        # (len(_PIECE_COLUMNS), n): the raw values of _PIECE_COLUMNS, then their log2 in place
+        pieces = np.concatenate((gemm_M[3:], comm_bytes[4:], gemm[3:], comm[4:])).reshape(len(_PIECE_COLUMNS), n)
+        X[:, _PIECES_AT] = np.log2(np.maximum(pieces, 1e-30, out=pieces), out=pieces).T  # _log2
     return X
 
 
@@ -265,8 +284,16 @@ class _CandidateLayout:
     """(4 + n,) bool: the transfer runs on copy engines."""
 
 
-def _layout(world_size: int, schedules: tuple) -> _CandidateLayout:
-    """The cached layout of a candidate list; a framework asks for the same few again and again."""
+def _layout(world_size: int, schedules: tuple, remember: bool = False) -> _CandidateLayout:
+    """The cached layout of a candidate list; a framework asks for the same few again and again.
+
+    Found by the tuple's id when it is the same tuple object as one `remember`ed before
+    (the caller's own tuple, e.g. the runtime selector's shared candidate tuples), else by
+    value (hashing every schedule).
+    """
+    seen = _LAYOUTS_BY_ID.get(id(schedules))
+    if seen is not None and seen[1] is schedules and seen[0] == world_size:
+        return seen[2]
     key = (world_size, schedules)
     layout = _LAYOUTS.get(key)
     if layout is None:
@@ -288,4 +315,8 @@ def _layout(world_size: int, schedules: tuple) -> _CandidateLayout:
         for array in dataclasses.astuple(layout):
             array.flags.writeable = False  # shared between calls
         _LAYOUTS[key] = layout
+    if remember:
+        if len(_LAYOUTS_BY_ID) >= _LAYOUTS_LIMIT:
+            _LAYOUTS_BY_ID.clear()
+        _LAYOUTS_BY_ID[id(schedules)] = (world_size, schedules, layout)
     return layout

@@ -67,13 +67,25 @@ class Scenario:
 
     def __post_init__(self) -> None:
         self.validate()
+        self._set_hash()
 
+    # The hash, computed once: the runtime selector looks scenarios up by value on a miss.
     def __hash__(self) -> int:
-        # Cached: the runtime selector looks scenarios up in its cache on every call.
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = self.__dict__["_hash"] = hash(tuple(getattr(self, c) for c in SCENARIO_COLUMNS))
-        return h
+        return self._hash
+
+    def _set_hash(self) -> None:
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, c) for c in SCENARIO_COLUMNS)))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # str hashes differ between processes: a pickled scenario takes its hash along only
+        # to have it recomputed where it is loaded (a stale one would miss equal scenarios).
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._set_hash()
 
     # -- validation -------------------------------------------------------------------
     def validate(self) -> None:

@@ -17,6 +17,7 @@ This module is on the runtime path: plain Python only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Literal
 
 from ficco_select.scenario import Scenario
@@ -198,7 +199,44 @@ def all_schedules(world_size: int, engines: tuple[str, ...] = ENGINES) -> list[S
 
 def candidates(scenario: Scenario, backend: str) -> list[Schedule]:
     """Legal schedules of `scenario` on `backend`, baseline first; [] if it cannot run."""
+    return list(legal_candidates(scenario, backend))
+
+
+def legal_candidates(scenario: Scenario, backend: str) -> tuple[Schedule, ...]:
+    """``candidates(scenario, backend)`` as a tuple, shared: the runtime selector's path.
+
+    Cached per legality key: what ``is_legal`` reads of a scenario is its op, world size P
+    and dtype, and the shard extents (rows m // P; columns n for gemm_rs) only through
+    ``extent < degree``; clipped at the largest degree, every such comparison is unchanged.
+    A new key enumerates with ``is_legal`` itself, on the scenario at hand.
+    """
+    P = scenario.world_size
+    top = _max_degree(P)
+    op = scenario.op
+    key = (op, P, scenario.dtype, backend, min(scenario.m // P, top),
+           min(scenario.n, top) if op == "gemm_rs" else 0)
+    legal = _LEGAL.get(key)
+    if legal is None:
+        legal = _enumerate_legal(scenario, backend)
+        if len(_LEGAL) >= _LEGAL_LIMIT:
+            _LEGAL.clear()
+        _LEGAL[key] = legal
+    return legal
+
+
+_LEGAL: dict[tuple, tuple[Schedule, ...]] = {}
+_LEGAL_LIMIT = 1 << 14
+"""Legality keys the candidate cache holds before it starts over."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _max_degree(world_size: int) -> int:
+    return max(degrees(world_size))
+
+
+def _enumerate_legal(scenario: Scenario, backend: str) -> tuple[Schedule, ...]:
+    """The legal schedules, by ``is_legal`` on every schedule of the space (uncached)."""
     if backend_problem(scenario, backend) is not None:
-        return []
-    return [s for s in all_schedules(scenario.world_size, BACKENDS[backend].engines)
-            if is_legal(s, scenario, backend)]
+        return ()
+    return tuple(s for s in all_schedules(scenario.world_size, BACKENDS[backend].engines)
+                 if is_legal(s, scenario, backend))

@@ -34,7 +34,7 @@ import numpy as np
 from ficco_select.hardware import HardwareError, HardwareSpec, load_hardware
 from ficco_select.heuristic import backend_for, choose
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
-from ficco_select.schedule import BACKENDS, BASELINE, Schedule, all_schedules, backend_problem, is_legal
+from ficco_select.schedule import BASELINE, Schedule, legal_candidates
 from ficco_select.trees import TreeEnsemble
 
 log = logging.getLogger("ficco_select.selector")
@@ -182,10 +182,8 @@ class Selector:
         return ""
 
     def _model_decision(self, s: Scenario, hw: HardwareSpec) -> Decision:
-        from features.build import candidate_features
-
         cands = _candidates(s, backend_for(hw))
-        X = candidate_features(s, cands, hw)  # (n_candidates, n_features)
+        X = _candidate_features()(s, cands, hw)  # (n_candidates, n_features)
         scores = self.model.predict(X)
         if self.meta.get("selector") == "xgb-ranker":
             scores = -scores  # ranker: higher is better; we take the argmin below
@@ -217,13 +215,13 @@ def _bound(limit: int, *caches: dict) -> None:
             cache.clear()
 
 
-def _candidates(s: Scenario, backend: str) -> tuple[Schedule, ...]:
-    """``candidates(s, backend)``, with the schedule space of each world size built once."""
-    if backend_problem(s, backend) is not None:
-        return ()
-    return tuple(c for c in _all_schedules(s.world_size, BACKENDS[backend].engines) if is_legal(c, s, backend))
+_candidates = legal_candidates
+"""``candidates(s, backend)`` as a shared tuple, cached per legality key (schedule.py)."""
 
 
-@functools.lru_cache(maxsize=256)
-def _all_schedules(world_size: int, engines: tuple[str, ...]) -> tuple[Schedule, ...]:
-    return tuple(all_schedules(world_size, engines))
+@functools.cache
+def _candidate_features():
+    """``features.build.candidate_features``, imported on the first model decision."""
+    from features.build import candidate_features
+
+    return candidate_features

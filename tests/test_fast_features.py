@@ -76,3 +76,37 @@ def test_schedule_names_and_repeated_calls_give_the_same_rows():
     np.testing.assert_array_equal(candidate_features(s, cands[::-1], hw), first[::-1])
     np.testing.assert_array_equal(candidate_features(s, cands, hw), first)  # cached layout
     assert candidate_features(s, [], hw).shape == (0, len(FEATURE_NAMES))
+
+
+def test_a_candidate_tuple_reused_at_another_world_size_gets_that_world_sizes_rows():
+    # The layout of a tuple is found by the tuple's id; the world size is part of its key.
+    hw = load_hardware("mi300x-8")
+    s8 = Scenario(group="g", op="ag_gemm", m=4096, n=8192, k=4096, dtype="bfloat16", world_size=8,
+                  hardware="mi300x-8")
+    s4 = Scenario(group="g", op="ag_gemm", m=4096, n=8192, k=4096, dtype="bfloat16", world_size=4,
+                  hardware="mi300x-8")
+    cands = tuple(candidates(s8, "sim"))
+    for s in (s8, s4, s8, s4):
+        np.testing.assert_array_equal(candidate_features(s, cands, hw), reference(s, cands, hw), err_msg=f"{s}")
+    np.testing.assert_array_equal(candidate_features(s4, list(cands), hw), reference(s4, cands, hw))
+
+
+@pytest.mark.parametrize("hardware", preset_names())
+def test_equal_on_tiny_odd_and_imbalanced_shapes(hardware):
+    # Shards of a row or two, extents that are not multiples of any tile, every world size
+    # 2..8, a2a imbalance from balanced to all-on-one-expert.
+    hw = load_hardware(hardware)
+    rng = np.random.default_rng(preset_names().index(hardware))
+    backend = backend_for(hw)
+    for op in ("ag_gemm", "gemm_rs", "a2a_gemm"):
+        for P in range(2, 9):
+            for rows, cols, inner in [(1, 1, 1), (2, 3, 1), (3, 1, 5), (5, 7, 3), (8, 9, 1)] + \
+                    [tuple(int(x) for x in rng.integers(1, 3000, 3)) for _ in range(4)]:
+                m, n, k = rows * P, cols * (P if op == "ag_gemm" else 1), inner * (P if op == "gemm_rs" else 1)
+                for imb in ((1.0, 1.0 + rng.uniform() * (P - 1), float(P)) if op == "a2a_gemm" else (1.0,)):
+                    for dtype in ("float32", "bfloat16"):
+                        s = Scenario(group="g", op=op, m=m, n=n, k=k, dtype=dtype, world_size=P,
+                                     hardware=hardware, imbalance=imb)
+                        cands = candidates(s, backend)
+                        np.testing.assert_array_equal(candidate_features(s, tuple(cands), hw),
+                                                      reference(s, cands, hw), err_msg=f"{s}")

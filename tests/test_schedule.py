@@ -1,9 +1,12 @@
 """The schedule vocabulary: names, parsing, legality, candidates."""
 
+import itertools
+
 import pytest
 
 from ficco_select import Scenario, ScheduleError, candidates, parse
-from ficco_select.schedule import BASELINE, SHARD, Schedule, all_schedules, degrees, is_legal
+from ficco_select.schedule import (BACKENDS, BASELINE, SHARD, Schedule, all_schedules, backend_problem, degrees,
+                                   is_legal)
 
 
 @pytest.mark.parametrize("P", range(2, 9))
@@ -67,3 +70,61 @@ def test_legality_rules():
     assert {c.degree for c in tiny if c.granularity == "ficco"} == {2, 4}
     # a shard of one row cannot be split at all
     assert candidates(scenario(m=2, P=2), "cpu") == [BASELINE, SHARD]
+
+
+# -- the cached candidate lists equal the uncached enumeration -------------------------------
+def enumerate_candidates(s, backend):
+    """``candidates`` as it was before its cache: ``is_legal`` on every schedule of the space."""
+    if backend_problem(s, backend) is not None:
+        return []
+    return [c for c in all_schedules(s.world_size, BACKENDS[backend].engines) if is_legal(c, s, backend)]
+
+
+def candidate_grid():
+    """All ops, P = 2..8 and a few large, extents from 1 to far past every degree, a2a imbalance."""
+    out = []
+    for P in (*range(2, 9), 16, 1024, 2048):
+        for op in ("ag_gemm", "gemm_rs", "a2a_gemm"):
+            for rows in sorted({1, 2, 3, 4, 5, 7, 8, 9, P - 1, P, P + 1, 1000}):  # m // P
+                for m in (rows * P, rows * P + P - 1) if op == "a2a_gemm" else (rows * P,):
+                    # n matters to gemm_rs only (its n-split): the others try two
+                    ns = sorted({1, 2, 3, 4, 5, 7, 8, 9, P - 1, P, P + 1, 4096}) if op == "gemm_rs" else (1, 5)
+                    for n in ns:
+                        imbalances = (1.0, float(P)) if op == "a2a_gemm" else (1.0,)
+                        for imb, dtype in itertools.product(imbalances, ("float32", "float16")):
+                            out.append(Scenario(group="g", op=op, m=m, n=n * P if op == "ag_gemm" else n,
+                                                k=8 * P, dtype=dtype, world_size=P, hardware="h100-nvswitch",
+                                                imbalance=imb))
+    return out
+
+
+GRID = candidate_grid()
+
+
+@pytest.mark.parametrize("order", ["forward", "reversed", "shuffled"])
+def test_candidates_equal_the_uncached_enumeration_on_a_grid(order, monkeypatch):
+    import random
+
+    from ficco_select import schedule as schedule_module
+
+    monkeypatch.setattr(schedule_module, "_LEGAL", {})  # start cold: the order of first sight varies
+    grid = GRID[::-1] if order == "reversed" else random.Random(0).sample(GRID, len(GRID)) if order == "shuffled" \
+        else GRID
+    backends = (*BACKENDS, "tpu")  # an unknown backend: no candidates
+    seen = set()
+    for s in grid:
+        for backend in backends:
+            got = candidates(s, backend)
+            want = enumerate_candidates(s, backend)
+            assert got == want, f"{s} on {backend}"
+            assert [c.name for c in got] == [c.name for c in want]  # the same order, by name
+            assert schedule_module.legal_candidates(s, backend) == tuple(want)
+            seen.add(len(want))
+    assert 0 in seen and len(seen) > 10, "the grid must reach empty, tiny and full candidate lists"
+
+
+def test_candidates_returns_a_fresh_list_each_call():
+    s = scenario(P=4, m=64)
+    first = candidates(s, "sim")
+    first.clear()
+    assert candidates(s, "sim") == enumerate_candidates(s, "sim") != []

@@ -105,6 +105,32 @@ def test_cached_candidate_lists_equal_candidates():
     assert selector_module._candidates(big, "sim") == () and candidates(big, "sim") == []
 
 
+def test_a_scenario_pickled_in_another_process_is_found_by_value():
+    # str hashes differ between processes: a pickled scenario must not bring its hash along,
+    # or an equal scenario here would never find it in a dict (nor the selector's cache).
+    import copy
+    import os
+    import pickle
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+    code = ("import pickle, sys; from ficco_select import Scenario; "
+            f"s = Scenario.from_record({RECORD!r}); s.scenario_id; "
+            "sys.stdout.buffer.write(pickle.dumps((s, hash(s))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1], env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+    there, hash_there = pickle.loads(out)
+    here = Scenario.from_record(RECORD)
+    assert hash_there != hash(here), "same hash seed in both processes: nothing tested"
+    assert there == here and hash(there) == hash(here) and there.scenario_id == here.scenario_id
+    assert {there: 1}.get(here) == 1 and {here: 1}.get(there) == 1
+    assert hash(copy.deepcopy(here)) == hash(copy.copy(here)) == hash(here)
+    sel = Selector.load("/nonexistent/selector/folder")
+    assert sel.select(there) is sel.select(here)  # found by value in the selector's cache
+
+
 # -- decisions with a model: the same as scoring pair_features with XGBoost ------------------
 @pytest.fixture(scope="module", params=["xgb-regressor", "xgb-ranker"])
 def model_folder(request, tmp_path_factory):
