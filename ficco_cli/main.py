@@ -403,6 +403,56 @@ def hardware_show(name, as_json) -> None:
             click.echo(f"{key:<{width}}  {value}")
 
 
+@hardware.command("from-profile")
+@click.argument("profile_path", metavar="PROFILE", type=click.Path(dir_okay=False))
+@click.option("--base", default=None,
+              help="Preset or spec file that keeps what one GPU cannot measure (links, topology, "
+                   "devices). Default: the profile's 'preset'.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Spec YAML to write (.yaml).")
+@click.option("--name", default=None, help="The new spec's name (default: <base>-profiled).")
+@click.option("--json", "as_json", is_flag=True, help="Print the overrides as JSON.")
+def hardware_from_profile(profile_path, base, out, name, as_json) -> None:
+    """Turn a measured GPU profile (scripts/gpu_check.sh) into a hardware spec the simulator loads."""
+    from pathlib import Path
+
+    from data.calibrate import spec_yaml
+    from ficco_select.hardware import HardwareError, load_hardware, spec_as_dict
+    from ficco_select.profile import ProfileError, dil_vs_model, profiled_spec, read_profile
+
+    if Path(out).suffix not in (".yaml", ".yml"):
+        raise click.ClickException(f"--out {out!r}: a spec file name ends in .yaml")
+    try:
+        profile = read_profile(profile_path)
+        base = base or profile.preset
+        if not base:
+            raise click.ClickException("--base is required: the profile names no preset")
+        base_spec = load_hardware(base)
+        spec, overrides = profiled_spec(profile, base_spec, name=name)
+        Path(out).write_text(spec_yaml(spec, f"ficco hardware from-profile {profile_path} --base {base}"))
+        load_hardware(out)  # what the simulator will do with it
+    except (ProfileError, HardwareError) as e:
+        raise click.ClickException(str(e)) from None
+    before = spec_as_dict(base_spec)
+    kept = [f for f in before if f not in overrides and f not in ("name", "description")]
+    dil = [r for r in dil_vs_model(profile, spec) if isinstance(r["dil"], (int, float))]
+    dil_err = sorted(abs(r["dil"] - r["dil_model"]) for r in dil)
+    if as_json:
+        _echo_json({"out": str(out), "name": spec.name, "base": base, "device": profile.device_name,
+                    "overrides": {f: {"base": before[f], "profiled": v} for f, v in overrides.items()},
+                    "kept": kept, "dil_rows": len(dil),
+                    "dil_median_abs_error": dil_err[len(dil_err) // 2] if dil_err else None})
+        return
+    if profile.preset and profile.preset != base_spec.name:
+        click.echo(f"note: the profile was measured against preset {profile.preset!r}, the base is {base_spec.name!r}")
+    click.echo(f"{spec.name}: {base_spec.name} with {len(overrides)} fields measured on {profile.device_name}")
+    for field, value in overrides.items():
+        click.echo(f"  {field:<20} {before[field]} -> {value}")
+    click.echo(f"  kept from {base_spec.name}: {', '.join(kept)}")
+    if dil_err:
+        click.echo(f"  DIL, measured vs simulated on {len(dil)} rows: median |error| {dil_err[len(dil_err) // 2]:.3f}")
+    click.echo(f"-> {out}")
+
+
 @main.group()
 def dataset() -> None:
     """Inspect and check labeled datasets."""

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Characterize one GPU for ficco-select, in under 8 minutes, writing as it goes.
+#
+#   scripts/gpu_check.sh [OUT_DIR]        # OUT_DIR: $OUT if set, else gpu_check_out/
+#
+# What it leaves in OUT_DIR (profile.json is documented in data/profiles/README.md):
+#   env.txt           nvidia-smi, the Python and torch that ran
+#   profile.json      GEMM peak and DIL curve, copy-engine / SM copy latency and bandwidth,
+#                     CIL (GEMM beside a dma / sm copy), loopback correctness of every
+#                     schedule and realized fraction of ideal speedup; rewritten after every
+#                     section, so a timeout still leaves what was measured
+#   gpu_profile.log   progress of the sections
+#   spec.yaml         a hardware spec calibrated from profile.json (ficco hardware from-profile)
+#
+# Environment: PYTHON (interpreter with a CUDA build of torch; default: the first of
+# .venv/bin/python, python3, python that sees a GPU), FICCO_GPU_BUDGET_S (seconds for the
+# measurements, default 390), FICCO_BASE_PRESET (spec the profile refines; default: the
+# preset gpu_profile matched to the device name, else h200-nvswitch), FICCO_GPU_TOTAL_S
+# (hard bound for the whole script, default 465 s: under 8 min).
+# Time: the measurements get the budget, cut so that they (stopped by TERM 30 s after the
+# budget, KILL 10 s later) and the spec step (<= 40 s) end within the total.
+set -uo pipefail
+
+OUT_DIR="${OUT:-${1:-gpu_check_out}}"
+mkdir -p "$OUT_DIR" && OUT_DIR="$(cd "$OUT_DIR" && pwd)"  # absolute: relative to the caller's folder
+cd "$(dirname "$0")/.."
+BUDGET_S="${FICCO_GPU_BUDGET_S:-390}"
+BUDGET_S="${BUDGET_S%.*}"
+TOTAL_S="${FICCO_GPU_TOTAL_S:-465}"
+started=$(date +%s)
+say() { echo "[gpu_check +$(( $(date +%s) - started ))s] $*"; }
+
+pick_python() {
+    local candidates=() c
+    [ -n "${PYTHON:-}" ] && candidates+=("$PYTHON")
+    [ -x .venv/bin/python ] && candidates+=(.venv/bin/python)
+    candidates+=(python3 python)
+    for c in "${candidates[@]}"; do
+        if timeout 30 "$c" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+            echo "$c"; return 0
+        fi
+    done
+    for c in "${candidates[@]}"; do  # none sees a GPU: the first with torch reports why
+        if timeout 30 "$c" -c "import torch" 2>/dev/null; then echo "$c"; return 0; fi
+    done
+    return 1
+}
+
+PY=$(pick_python) || { say "no Python with torch found (set PYTHON)"; exit 2; }
+say "python: $PY; out: $OUT_DIR; budget: ${BUDGET_S}s"
+
+{
+    echo "# gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
+    echo "# python: $PY"
+    timeout 20 "$PY" -c "import sys, torch; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())" 2>&1
+    echo "# nvidia-smi"
+    timeout 10 nvidia-smi 2>&1 || echo "(nvidia-smi not available)"
+    timeout 10 nvidia-smi topo -m 2>&1 || true
+} > "$OUT_DIR/env.txt"
+
+left=$(( TOTAL_S - ($(date +%s) - started) - 50 ))  # 10 s KILL grace + 40 s spec step
+limit=$(( BUDGET_S + 30 < left ? BUDGET_S + 30 : left ))
+BUDGET_S=$(( limit - 30 ))
+if [ "$BUDGET_S" -lt 30 ]; then say "only ${left}s left of ${TOTAL_S}s: not measuring"; exit 2; fi
+say "measuring for up to ${BUDGET_S}s (profile.json is rewritten as sections finish)"
+timeout -k 10 "$limit" "$PY" -m ficco_select.executor.gpu_profile \
+    --out "$OUT_DIR" --budget-s "$BUDGET_S" 2>&1 | tee "$OUT_DIR/gpu_profile.log"
+rc=${PIPESTATUS[0]}
+case $rc in
+    0) say "measurements done" ;;
+    2) say "gpu_profile could not run (see above); nothing measured"; exit 2 ;;
+    3) say "a section hung and was abandoned; profile.json has the rest" ;;
+    124|137|143) say "measurements stopped by the time limit (rc $rc); profile.json has what finished" ;;
+    *) say "gpu_profile exited with rc $rc; profile.json has what finished" ;;
+esac
+
+if [ -f "$OUT_DIR/profile.json" ]; then
+    base="${FICCO_BASE_PRESET:-$(timeout 5 "$PY" -c "import json,sys; print(json.load(open(sys.argv[1])).get('preset') or 'h200-nvswitch')" "$OUT_DIR/profile.json" 2>/dev/null || echo h200-nvswitch)}"
+    say "spec from profile (base $base)"
+    timeout 30 "$PY" -m ficco_cli.main hardware from-profile "$OUT_DIR/profile.json" \
+        --base "$base" --out "$OUT_DIR/spec.yaml" 2>&1 | tee "$OUT_DIR/spec.log" \
+        || say "could not write spec.yaml (see spec.log); run 'ficco hardware from-profile' later"
+    timeout 5 "$PY" - "$OUT_DIR/profile.json" <<'EOF' || true
+import json, sys
+p = json.load(open(sys.argv[1]))
+print("sections:", ", ".join(f"{k}={v['status']}" for k, v in p.get("sections", {}).items()))
+print("fitted:", json.dumps(p.get("fitted", {}), sort_keys=True))
+lb = p.get("loopback", {})
+if "correctness_summary" in lb:
+    print("loopback correctness:", lb["correctness_summary"])
+for r in lb.get("realized", []):
+    s = r["scenario"]
+    print(f"realized {s['op']} m={s['m']} n={s['n']} k={s['k']} P={s['world_size']}: "
+          f"best {r.get('best')} fraction {r.get('best_realized_fraction')} {r.get('error', '')}")
+EOF
+fi
+say "done; results in $OUT_DIR"
+[ "$rc" -eq 0 ] || exit "$rc"

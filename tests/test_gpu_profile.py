@@ -1,0 +1,413 @@
+"""GPU profiles on the CPU: the format, profile -> spec, the CLI, and the profiler's CUDA-free parts.
+
+The example profile below is hand-written (made-up but plausible H200 numbers), not a
+measurement: no test here claims anything about a GPU.
+"""
+
+import copy
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ficco_cli.main import main
+from ficco_select.costs import gemm_time
+from ficco_select.executor import gpu_profile as gp
+from ficco_select.hardware import load_hardware
+from ficco_select.profile import (KEPT_FIELDS, ProfileError, dil_vs_model, fit_latency_bw, profiled_spec,
+                                  read_profile, spec_overrides, validate_profile)
+from ficco_select.scenario import Scenario
+from ficco_select.schedule import candidates
+
+ROOT = Path(__file__).resolve().parents[1]
+
+EXAMPLE = {
+    "schema": "ficco-gpu-profile",
+    "schema_version": 1,
+    "created_utc": "2026-01-01T00:00:00+00:00",
+    "complete": True,
+    "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "multiprocessor_count": 132,
+               "total_memory_gib": 139.8, "count_visible": 1},
+    "software": {"torch": "2.13.0+cu128", "cuda": "12.8", "float32_matmul_precision": "highest",
+                 "python": "3.11.7"},
+    "preset": "h200-nvswitch",
+    "budget_s": 390,
+    "elapsed_s": 301.5,
+    "fitted": {
+        "gemm_tflops": {"bfloat16": 702.5, "float16": 698.0, "float32": 51.2},
+        "gemm_efficiency": {"bfloat16": 0.71, "float16": 0.7055, "float32": 0.1035},
+        "gemm_shape": {"bfloat16": [16384, 8192, 8192], "float16": [16384, 8192, 8192],
+                       "float32": [8192, 8192, 8192]},
+        "gemm_call_us": 7.9,
+        "dma_latency_us": 9.5, "dma_bw_gbps": 1480.0,
+        "sm_copy_latency_us": 3.1, "sm_copy_bw_gbps": 1850.0,
+        "h2d_latency_us": 11.0, "h2d_bw_gbps": 52.0,
+        "cil_gemm_dma": 0.08, "cil_gemm_sm": 0.35, "cil_copy_dma": 0.2, "cil_copy_sm": 0.6,
+    },
+    "measurements": {
+        "dil": [
+            {"dtype": "bfloat16", "m": 1024, "n": 1024, "k": 1024, "split": "m", "d": 8,
+             "t_whole_us": 12.0, "t_pieces_us": 60.0, "dil": 4.0},
+            {"dtype": "bfloat16", "m": 8192, "n": 8192, "k": 8192, "split": "n", "d": 2,
+             "t_whole_us": 1600.0, "t_pieces_us": 1650.0, "dil": 0.0312},
+        ],
+    },
+    "sections": {"gemm_peak": {"status": "ok", "message": "", "elapsed_s": 12.1}},
+}
+
+
+def write(tmp_path: Path, data, name="profile.json") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+# -- the format --------------------------------------------------------------------------------
+def test_example_profile_reads(tmp_path):
+    profile = read_profile(write(tmp_path, EXAMPLE))
+    assert profile.device_name == "NVIDIA H200" and profile.preset == "h200-nvswitch"
+    assert profile.fitted["dma_bw_gbps"] == 1480.0
+
+
+def changed(path: str, value):
+    data = copy.deepcopy(EXAMPLE)
+    *parents, last = path.split(".")
+    node = data
+    for key in parents:
+        node = node[key]
+    if value is KeyError:
+        del node[last]
+    else:
+        node[last] = value
+    return data
+
+
+@pytest.mark.parametrize("path,value,needle", [
+    ("schema", "something-else", "field 'schema'"),
+    ("schema_version", KeyError, "field 'schema_version'"),
+    ("schema_version", 2, "field 'schema_version' is 2"),
+    ("created_utc", KeyError, "field 'created_utc'"),
+    ("device.name", "", "field 'device.name'"),
+    ("device.multiprocessor_count", 0, "field 'device.multiprocessor_count'"),
+    ("software", KeyError, "field 'software.torch'"),
+    ("fitted", KeyError, "field 'fitted'"),
+    ("fitted.dma_bw_gbps", -3.0, "field 'fitted.dma_bw_gbps' must be positive"),
+    ("fitted.dma_latency_us", "fast", "field 'fitted.dma_latency_us' must be a finite number"),
+    ("fitted.cil_gemm_sm", -1.5, "field 'fitted.cil_gemm_sm'"),
+    ("fitted.gemm_tflops", {"int8": 3.0}, "field 'fitted.gemm_tflops.int8': unknown dtype"),
+    ("fitted.gemm_efficiency", {"bfloat16": 0}, "field 'fitted.gemm_efficiency.bfloat16'"),
+    ("fitted.gemm_shape", {"bfloat16": [1, 2]}, "field 'fitted.gemm_shape.bfloat16'"),
+    ("fitted.link_bw_gbps", 400.0, "unknown field 'fitted.link_bw_gbps'"),
+    ("measurements", [], "field 'measurements'"),
+])
+def test_bad_profiles_name_the_field(tmp_path, path, value, needle):
+    with pytest.raises(ProfileError, match=None) as err:
+        read_profile(write(tmp_path, changed(path, value)))
+    assert needle in str(err.value) and str(tmp_path) in str(err.value)
+
+
+def test_not_json_or_missing_file(tmp_path):
+    with pytest.raises(ProfileError, match="not valid JSON"):
+        read_profile(write(tmp_path, "{half"))
+    with pytest.raises(ProfileError, match="no such profile"):
+        read_profile(tmp_path / "absent.json")
+    with pytest.raises(ProfileError, match="JSON object"):
+        read_profile(write(tmp_path, "[1, 2]"))
+
+
+def test_fit_latency_bw_recovers_a_line():
+    sizes = [4096 * 4 ** i for i in range(10)]
+    times = [10e-6 + s / 200e9 for s in sizes]
+    latency, bw = fit_latency_bw(sizes, times)
+    assert latency == pytest.approx(10e-6, rel=1e-6) and bw == pytest.approx(200e9, rel=1e-6)
+    with pytest.raises(ValueError, match="at least 2"):
+        fit_latency_bw([4096], [1e-5])
+
+
+# -- profile -> spec ---------------------------------------------------------------------------
+def test_overrides_map_the_measured_fields_and_keep_the_links():
+    base = load_hardware("h200-nvswitch")
+    o = spec_overrides(validate_profile(EXAMPLE), base)
+    assert o["dma_latency_us"] == 9.5 and o["dma_bw_gbps"] == 1480.0
+    assert o["sm_comm_latency_us"] == 3.1 and o["gemm_launch_us"] == 7.9 and o["compute_units"] == 132
+    assert o["sm_comm_units"] == pytest.approx(1 - 1 / 1.35, abs=1e-6)
+    assert o["dma_mem_contention"] == pytest.approx(0.08)
+    assert not set(o) & set(KEPT_FIELDS)
+    # gemm_time on the profiled spec reproduces the measured big GEMMs, per dtype.
+    spec = dataclasses.replace(base, **o)
+    for dtype, (m, n, k) in EXAMPLE["fitted"]["gemm_shape"].items():
+        measured = 2 * m * n * k / (EXAMPLE["fitted"]["gemm_tflops"][dtype] * 1e12)
+        b = 4 if dtype == "float32" else 2
+        assert float(gemm_time(spec, m, n, k, b, spec.peak_tflops[dtype] * 1e12)) == pytest.approx(measured, rel=1e-3)
+    # bf16 sets the one efficiency; float32 (no TF32) got its own effective peak, far below TF32's.
+    assert 0 < o["gemm_efficiency"] <= 1
+    assert o["peak_tflops"]["bfloat16"] == pytest.approx(base.peak_tflops["bfloat16"], rel=1e-3)
+    assert o["peak_tflops"]["float32"] < base.peak_tflops["float32"] / 5
+
+
+def test_partial_profile_overrides_only_what_it_measured():
+    data = changed("fitted", {"cil_gemm_dma": 0.05})
+    del data["device"]["multiprocessor_count"]
+    assert spec_overrides(data, load_hardware("h200-nvswitch")) == {"dma_mem_contention": 0.05}
+
+
+def test_no_dma_overrides_when_the_base_has_no_copy_engines():
+    o = spec_overrides(EXAMPLE, load_hardware("cpu"))
+    assert "dma_latency_us" not in o and "dma_bw_gbps" not in o
+
+
+def test_profiled_spec_writes_a_loadable_spec(tmp_path):
+    from data.calibrate import spec_yaml
+
+    base = load_hardware("h200-nvswitch")
+    spec, overrides = profiled_spec(validate_profile(EXAMPLE), base)
+    path = tmp_path / "h200-profiled.yaml"
+    path.write_text(spec_yaml(spec, "test"))
+    loaded = load_hardware(path)
+    assert loaded == spec and loaded.name == "h200-nvswitch-profiled"
+    assert loaded.link_bw_gbps == base.link_bw_gbps and loaded.topology == base.topology
+    assert loaded.dma_bw_gbps == 1480.0
+
+
+def test_dil_vs_model_rows():
+    rows = dil_vs_model(validate_profile(EXAMPLE), load_hardware("h200-nvswitch"))
+    assert [(r["split"], r["d"]) for r in rows] == [("m", 8), ("n", 2)]
+    assert all(math.isfinite(r["dil_model"]) and r["dil_model"] > -0.5 for r in rows)
+
+
+# -- the CLI -----------------------------------------------------------------------------------
+def test_cli_from_profile(tmp_path):
+    out = tmp_path / "spec.yaml"
+    res = CliRunner().invoke(main, ["hardware", "from-profile", str(write(tmp_path, EXAMPLE)),
+                                    "--base", "h200-nvswitch", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.output)
+    assert report["overrides"]["dma_bw_gbps"] == {"base": 150, "profiled": 1480.0}
+    assert "link_bw_gbps" in report["kept"]
+    spec = load_hardware(out)
+    assert spec.dma_latency_us == 9.5 and spec.link_bw_gbps == 450
+    # Base from the profile's preset; a table, not JSON.
+    res = CliRunner().invoke(main, ["hardware", "from-profile", str(write(tmp_path, EXAMPLE)),
+                                    "--out", str(tmp_path / "b.yaml"), "--name", "mine"])
+    assert res.exit_code == 0, res.output
+    assert "dma_bw_gbps" in res.output and "kept from h200-nvswitch" in res.output
+    assert load_hardware(tmp_path / "b.yaml").name == "mine"
+
+
+def test_cli_from_profile_errors_name_the_field(tmp_path):
+    bad = write(tmp_path, changed("fitted.dma_bw_gbps", 0))
+    res = CliRunner().invoke(main, ["hardware", "from-profile", str(bad), "--base", "h200-nvswitch",
+                                    "--out", str(tmp_path / "s.yaml")])
+    assert res.exit_code != 0 and "fitted.dma_bw_gbps" in res.output
+    res = CliRunner().invoke(main, ["hardware", "from-profile", str(write(tmp_path, EXAMPLE)),
+                                    "--base", "h200-nvswitch", "--out", str(tmp_path / "s.txt")])
+    assert res.exit_code != 0 and ".yaml" in res.output
+    res = CliRunner().invoke(main, ["hardware", "from-profile", str(write(tmp_path, EXAMPLE)),
+                                    "--base", "no-such-gpu", "--out", str(tmp_path / "s.yaml")])
+    assert res.exit_code != 0 and "unknown hardware" in res.output
+
+
+# -- the profiler without CUDA -----------------------------------------------------------------
+def run_py(*args, timeout=120):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
+def test_profiler_help_works_without_cuda():
+    res = run_py("-m", "ficco_select.executor.gpu_profile", "--help")
+    assert res.returncode == 0 and "--budget-s" in res.stdout
+
+
+def test_profiler_exits_clearly_without_cuda(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the profiler would run")
+    res = run_py("-m", "ficco_select.executor.gpu_profile", "--out", str(tmp_path / "o"), "--budget-s", "5")
+    assert res.returncode == 2
+    assert "no CUDA device" in res.stderr and "Nothing was measured" in res.stderr
+
+
+def test_profiler_rejects_unknown_sections():
+    with pytest.raises(SystemExit):
+        gp.parse_args(["--out", "x", "--sections", "gemm_peak,warp_drive"])
+
+
+def test_gpu_check_script_parses():
+    assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu_check.sh")]).returncode == 0
+
+
+def test_sections_are_guarded_time_boxed_and_written(tmp_path, monkeypatch):
+    """A failing section is recorded and the next runs; a missing loopback is a skip; the file is valid."""
+    monkeypatch.setattr(gp, "GRACE_S", 0.5)
+
+    def ok(run, until):
+        run.put("fitted", "dma_bw_gbps", value=100.0)
+
+    def boom(run, until):
+        raise RuntimeError("kernel exploded")
+
+    def hang(run, until):
+        time.sleep(5)
+
+    run = gp.Run(out=tmp_path, deadline=time.monotonic() + 30, state=dict(copy.deepcopy(EXAMPLE), fitted={}))
+    import ficco_select.executor
+
+    monkeypatch.setitem(sys.modules, "ficco_select.executor.loopback", None)  # import fails
+    monkeypatch.delattr(ficco_select.executor, "loopback", raising=False)  # even if imported before
+    sections = [gp.Section("a", 5, ok), gp.Section("b", 5, boom),
+                gp.Section("loopback_correctness", 5, gp.section_loopback_correctness),
+                gp.Section("c", 0.2, hang), gp.Section("d", 5, ok)]
+    assert gp.run_sections(run, sections, grace_s=0.5) is False
+    status = {k: v["status"] for k, v in run.state["sections"].items() if k in "a b c d loopback_correctness"}
+    assert status == {"a": "ok", "b": "error", "loopback_correctness": "skipped", "c": "timeout", "d": "skipped"}
+    assert "kernel exploded" in run.state["sections"]["b"]["message"]
+    assert run.state["sections"]["loopback_correctness"]["message"].startswith("skipped: loopback not available")
+    profile = read_profile(tmp_path / "profile.json")  # partial, still a valid profile
+    assert profile.fitted == {"dma_bw_gbps": 100.0}
+
+
+def test_budget_exhausted_skips(tmp_path):
+    run = gp.Run(out=tmp_path, deadline=time.monotonic() + 1, state=copy.deepcopy(EXAMPLE))
+    assert gp.run_sections(run, [gp.Section("a", 5, lambda r, u: None)]) is True
+    assert run.state["sections"]["a"] == {"status": "skipped", "message": "skipped: time budget exhausted"}
+
+
+def test_loopback_results_normalize_and_give_realized_fractions():
+    s = Scenario(group="g", op="ag_gemm", m=64, n=64, k=32, dtype="bfloat16", world_size=4, hardware="h200-nvswitch")
+    scheds = [x for x in candidates(s, "cuda") if x.engine == "dma"][:3]
+    names = [x.name for x in scheds]
+    assert names[0] == "none.dma"
+    # Three shapes run_loopback may return: keyed by schedule, aligned list, named entries.
+    by_key = {scheds[0]: {"verified": True, "rel_error": 1e-3, "times_s": [1.0, 1.0, 1.0]},
+              scheds[1]: {"verified": True, "rel_error": 2e-3, "times_s": [0.8, 0.8]},
+              scheds[2]: {"verified": False, "rel_error": 0.5, "times_s": [0.5]}}
+    aligned = list(by_key.values())
+    named = [dataclasses.make_dataclass("R", ["schedule", "verified", "rel_error", "times"])(
+        x, v["verified"], v["rel_error"], v["times_s"]) for x, v in by_key.items()]
+    for result in (by_key, aligned, named, {"results": aligned}):
+        norm = gp.normalize_loopback(result, scheds)
+        assert list(norm) == names and norm[names[2]]["verified"] is False
+        assert norm[names[1]]["times_s"] == [0.8, 0.8]
+    with pytest.raises(ValueError, match="2 results for 3"):
+        gp.normalize_loopback(aligned[:2], scheds)
+    rows = {r["schedule"]: r for r in gp.realized_fractions(gp.normalize_loopback(by_key, scheds), t_comp_s=0.6)}
+    assert names[2] not in rows  # a wrong result is never counted
+    # T_comp 0.6, T_comm 1.0 - 0.6 = 0.4: ideal 1/0.6; realized 1/0.8 -> fraction 0.25/0.6667.
+    r = rows[names[1]]
+    assert r["ideal_from"] == "estimate" and r["ideal_speedup"] == pytest.approx(1 / 0.6, abs=1e-4)
+    assert r["realized_fraction"] == pytest.approx(0.25 / (1 / 0.6 - 1), abs=1e-3)
+
+
+def test_call_loopback_splits_by_engine_and_passes_supported_kwargs():
+    s = Scenario(group="g", op="gemm_rs", m=64, n=64, k=64, dtype="float32", world_size=2, hardware="h200-nvswitch")
+    scheds = candidates(s, "cuda")
+    calls = []
+
+    def fake(scenario, schedules, *, device, engine, reps, warmup):
+        calls.append((engine, reps, warmup, device))
+        return [{"verified": True, "rel_error": 0.0, "times_s": [1e-3] * reps} for _ in schedules]
+
+    out = gp.call_loopback(fake, s, scheds, reps=2, warmup=1)
+    assert set(out) == {x.name for x in scheds}
+    assert sorted(c[0] for c in calls) == ["dma", "sm"] and calls[0][1:] == (2, 1, "cuda")
+
+    def no_engine(scenario, schedules, *, reps, warmup):
+        return {x: {"verified": True, "rel_error": 0.0, "times_s": [1.0]} for x in schedules}
+
+    assert set(gp.call_loopback(no_engine, s, scheds, reps=1, warmup=0)) == {x.name for x in scheds}
+
+
+def test_rank_gemm_shapes_and_piece_bounds():
+    ag = Scenario(group="g", op="ag_gemm", m=64, n=32, k=16, dtype="bfloat16", world_size=4, hardware="x")
+    assert gp.rank_gemm_shapes(ag) == [(64, 8, 16)] * 4
+    rs = Scenario(group="g", op="gemm_rs", m=64, n=32, k=16, dtype="bfloat16", world_size=4, hardware="x")
+    assert gp.rank_gemm_shapes(rs) == [(64, 32, 4)] * 4
+    a2a = Scenario(group="g", op="a2a_gemm", m=40, n=32, k=16, dtype="bfloat16", world_size=4, hardware="x",
+                   imbalance=2.0)
+    shapes = gp.rank_gemm_shapes(a2a)
+    assert sum(m for m, _, _ in shapes) == 4 * 40 and shapes[0][0] == 80
+    assert gp.bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+
+
+def test_shipped_scenarios_are_valid_and_have_candidates():
+    for spec in gp.CORRECTNESS_SCENARIOS + gp.REALIZED_SCENARIOS:
+        s = gp._scenario(spec, "h200-nvswitch")
+        assert len(candidates(s, "cuda")) > 2
+    assert len(gp.REALIZED_SCENARIOS) >= 6
+    assert gp.guess_preset("NVIDIA H200") == "h200-nvswitch" and gp.guess_preset("Tesla T4") is None
+    assert gp.COPY_SIZES[0] == 4096 and gp.COPY_SIZES[-1] == 1 << 30
+
+
+def test_call_loopback_single_call_when_engine_is_optional():
+    s = Scenario(group="g", op="gemm_rs", m=64, n=64, k=64, dtype="float32", world_size=2, hardware="h200-nvswitch")
+    scheds = candidates(s, "cuda")
+    calls = []
+
+    def fake(scenario, schedules, *, device="cpu", engine=None, reps=5, warmup=1):
+        calls.append(engine)
+        return [{"schedule": x, "verified": True, "rel_error": 0.0, "times_s": [1.0]} for x in schedules]
+
+    assert len(gp.call_loopback(fake, s, scheds, reps=1, warmup=0)) == len(scheds) and calls == [None]
+
+
+def test_loopback_sections_drive_the_real_loopback_on_cpu(tmp_path, monkeypatch):
+    """The glue against the real run_loopback, on CPU threads: says nothing about a GPU."""
+    pytest.importorskip("ficco_select.executor.loopback")
+    monkeypatch.setattr(gp, "CORRECTNESS_SCENARIOS", (
+        dict(op="ag_gemm", m=36, n=8, k=12, dtype="float32", world_size=2),))
+    monkeypatch.setattr(gp, "REALIZED_SCENARIOS", (
+        dict(op="gemm_rs", m=32, n=16, k=16, dtype="float32", world_size=2),))
+    run = gp.Run(out=tmp_path, deadline=time.monotonic() + 120, state=copy.deepcopy(EXAMPLE), device="cpu")
+    sections = [gp.Section("loopback_correctness", 60, gp.section_loopback_correctness),
+                gp.Section("loopback_realized", None, gp.section_loopback_realized)]
+    assert gp.run_sections(run, sections)
+    assert {k: run.state["sections"][k]["status"] for k in ("loopback_correctness", "loopback_realized")} == \
+        {"loopback_correctness": "ok", "loopback_realized": "ok"}, run.state["sections"]
+    lb = read_profile(tmp_path / "profile.json").data["loopback"]
+    assert lb["correctness_summary"]["all_verified"], lb["correctness"]
+    assert lb["correctness"][0]["verified"] == lb["correctness"][0]["schedules"] > 2
+    realized = lb["realized"][0]
+    assert "error" not in realized, realized
+    names = {r["schedule"] for r in realized["schedules"]}
+    assert {"none.sm", "none.dma"} <= names and realized["best"] in names
+
+
+def test_every_section_dry_runs_on_cpu_into_a_valid_profile(tmp_path, monkeypatch):
+    """The sections' logic on tiny CPU shapes (host clock, no streams): a dry run, not a measurement."""
+    monkeypatch.setattr(gp, "GEMM_PEAK_SHAPES", ((64, 64, 64), (96, 64, 32), (128, 64, 64)))
+    monkeypatch.setattr(gp, "DIL_SHAPES", ((64, 64, 64), (128, 96, 32)))
+    monkeypatch.setattr(gp, "COPY_SIZES", (4096, 16384, 65536))
+    monkeypatch.setattr(gp, "CIL_GEMM", (64, 64, 64))
+    monkeypatch.setattr(gp, "CIL_COPY_BYTES", 16384)
+    monkeypatch.setattr(gp, "CORRECTNESS_SCENARIOS", (dict(op="gemm_rs", m=24, n=8, k=12, dtype="float32", world_size=2),))
+    monkeypatch.setattr(gp, "REALIZED_SCENARIOS", (dict(op="ag_gemm", m=32, n=16, k=16, dtype="float32", world_size=2),))
+    state = {key: value for key, value in copy.deepcopy(EXAMPLE).items() if key not in ("fitted", "measurements")}
+    state.update(fitted={}, sections={})
+    run = gp.Run(out=tmp_path, deadline=time.monotonic() + 300, state=state, device="cpu",
+                 preset=load_hardware("h200-nvswitch"))
+    assert gp.run_sections(run, gp.SECTIONS)
+    status = {k: v["status"] for k, v in run.state["sections"].items()}
+    expected = {s.name: "ok" for s in gp.SECTIONS} | {"copy_h2d": "skipped"}
+    if "ficco_select.executor.loopback" not in sys.modules:
+        try:
+            import ficco_select.executor.loopback  # noqa: F401
+        except Exception:
+            expected |= {"loopback_correctness": "skipped", "loopback_realized": "skipped"}
+    assert status == expected, run.state["sections"]
+    profile = read_profile(tmp_path / "profile.json")
+    m = profile.data["measurements"]
+    assert len(m["dil"]) == 2 * len(gp.DIL_DEGREES) * 2 and {r["split"] for r in m["dil"]} == {"m", "n"}
+    assert [p["bytes"] for p in m["copy_dma"]] == list(gp.COPY_SIZES) == [p["bytes"] for p in m["copy_sm"]]
+    assert set(profile.fitted) >= {"gemm_tflops", "gemm_efficiency", "gemm_shape", "gemm_call_us", "dma_latency_us",
+                                   "dma_bw_gbps", "sm_copy_latency_us", "sm_copy_bw_gbps", "cil_gemm_dma",
+                                   "cil_gemm_sm", "cil_copy_dma", "cil_copy_sm"}
+    assert set(profile.fitted["gemm_shape"]) == {"bfloat16", "float16", "float32"}
+    assert m["cil"]["dma"]["gemm_fully_overlapped"] is False  # nothing ran beside it on the CPU
+    spec, overrides = profiled_spec(profile, load_hardware("h200-nvswitch"))
+    assert overrides and spec.link_bw_gbps == 450
