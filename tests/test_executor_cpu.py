@@ -9,27 +9,12 @@ import time
 import pytest
 import torch
 
-from ficco_select import Scenario, candidates
+from ficco_select import candidates
 from ficco_select.executor.cpu import MeasureConfig, MeasureError, background_progress_rank, measure_spawned
 from ficco_select.executor.ops import TOLERANCE, piece_bounds, relative_error
+from scenario_sets import correctness_set
 
 FAST = MeasureConfig(warmup=0, reps=5, timeout_s=60, max_remeasure=0)
-
-
-def correctness_set(P: int) -> list[Scenario]:
-    """Odd shapes (pieces of unequal size), both dtypes, uneven and extreme MoE routing."""
-    out = []
-    for dtype in ("float32", "bfloat16"):
-        common = dict(group="test", dtype=dtype, world_size=P, hardware="cpu")
-        out += [
-            Scenario(op="ag_gemm", m=13 * P, n=3 * P, k=17, **common),
-            Scenario(op="gemm_rs", m=11 * P, n=9, k=5 * P, **common),
-            Scenario(op="a2a_gemm", m=23, n=7, k=19, imbalance=1.7, **common),
-        ]
-    # every token to one expert: most chunks are empty
-    out.append(Scenario(op="a2a_gemm", m=10, n=5, k=6, imbalance=float(P), group="test",
-                        dtype="float32", world_size=P, hardware="cpu"))
-    return out
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4])

@@ -18,25 +18,13 @@ from ficco_select.executor.loopback import (
     HostLanes, LoopbackComm, LoopbackError, LoopbackTimeout, VirtualRanks, run_loopback,
 )
 from ficco_select.executor.ops import TOLERANCE
+from scenario_sets import correctness_set
 from ficco_select.schedule import BASELINE, SHARD
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def odd_scenarios(P: int) -> list[Scenario]:
-    """The cpu executor's correctness set (tests/test_executor_cpu.py): odd shapes whose
-    pieces differ in size, both dtypes, uneven MoE routing, and every token to one expert."""
-    out = []
-    for dtype in ("float32", "bfloat16"):
-        common = dict(group="test", dtype=dtype, world_size=P, hardware="cpu")
-        out += [
-            Scenario(op="ag_gemm", m=13 * P, n=3 * P, k=17, **common),
-            Scenario(op="gemm_rs", m=11 * P, n=9, k=5 * P, **common),
-            Scenario(op="a2a_gemm", m=23, n=7, k=19, imbalance=1.7, **common),
-        ]
-    out.append(Scenario(op="a2a_gemm", m=10, n=5, k=6, imbalance=float(P), group="test",
-                        dtype="float32", world_size=P, hardware="cpu"))
-    return out
+odd_scenarios = correctness_set
 
 
 def scenario_id(s: Scenario) -> str:

@@ -1,0 +1,19 @@
+"""Scenarios shared by the executor tests (cpu ranks and loopback)."""
+
+from ficco_select import Scenario
+
+
+def correctness_set(P: int) -> list[Scenario]:
+    """Odd shapes (pieces of unequal size), both dtypes, uneven and extreme MoE routing."""
+    out = []
+    for dtype in ("float32", "bfloat16"):
+        common = dict(group="test", dtype=dtype, world_size=P, hardware="cpu")
+        out += [
+            Scenario(op="ag_gemm", m=13 * P, n=3 * P, k=17, **common),
+            Scenario(op="gemm_rs", m=11 * P, n=9, k=5 * P, **common),
+            Scenario(op="a2a_gemm", m=23, n=7, k=19, imbalance=1.7, **common),
+        ]
+    # every token to one expert: most chunks are empty
+    out.append(Scenario(op="a2a_gemm", m=10, n=5, k=6, imbalance=float(P), group="test",
+                        dtype="float32", world_size=P, hardware="cpu"))
+    return out
