@@ -8,7 +8,6 @@ Each test is one job of real ranks; a rank collects its mismatches and fails wit
 """
 
 import json
-import os
 from pathlib import Path
 
 import pytest
