@@ -1,25 +1,40 @@
 """Measure every legal schedule of every scenario on a real backend -> a Parquet dataset
 (columns: data/dataset.py). Crash-safe and resumable; a scenario that fails (timeout,
 dead rank) is recorded as failed with its reason and the sweep goes on.
+
+Two row sources feed the same sweep (parts, resume, failed rows, progress, summary):
+- the cpu backend's gloo ranks (``ficco_select.executor.cpu``), spawned here or under
+  torchrun;
+- the loopback executor (``ficco_select.executor.loopback``): P virtual ranks on one
+  device, one scenario at a time (``loopback_rows``). It is the cuda backend's single-GPU
+  mode; on ``device='cpu'`` it runs the cpu backend's candidates on CPU threads, which
+  tests the plumbing (its times are not labels).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import shutil
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
+import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
 from data.dataset import provenance, write_parquet_atomic
 from ficco_select.executor.cpu import (MeasureConfig, MeasureError, init_from_env,
                                        measure_in_group, measure_spawned, under_torchrun)
-from ficco_select.executor.harness import failed_rows
+from ficco_select.executor.harness import (SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES, best_labels,
+                                           failed_rows, ring_at, summarize)
+from ficco_select.executor.loopback import LoopbackError, VirtualRanks, run_loopback
+from ficco_select.executor.ops import TOLERANCE
 from ficco_select.scenario import Scenario
-from ficco_select.schedule import candidates
+from ficco_select.schedule import BASELINE, Schedule, candidates
 
 
 def parts_dir(out: str | Path) -> Path:
@@ -29,20 +44,26 @@ def parts_dir(out: str | Path) -> Path:
 
 
 def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: MeasureConfig,
-            out: str | Path | None = None, progress: bool = True) -> pd.DataFrame | None:
+            out: str | Path | None = None, progress: bool = True,
+            device: str | None = None) -> pd.DataFrame | None:
     """Measure `scenarios`; write `out` if given; return the rows (None on non-zero ranks).
 
-    Spawns the ranks itself, one job per world size, unless running under torchrun, where
-    this process is one rank and every scenario must match the torchrun world size.
+    backend ``cpu``: spawns the gloo ranks itself, one job per world size, unless running
+    under torchrun, where this process is one rank and every scenario must match the
+    torchrun world size. backend ``cuda``: the loopback executor on one GPU (`device`,
+    default ``cuda``), every scenario's P ranks virtual on that device; each scenario's
+    hardware column must name the GPU (a preset or spec file), never ``cpu``.
+
+    device: None for the backend's own executor; ``cpu`` with backend ``cpu`` runs the
+    loopback executor on CPU threads instead of gloo ranks (tests of the cuda path).
 
     Crash-safe with `out`: each finished scenario is committed atomically to
     ``<out>.parts/<scenario_id>.parquet`` before the next one starts; rerunning the same
     command after a kill skips the committed ones, so every scenario ends up exactly once.
     `out` is assembled (atomically) when all are done, and the parts are then removed.
     """
-    if backend != "cpu":
-        raise ValueError(f"backend {backend!r}: only the cpu backend measures so far")
-    distributed = under_torchrun()
+    device = _loopback_device(scenarios, backend, device)
+    distributed = device is None and under_torchrun()
     is_rank0 = not distributed or int(os.environ.get("RANK", "0")) == 0
     parts = parts_dir(out) if out is not None else None
     done = {p.stem for p in parts.glob("*.parquet")} if parts is not None and parts.is_dir() else set()
@@ -65,7 +86,9 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     total = sum(len(candidates(s, backend)) for s in todo)
     bar = tqdm(total=total, unit="schedule", desc="measure", disable=not (progress and is_rank0))
     try:
-        if distributed:
+        if device is not None:
+            failed += _measure_loopback(todo, config, backend, device, on_scenario, bar)
+        elif distributed:
             try:
                 measure_in_group(todo, config, lambda kind, payload: on_scenario(payload)
                                  if kind == "scenario" else bar.update(payload))
@@ -99,6 +122,197 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
         "rows": len(df),
     }
     return df
+
+
+def _loopback_device(scenarios: Sequence[Scenario], backend: str, device: str | None) -> str | None:
+    """The device the loopback executor runs on, or None for the cpu backend's gloo ranks.
+
+    Refuses, before any work starts, what cannot give honest rows: a cuda scenario whose
+    hardware is ``cpu``, a backend/device mismatch, a cuda sweep without CUDA or under torchrun.
+    """
+    if backend == "cpu":
+        if device not in (None, "cpu"):
+            raise ValueError(f"device {device!r}: the cpu backend runs on device 'cpu' (loopback) or None "
+                             "(gloo ranks); use backend 'cuda' for a GPU")
+    elif backend == "cuda":
+        device = device or "cuda"
+        if torch.device(device).type != "cuda":
+            raise ValueError(f"device {device!r}: the cuda backend measures on a CUDA device ('cuda' or "
+                             "'cuda:<index>')")
+        for i, s in enumerate(scenarios, start=1):
+            if s.hardware == "cpu":
+                raise ValueError(
+                    f"row {i} (scenario {s.scenario_id}: {s.group} {s.op} m={s.m} n={s.n} k={s.k} "
+                    f"P={s.world_size}), column 'hardware': 'cpu' cannot be measured on the cuda backend; "
+                    "set it to the GPU's preset name (e.g. h100-nvswitch) or spec file, or use --backend cpu")
+    else:
+        raise ValueError(f"backend {backend!r}: measure runs 'cpu' or 'cuda' (use `ficco simulate` for sim)")
+    if device is None:
+        return None
+    if under_torchrun():
+        raise ValueError(f"the loopback executor ({backend} backend) runs every scenario's ranks as "
+                         "virtual ranks in one process; run it without torchrun")
+    if backend == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--backend cuda: CUDA is not available here (torch {torch.__version__}, "
+                         f"built for CUDA {torch.version.cuda or 'none'}, "
+                         f"{torch.cuda.device_count()} device(s) visible); run it on a machine with an "
+                         "NVIDIA GPU, or measure with --backend cpu")
+    return device
+
+
+def _measure_loopback(scenarios: list[Scenario], config: MeasureConfig, backend: str, device: str,
+                      on_scenario, bar) -> list[str]:
+    """Measure scenarios one by one in loopback on `device`; a scenario whose run fails
+    (a virtual rank raised or hung, out of memory) is recorded as failed with the reason
+    and the sweep goes on, unless the device itself is broken afterwards."""
+    if config.fault is not None:
+        raise ValueError(f"fault {config.fault!r}: fault injection is for the cpu backend's gloo ranks")
+    failures: list[str] = []
+    for s in scenarios:
+        try:
+            rows = loopback_rows(s, config, backend=backend, device=device)
+        except (LoopbackError, torch.OutOfMemoryError) as e:
+            reason = str(e).splitlines()[0]
+            rows = failed_rows(s, reason, backend)
+            failures.append(f"{s.scenario_id} ({s.group} {s.op} m={s.m} n={s.n} k={s.k} "
+                            f"P={s.world_size}): {reason}")
+            _check_device(device, after=s)
+        on_scenario(rows)
+        bar.update(len(rows))
+    return failures
+
+
+def _check_device(device: str, *, after: Scenario) -> None:
+    """After a failed scenario: stop the sweep if the device is unusable (a sticky CUDA error),
+    rather than record every later scenario as failed. Committed scenarios are kept."""
+    if torch.device(device).type != "cuda":
+        return
+    try:
+        torch.cuda.empty_cache()
+        torch.ones(1, device=device).add_(1)
+        torch.cuda.synchronize(device)
+    except RuntimeError as e:
+        raise MeasureError(f"{device} is unusable after scenario {after.scenario_id} failed ({e}); "
+                           "rerun the same command in a fresh process to resume") from None
+
+
+def loopback_rows(scenario: Scenario, config: MeasureConfig, *, backend: str = "cuda",
+                  device: str = "cuda") -> list[dict]:
+    """Verify and time every legal schedule of `scenario` on `backend` with the loopback
+    executor on `device`; one dataset row per schedule (without provenance columns).
+
+    Times: ``run_loopback``'s, each repetition the slowest virtual rank's (CUDA events on
+    CUDA); a schedule whose spread exceeds ``config.noisy_spread`` is re-run (fresh
+    virtual ranks, verified again) up to ``config.max_remeasure`` times, pooling its
+    repetitions, as the harness does. Labels by ``harness.best_labels``. Signatures from
+    skeleton runs (``loopback_signature``); CIL is not measured here (NaN).
+    Raises ``LoopbackError`` (or ``LoopbackTimeout``) naming the scenario, schedule and rank.
+    """
+    policy = config.policy()
+    schedules = candidates(scenario, backend)
+    run = functools.partial(run_loopback, scenario, device=device, reps=config.reps,
+                            warmup=config.warmup, seed=config.seed, timeout_s=config.timeout_s)
+    results = run(schedules)
+    pooled = [list(r.times_s) for r in results]
+    errors = [r.rel_error for r in results]
+    attempts = [1] * len(schedules)
+    for _ in range(policy.max_remeasure):
+        noisy = [i for i, t in enumerate(pooled) if summarize(t)[1] > policy.noisy_spread]
+        if not noisy:
+            break
+        for i, r in zip(noisy, run([schedules[i] for i in noisy])):
+            pooled[i] += r.times_s
+            attempts[i] += 1
+            errors[i] = max(errors[i], r.rel_error)  # verified only if every verification run was
+    sig = loopback_signature(scenario, config, backend=backend, device=device)
+    stats = [summarize(t) for t in pooled]
+    ok = [e <= TOLERANCE[scenario.dtype] for e in errors]
+    threads = torch.get_num_threads() if torch.device(device).type == "cpu" else 0
+    rows = []
+    for schedule, err, good, ts, (median, spread), tries, (is_best, near_best) in zip(
+            schedules, errors, ok, pooled, stats, attempts, best_labels(stats, ok, policy.tie_floor)):
+        rows.append({
+            **scenario.as_record(),
+            "scenario_id": scenario.scenario_id,
+            "schedule": schedule.name,
+            "status": "ok",
+            "error": "",
+            "time_s": median,
+            "time_spread": spread,
+            "times_s": ts,
+            "attempts": tries,
+            "noisy": spread > policy.noisy_spread,
+            "verified": bool(good),
+            "rel_error": err,
+            "is_best": is_best,
+            "near_best": near_best,
+            **sig,
+            "threads_per_rank": threads,  # virtual ranks share this process's pool; 0 on a GPU
+        })
+    return rows
+
+
+def loopback_signature(scenario: Scenario, config: MeasureConfig, *, backend: str = "cuda",
+                       device: str = "cuda") -> dict[str, float]:
+    """The signature columns (``harness.SIGNATURE_COLUMNS``) from loopback skeleton runs.
+
+    As ``harness.measure_scenario`` defines them: t_comp = the baseline with comm off (the
+    whole GEMM), t_comm = the baseline with compute off (the whole collective, with the
+    baseline's ``sm`` engine); dil_g / chunk_loss_g from the ring schedule at granularity g
+    (``harness.ring_at``) with comm off / compute off. Each is the median over
+    ``config.reps`` repetitions (slowest virtual rank's, interleaved passes after
+    ``config.warmup``). ``cil_*``: NaN (not measured in loopback).
+    """
+    rings = {g: ring_at(g, scenario, backend) for g in SIGNATURE_GRANULARITIES}
+    skeletons = list(dict.fromkeys(s for s in rings.values() if s is not None))  # dP may be d2 or d4
+    jobs = [(BASELINE, True, False), (BASELINE, False, True)]
+    jobs += [(s, True, False) for s in skeletons] + [(s, False, True) for s in skeletons]
+    world = VirtualRanks(scenario, device=device, seed=config.seed, timeout_s=config.timeout_s)
+    med = [statistics.median(t) for t in _time_skeletons(world, jobs, config.warmup, config.reps)]
+    t_comp, t_comm = med[:2]
+    k = len(skeletons)
+    dil_of = dict(zip(skeletons, med[2:2 + k]))
+    chunk_of = dict(zip(skeletons, med[2 + k:]))
+    sig = {c: math.nan for c in SIGNATURE_COLUMNS}
+    sig.update({"t_comp_s": t_comp, "t_comm_s": t_comm,
+                "ideal_speedup": (t_comp + t_comm) / max(t_comp, t_comm)})
+    for g, s in rings.items():
+        if s is not None:
+            sig[f"dil_{g}"] = dil_of[s] / t_comp - 1
+            sig[f"chunk_loss_{g}"] = chunk_of[s] / t_comm - 1
+    return sig
+
+
+def _time_skeletons(world: VirtualRanks, jobs: list[tuple[Schedule, bool, bool]], warmup: int,
+                    reps: int) -> list[list[float]]:
+    """times[job][rep] of (schedule, compute on, comm on) skeleton runs, slowest virtual rank's.
+
+    Timed as ``run_loopback`` times a schedule (every rank starts a repetition on an idle
+    device; the lanes' timer on the rank's compute stream), in passes that run every job
+    once in an order rotated per pass, so a noisy phase slows all jobs alike.
+    """
+    n, width = len(jobs), warmup + reps
+    first = world.next_runs(n * width)
+
+    def rank_main(r: int) -> list[list[float]]:
+        op, comm = world.ops[r], world.comms[r]
+        timers: list[list] = [[None] * width for _ in range(n)]
+        for p in range(width):
+            for i in [(p + j) % n for j in range(n)]:
+                schedule, compute_on, comm_on = jobs[i]
+                world.sync_point(r)
+                timer = world.lanes.timer()
+                timer.start()
+                comm.begin_run(first + p * n + i, schedule.engine)
+                with op.skeleton(compute=compute_on, comm=comm_on):
+                    op.run(schedule)
+                timer.stop()
+                timers[i][p] = timer
+        world.lanes.synchronize()
+        return [[t.seconds() for t in row[warmup:]] for row in timers]
+
+    per_rank = world.each(rank_main, what="signature skeletons")
+    return [[max(pr[i][k] for pr in per_rank) for k in range(reps)] for i in range(n)]
 
 
 def _measure_surviving_failures(scenarios: list[Scenario], config: MeasureConfig, backend: str,

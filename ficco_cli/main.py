@@ -23,8 +23,9 @@ def main() -> None:
 @main.command()
 @click.option("--scenarios", "scenarios_path", type=click.Path(dir_okay=False), default=None,
               help="Scenario table (CSV or Parquet). Default: the shipped small set.")
-@click.option("--backend", type=click.Choice(["cpu"]), default="cpu", show_default=True,
-              help="Backend that executes the schedules.")
+@click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Backend that executes the schedules: cpu (gloo ranks) or cuda (loopback: "
+                   "virtual ranks on this machine's GPU; hardware column = the GPU's preset).")
 @click.option("--out", type=click.Path(dir_okay=False), default="out/measured.parquet",
               show_default=True, help="Parquet file to write (atomically).")
 @click.option("--reps", type=int, default=5, show_default=True, help="Timed repetitions per schedule (>= 5).")
@@ -36,8 +37,10 @@ def main() -> None:
 def measure(scenarios_path, backend, out, reps, warmup, timeout_s, as_json, no_progress) -> None:
     """Time every legal schedule of every scenario on real ranks and verify each result.
 
-    Under torchrun (`torchrun --nproc-per-node P --no-python ficco measure ...`) this
+    cpu: under torchrun (`torchrun --nproc-per-node P --no-python ficco measure ...`) this
     process is one rank; otherwise it spawns the ranks itself, one job per world size.
+
+    cuda: one process, the P ranks of each scenario virtual on the local GPU (loopback).
     """
     from data.measure import measure as run_measure, summary_table
     from data.scenarios import DEFAULT_SCENARIOS, packaged, read_scenarios
@@ -49,7 +52,7 @@ def measure(scenarios_path, backend, out, reps, warmup, timeout_s, as_json, no_p
         scenarios = read_scenarios(path, backend=backend)
         df = run_measure(scenarios, backend=backend, config=config, out=out, progress=not no_progress)
     except (ScenarioError, ValueError, MeasureError) as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(f"{path}: {e}" if str(e).startswith("row ") else str(e)) from None
     if df is None:  # a non-zero torchrun rank
         return
     table = summary_table(df)

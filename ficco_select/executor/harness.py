@@ -94,13 +94,31 @@ def timed_interleaved(fns: Sequence[Callable[[], Any]], warmup: int, reps: int
     return rows[:n], rows[n:]
 
 
-def _ring_at(granularity: str, scenario: Scenario) -> Schedule | None:
-    """The ring, GEMM-per-piece, row-split schedule whose skeletons define DIL and chunking loss."""
+def ring_at(granularity: str, scenario: Scenario, backend: str = "cpu") -> Schedule | None:
+    """The ring, GEMM-per-piece, row-split schedule whose skeletons define DIL and chunking
+    loss at `granularity` (``shard``, ``d2``, ``d4``, ``dP``); None where it is not legal
+    for `scenario` on `backend`."""
     if granularity == "shard":
         return SHARD
     d = scenario.world_size if granularity == "dP" else int(granularity[1:])
     s = Schedule(granularity="ficco", degree=d, pattern="ring", compute="gemm_per_piece", split="m")
-    return s if is_legal(s, scenario, "cpu") else None
+    return s if is_legal(s, scenario, backend) else None
+
+
+def best_labels(stats: Sequence[tuple[float, float]], verified: Sequence[bool],
+                tie_floor: float) -> list[tuple[bool, bool]]:
+    """(is_best, near_best) of each schedule of one scenario, from its (median, spread).
+
+    is_best: verified with the smallest verified median (every such one, should medians be
+    equal); near_best: verified and median <= best * (1 + max(tie_floor, the best's
+    spread, its own spread)), i.e. within measurement noise of the best: a tie.
+    """
+    verified_medians = [m for (m, _), good in zip(stats, verified) if good]
+    best = min(verified_medians) if verified_medians else math.nan
+    best_spread = min((sp for (m, sp), good in zip(stats, verified) if good and m == best), default=0.0)
+    return [(bool(good and median == best),
+             bool(good and median <= best * (1 + max(tie_floor, best_spread, spread))))
+            for (median, spread), good in zip(stats, verified)]
 
 
 def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
@@ -118,7 +136,7 @@ def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
     errors = slowest_rank(errors)
 
     # Signatures and schedules are timed in the same interleaved passes.
-    rings = {g: _ring_at(g, scenario) for g in SIGNATURE_GRANULARITIES}
+    rings = {g: ring_at(g, scenario) for g in SIGNATURE_GRANULARITIES}
     skeletons = list(dict.fromkeys(s for s in rings.values() if s is not None))  # dP may be d2 or d4
 
     def skeleton_run(schedule: Schedule, **switch: bool) -> Callable[[], None]:
@@ -154,13 +172,10 @@ def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
     pooled, attempts = _remeasure_noisy(op, schedules, sched_times, policy)
     stats = [summarize(t) for t in pooled]
     ok = [e <= TOLERANCE[scenario.dtype] for e in errors]
-    verified_medians = [m for (m, _), good in zip(stats, ok) if good]
-    best = min(verified_medians) if verified_medians else math.nan
-    best_spread = min((sp for (m, sp), good in zip(stats, ok) if good and m == best), default=0.0)
+    labels = best_labels(stats, ok, policy.tie_floor)
     rows = []
-    for schedule, err, good, ts, (median, spread), tries in zip(
-            schedules, errors, ok, pooled, stats, attempts):
-        tie = max(policy.tie_floor, best_spread, spread)
+    for schedule, err, good, ts, (median, spread), tries, (is_best, near_best) in zip(
+            schedules, errors, ok, pooled, stats, attempts, labels):
         rows.append({
             **scenario.as_record(),
             "scenario_id": scenario.scenario_id,
@@ -174,8 +189,8 @@ def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
             "noisy": spread > policy.noisy_spread,
             "verified": bool(good),
             "rel_error": err,
-            "is_best": bool(good and median == best),
-            "near_best": bool(good and median <= best * (1 + tie)),
+            "is_best": is_best,
+            "near_best": near_best,
             **sig,
             "threads_per_rank": torch.get_num_threads(),
         })
