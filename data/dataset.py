@@ -53,13 +53,21 @@ class DatasetError(ValueError):
 def provenance(backend: str) -> dict:
     return {
         "backend": backend,
-        "hardware_fingerprint": f"{platform.machine()}-{platform.processor() or 'cpu'}-{os.cpu_count()}cores",
+        "hardware_fingerprint": _fingerprint(backend),
         "host": platform.node(),
         "torch_version": torch.__version__,
         "ficco_version": __version__,
         "schema_version": SCHEMA_VERSION,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _fingerprint(backend: str) -> str:
+    host = f"{platform.machine()}-{platform.processor() or 'cpu'}-{os.cpu_count()}cores"
+    if backend == "cuda" and torch.cuda.is_available():  # the GPU is what was measured
+        major, minor = torch.cuda.get_device_capability()
+        return f"{torch.cuda.get_device_name()}-sm{major}{minor}-{torch.cuda.device_count()}gpu-cuda{torch.version.cuda}"
+    return host
 
 
 def write_parquet_atomic(df: pd.DataFrame, path: str | Path) -> None:
