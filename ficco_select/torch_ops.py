@@ -21,7 +21,8 @@ Choices a caller should know:
   cuda executor brings copy-engine transfers.
 - Several ``Bs`` are concatenated into one weight (one gathered A, one GEMM per piece).
 - The executor allocates its buffers per call (no persistent symmetric memory yet).
-- Forward only; backward goes through ``ficco_select.tp``'s autograd functions.
+- The two GEMM ops are differentiable (each one's backward is the other op, chosen
+  and run the same way); ``all_to_all_matmul`` is forward only.
 
 ``last_decision.source``: the selector's ``model``, ``heuristic`` or ``fallback`` (also
 when PyTorch's implementation ran), or ``pinned`` (``configure(schedule=...)``).
@@ -38,6 +39,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.distributed._symmetric_memory as symm_mem
 from torch.distributed import distributed_c10d as c10d
 
@@ -227,7 +229,15 @@ def all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_
     """All-gather A_shard along `gather_dim`, multiply the result by every B.
 
     Same signature and results as ``fused_all_gather_matmul``: returns (A or None, [A @ B]).
+    Differentiable: the gradient of A_shard is itself a matmul + reduce-scatter.
     """
+    if _needs_grad(A_shard, *Bs):
+        A, *outs = _AllGatherMatmul.apply(A_shard, gather_dim, _group(group_name), *Bs)
+        return (A if return_A else None), outs
+    return _all_gather_matmul(A_shard, Bs, gather_dim, group_name, return_A=return_A)
+
+
+def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A):
     group = _group(group_name)
     P = dist.get_world_size(group)
     gather_dim = gather_dim % A_shard.ndim
@@ -262,8 +272,15 @@ def matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scat
                           group_name) -> torch.Tensor:
     """Reduce-scatter A @ B along `scatter_dim` (``sum`` or ``avg``).
 
-    Same signature and result as ``fused_matmul_reduce_scatter``.
+    Same signature and result as ``fused_matmul_reduce_scatter``. Differentiable: the
+    gradient of A is an all-gather + matmul.
     """
+    if _needs_grad(A, B):
+        return _MatmulReduceScatter.apply(A, B, reduce_op, scatter_dim, _group(group_name))
+    return _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name)
+
+
+def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     group = _group(group_name)
     P = dist.get_world_size(group)
     scatter_dim = scatter_dim % A.ndim
@@ -294,6 +311,58 @@ def matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scat
     if scatter_dim == A.ndim - 1:
         return out.t().reshape(*rows_lead, out.shape[0])
     return out.reshape(rows_lead[0] // P, *rows_lead[1:], out.shape[1]).movedim(0, scatter_dim)
+
+
+# -- gradients: each op's backward is the other op, chosen and run the same way -----------
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+class _AllGatherMatmul(torch.autograd.Function):
+    """(A, *[A @ B]) with A = all_gather(A_shard, gather_dim)."""
+
+    @staticmethod
+    def forward(ctx, A_shard, gather_dim, group, *Bs):
+        A, outs = _all_gather_matmul(A_shard, Bs, gather_dim, group, return_A=True)
+        ctx.save_for_backward(A, *Bs)
+        ctx.gather_dim, ctx.group = gather_dim, group
+        return (A, *outs)
+
+    @staticmethod
+    def backward(ctx, dA, *dYs):
+        A, *Bs = ctx.saved_tensors
+        dYs = [A.new_zeros(*A.shape[:-1], B.shape[1]) if d is None else d for d, B in zip(dYs, Bs)]
+        dY, W = torch.cat(dYs, dim=-1), torch.cat(Bs, dim=1)
+        # d(A_shard) = reduce_scatter(dY @ W^T + dA): the ranks' contributions to my shard.
+        if dA is None:
+            dA_shard = _matmul_reduce_scatter(dY, W.t(), "sum", ctx.gather_dim, ctx.group)
+        else:
+            dA_shard = funcol.wait_tensor(funcol.reduce_scatter_tensor(
+                dY @ W.t() + dA, "sum", ctx.gather_dim % A.ndim, ctx.group))
+        dBs = [_rows(A).t() @ _rows(d) for d in dYs]
+        return (dA_shard, None, None, *dBs)
+
+
+class _MatmulReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, A, B, reduce_op, scatter_dim, group):
+        ctx.save_for_backward(A, B)
+        ctx.reduce_op, ctx.scatter_dim, ctx.group = reduce_op, scatter_dim, group
+        return _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group)
+
+    @staticmethod
+    def backward(ctx, dY):
+        A, B = ctx.saved_tensors
+        if ctx.reduce_op == "avg":
+            dY = dY / dist.get_world_size(ctx.group)
+        # Every rank's A @ B fed my block: gather the blocks' gradients, then one GEMM.
+        dY_full, (dA,) = _all_gather_matmul(dY.contiguous(), [B.t()], ctx.scatter_dim, ctx.group, return_A=True)
+        dB = _rows(A).t() @ _rows(dY_full)
+        return dA, dB, None, None, None
 
 
 def all_to_all_matmul(X: torch.Tensor, W: torch.Tensor, output_split_sizes: Sequence[int],

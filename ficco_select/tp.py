@@ -10,8 +10,8 @@ The layers (Megatron-style sequence parallelism, the pattern PyTorch's async-TP 
 Unhooked, they run PyTorch's plain (differentiable) collectives. ``install(model)``
 switches every such layer in a model to ``ficco_select.torch_ops`` (schedule chosen per
 shape, executed by the executor); the returned handle's ``remove()`` restores them.
-Backward of a hooked layer is the mirror op, itself chosen and executed by ficco:
-d(AG(x) @ W^T)/dx = RS(dy @ W) and d(RS(x @ W^T))/dx = AG(dy) @ W.
+Backward of a hooked layer is the mirror op (``torch_ops``' gradients), itself chosen and
+executed by ficco: d(AG(x) @ W^T)/dx = RS(dy @ W) and d(RS(x @ W^T))/dx = AG(dy) @ W.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class ColumnParallelLinear(nn.Module):
         return F.linear(full, self.weight, self.bias)
 
     def ficco_forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _AllGatherMatmul.apply(x, self.weight, self.seq_dim, self.group)
+        _, (y,) = all_gather_matmul(x, [self.weight.t()], self.seq_dim, self.group, return_A=False)
         return y if self.bias is None else y + self.bias
 
 
@@ -76,42 +76,11 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def ficco_forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = _MatmulReduceScatter.apply(x, self.weight, self.seq_dim, self.group)
+        y = matmul_reduce_scatter(x, self.weight.t(), "sum", self.seq_dim, self.group)
         return y if self.bias is None else y + self.bias
 
 
 TP_LAYERS = (ColumnParallelLinear, RowParallelLinear)
-
-
-class _AllGatherMatmul(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, seq_dim, group):
-        A, (y,) = all_gather_matmul(x, [weight.t()], seq_dim, group, return_A=True)
-        ctx.save_for_backward(A, weight)
-        ctx.seq_dim, ctx.group = seq_dim, group
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        A, weight = ctx.saved_tensors
-        dx = matmul_reduce_scatter(dy.contiguous(), weight, "sum", ctx.seq_dim, ctx.group)
-        dw = dy.reshape(-1, dy.shape[-1]).t() @ A.reshape(-1, A.shape[-1])
-        return dx, dw, None, None
-
-
-class _MatmulReduceScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, seq_dim, group):
-        ctx.save_for_backward(x, weight)
-        ctx.seq_dim, ctx.group = seq_dim, group
-        return matmul_reduce_scatter(x, weight.t(), "sum", seq_dim, group)
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        dy_full, (dx,) = all_gather_matmul(dy.contiguous(), [weight], ctx.seq_dim, ctx.group, return_A=True)
-        dw = dy_full.reshape(-1, dy_full.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
-        return dx, dw, None, None
 
 
 class HookHandle:

@@ -129,6 +129,75 @@ def test_ops_equal_pytorch_fallbacks_for_every_schedule(P, tmp_path):
     assert int((tmp_path / "pinned-0").read_text()) > 100
 
 
+# -- gradients vs PyTorch's differentiable collectives -----------------------------------
+GRAD_CASES = [  # ("ag", A_shard shape, gather_dim, B widths, use A) / ("rs", A shape, B width, scatter_dim, op)
+    ("ag", (4, 3, 5), 1, (2, 6), False),
+    ("ag", (6, 5), 0, (3,), True),
+    ("ag", (3, 2, 4), -1, (5,), False),
+    ("rs", (8, 3, 5), 6, 0, "sum"),
+    ("rs", (3, 8, 5), 4, 1, "avg"),
+    ("rs", (3, 5), 8, -1, "sum"),
+]
+
+
+def check_grads(rank: int, P: int, tmp: Path) -> None:
+    import torch.distributed._functional_collectives as funcol
+
+    group = dist.group.WORLD
+    gen = torch.Generator().manual_seed(7 + rank)
+    failures = []
+    for case in GRAD_CASES:
+        for pin in ("", "ficco.d2.ring.gemm_per_piece.m.sm", "none.sm"):
+            torch_ops.configure(schedule=pin)
+            if case[0] == "ag":
+                _, shape, gdim, widths, use_A = case
+                A0 = _rand(gen, *shape)
+                B0 = [_rand(gen, shape[-1] * (P if gdim == -1 else 1), w) for w in widths]
+
+                def loss(A_shard, Bs, ours):
+                    if ours:
+                        A, outs = torch_ops.all_gather_matmul(A_shard, Bs, gdim, group, return_A=use_A)
+                    else:
+                        if gdim == -1:
+                            A = torch.cat(funcol.all_gather_single_autograd(A_shard, 0, group).chunk(P), dim=-1)
+                        else:
+                            A = funcol.all_gather_single_autograd(A_shard, gdim, group)
+                        outs = [A @ B for B in Bs]
+                    total = sum((o * (i + 1)).sin().sum() for i, o in enumerate(outs))
+                    return total + (A.square().sum() if use_A else 0)
+
+                inputs = [A0, *B0]
+            else:
+                _, shape, width, sdim, op = case
+                A0, B0 = _rand(gen, *shape), _rand(gen, shape[-1], width)
+
+                def loss(A, B, ours):
+                    if ours:
+                        y = torch_ops.matmul_reduce_scatter(A, B, op, sdim, group)
+                    else:
+                        # (PyTorch's differentiable reduce-scatter sums only)
+                        y = funcol.reduce_scatter_single_autograd(A @ B, "sum", sdim % A.ndim, group)
+                        y = y / P if op == "avg" else y
+                    return y.sin().sum()
+
+                inputs = [A0, B0]
+            grads = {}
+            for ours in (True, False):
+                leaves = [t.clone().requires_grad_() for t in inputs]
+                args = (leaves[0], leaves[1:]) if case[0] == "ag" else tuple(leaves)
+                loss(*args, ours).backward()
+                grads[ours] = [t.grad for t in leaves]
+            for i, (g, want) in enumerate(zip(grads[True], grads[False])):
+                if g is None or not torch.allclose(g, want, rtol=1e-4, atol=1e-5):
+                    failures.append(f"{case} [{pin or 'selector'}] grad of input {i}: "
+                                    f"{'missing' if g is None else (g - want).abs().max().item()}")
+    assert not failures, f"rank {rank}:\n" + "\n".join(failures)
+
+
+def test_gradients_equal_pytorchs_differentiable_collectives(tmp_path):
+    spawn(check_grads, 2, tmp_path)
+
+
 # -- every rank runs rank 0's decision -------------------------------------------------
 def check_agreement(rank: int, P: int, tmp: Path) -> None:
     # Ranks disagree on what they would pick; rank 0's pin must win everywhere.
