@@ -29,10 +29,9 @@ from tqdm import tqdm
 from data.dataset import provenance, write_parquet_atomic
 from ficco_select.executor.cpu import (MeasureConfig, MeasureError, init_from_env,
                                        measure_in_group, measure_spawned, under_torchrun)
-from ficco_select.executor.harness import (SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES, best_labels,
-                                           failed_rows, ring_at, summarize)
+from ficco_select.executor.harness import (SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES, failed_rows,
+                                           ring_at, schedule_rows, summarize)
 from ficco_select.executor.loopback import LoopbackError, VirtualRanks, run_loopback
-from ficco_select.executor.ops import TOLERANCE
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import BASELINE, Schedule, candidates
 
@@ -225,31 +224,8 @@ def loopback_rows(scenario: Scenario, config: MeasureConfig, *, backend: str = "
             attempts[i] += 1
             errors[i] = max(errors[i], r.rel_error)  # verified only if every verification run was
     sig = loopback_signature(scenario, config, backend=backend, device=device)
-    stats = [summarize(t) for t in pooled]
-    ok = [e <= TOLERANCE[scenario.dtype] for e in errors]
-    threads = torch.get_num_threads() if torch.device(device).type == "cpu" else 0
-    rows = []
-    for schedule, err, good, ts, (median, spread), tries, (is_best, near_best) in zip(
-            schedules, errors, ok, pooled, stats, attempts, best_labels(stats, ok, policy.tie_floor)):
-        rows.append({
-            **scenario.as_record(),
-            "scenario_id": scenario.scenario_id,
-            "schedule": schedule.name,
-            "status": "ok",
-            "error": "",
-            "time_s": median,
-            "time_spread": spread,
-            "times_s": ts,
-            "attempts": tries,
-            "noisy": spread > policy.noisy_spread,
-            "verified": bool(good),
-            "rel_error": err,
-            "is_best": is_best,
-            "near_best": near_best,
-            **sig,
-            "threads_per_rank": threads,  # virtual ranks share this process's pool; 0 on a GPU
-        })
-    return rows
+    threads = torch.get_num_threads() if torch.device(device).type == "cpu" else 0  # 0 on a GPU
+    return schedule_rows(scenario, schedules, errors, pooled, attempts, policy, sig, threads)
 
 
 def loopback_signature(scenario: Scenario, config: MeasureConfig, *, backend: str = "cuda",

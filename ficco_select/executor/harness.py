@@ -170,31 +170,7 @@ def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
 
     sched_times = times[3 + 2 * k:]
     pooled, attempts = _remeasure_noisy(op, schedules, sched_times, policy)
-    stats = [summarize(t) for t in pooled]
-    ok = [e <= TOLERANCE[scenario.dtype] for e in errors]
-    labels = best_labels(stats, ok, policy.tie_floor)
-    rows = []
-    for schedule, err, good, ts, (median, spread), tries, (is_best, near_best) in zip(
-            schedules, errors, ok, pooled, stats, attempts, labels):
-        rows.append({
-            **scenario.as_record(),
-            "scenario_id": scenario.scenario_id,
-            "schedule": schedule.name,
-            "status": "ok",
-            "error": "",
-            "time_s": median,
-            "time_spread": spread,
-            "times_s": ts,
-            "attempts": tries,
-            "noisy": spread > policy.noisy_spread,
-            "verified": bool(good),
-            "rel_error": err,
-            "is_best": is_best,
-            "near_best": near_best,
-            **sig,
-            "threads_per_rank": torch.get_num_threads(),
-        })
-    return rows
+    return schedule_rows(scenario, schedules, errors, pooled, attempts, policy, sig, torch.get_num_threads())
 
 
 def _remeasure_noisy(op: Operator, schedules: list[Schedule], times: list[list[float]],
@@ -228,3 +204,34 @@ def failed_rows(scenario: Scenario, reason: str, backend: str = "cpu") -> list[d
         "is_best": False, "near_best": False, **{c: math.nan for c in SIGNATURE_COLUMNS},
         "threads_per_rank": 0,
     } for s in candidates(scenario, backend)]
+
+
+def schedule_rows(scenario: Scenario, schedules: Sequence[Schedule], errors: Sequence[float],
+                  pooled: Sequence[list[float]], attempts: Sequence[int], policy: TimingPolicy,
+                  signature: dict, threads_per_rank: int) -> list[dict]:
+    """One dataset row per measured schedule: median, spread, verification, best labels."""
+    stats = [summarize(t) for t in pooled]
+    ok = [e <= TOLERANCE[scenario.dtype] for e in errors]
+    labels = best_labels(stats, ok, policy.tie_floor)
+    rows = []
+    for schedule, err, good, ts, (median, spread), tries, (is_best, near_best) in zip(
+            schedules, errors, ok, pooled, stats, attempts, labels):
+        rows.append({
+            **scenario.as_record(),
+            "scenario_id": scenario.scenario_id,
+            "schedule": schedule.name,
+            "status": "ok",
+            "error": "",
+            "time_s": median,
+            "time_spread": spread,
+            "times_s": ts,
+            "attempts": tries,
+            "noisy": spread > policy.noisy_spread,
+            "verified": bool(good),
+            "rel_error": err,
+            "is_best": is_best,
+            "near_best": near_best,
+            **signature,
+            "threads_per_rank": threads_per_rank,
+        })
+    return rows
