@@ -22,7 +22,7 @@ Choices a caller should know:
 - Several ``Bs`` are concatenated into one weight (one gathered A, one GEMM per piece).
 - The executor allocates its buffers per call (no persistent symmetric memory yet).
 - The two GEMM ops are differentiable (each one's backward is the other op, chosen
-  and run the same way); ``all_to_all_matmul`` is forward only.
+  and run the same way); ``all_to_all_matmul``'s backward uses PyTorch's all-to-all.
 
 ``last_decision.source``: the selector's ``model``, ``heuristic`` or ``fallback`` (also
 when PyTorch's implementation ran), or ``pinned`` (``configure(schedule=...)``).
@@ -374,12 +374,23 @@ def all_to_all_matmul(X: torch.Tensor, W: torch.Tensor, output_split_sizes: Sequ
     Token counts differ per rank and per step, so the scenario is built from every
     rank's load (one small all-gather per call): m = mean tokens per expert, rounded
     up to a quarter-octave so that a drifting load reuses its decision, and imbalance =
-    max load / mean load, in steps of 1/8.
+    max load / mean load, in steps of 1/8. Differentiable: dX is the expert's input
+    gradient sent back with the reverse all-to-all (PyTorch's; not overlapped).
     """
+    splits = (tuple(output_split_sizes), tuple(input_split_sizes))
+    if _needs_grad(X, W):
+        return _AllToAllMatmul.apply(X, W, splits, _group(group_name))
+    return _all_to_all_matmul(X, W, splits, group_name)[0]
+
+
+def _all_to_all_matmul(X, W, splits, group_name) -> tuple[torch.Tensor, torch.Tensor]:
+    """(X_recv @ W, X_recv)."""
+    output_split_sizes, input_split_sizes = splits
     group = _group(group_name)
     P = dist.get_world_size(group)
-    loads = torch.zeros(P, dtype=torch.int64)
-    dist.all_gather_single(loads, torch.tensor([sum(output_split_sizes)], dtype=torch.int64), group=group)
+    loads = torch.zeros(P, dtype=torch.int64, device=X.device)
+    dist.all_gather_single(loads, torch.tensor([sum(output_split_sizes)], dtype=torch.int64, device=X.device),
+                           group=group)
     mean = loads.double().mean().item()
     m = math.ceil(2 ** (math.ceil(4 * math.log2(mean)) / 4)) if mean >= 1 else 0
     imbalance = min(float(P), math.ceil(8 * loads.max().item() / mean) / 8) if mean > 0 else 1.0
@@ -387,13 +398,34 @@ def all_to_all_matmul(X: torch.Tensor, W: torch.Tensor, output_split_sizes: Sequ
     scenario, decision = _decide(key, group, lambda: _scenario(
         "a2a_gemm", m, W.shape[1], X.shape[1], X.dtype, P, X.device, imbalance=imbalance))
 
-    def reference():
+    def received():
         recv = X.new_empty(sum(output_split_sizes), X.shape[1])
         dist.all_to_all_single(recv, X.contiguous(), list(output_split_sizes), list(input_split_sizes), group=group)
-        return recv @ W
+        return recv
 
     if scenario is None:
-        return reference()
-    out, _ = _run(AllToAllGemm, scenario, decision, group, reference, X=X, W=W,
-                  send_sizes=list(input_split_sizes), recv_sizes=list(output_split_sizes))
-    return out
+        recv = received()
+        return recv @ W, recv
+    out, op = _run(AllToAllGemm, scenario, decision, group, lambda: received() @ W, X=X, W=W,
+                   send_sizes=list(input_split_sizes), recv_sizes=list(output_split_sizes))
+    # Overlapped schedules read the local chunk from X in place: complete X_recv.
+    op.X_recv[op.recv_rows(op.r)] = op.send_chunk(op.r)
+    return out, op.X_recv
+
+
+class _AllToAllMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, X, W, splits, group):
+        out, X_recv = _all_to_all_matmul(X, W, splits, group)
+        ctx.save_for_backward(X_recv, W)
+        ctx.splits, ctx.group = splits, group
+        return out
+
+    @staticmethod
+    def backward(ctx, dOut):
+        X_recv, W = ctx.saved_tensors
+        output_split_sizes, input_split_sizes = ctx.splits
+        dX_recv = dOut @ W.t()
+        dX = funcol.wait_tensor(funcol.all_to_all_single(  # back to the ranks that routed the tokens
+            dX_recv.contiguous(), list(input_split_sizes), list(output_split_sizes), ctx.group))
+        return dX, X_recv.t() @ dOut, None, None
