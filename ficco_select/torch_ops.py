@@ -25,7 +25,8 @@ Choices a caller should know:
   and run the same way); ``all_to_all_matmul``'s backward uses PyTorch's all-to-all.
 
 ``last_decision.source``: the selector's ``model``, ``heuristic`` or ``fallback`` (also
-when PyTorch's implementation ran), or ``pinned`` (``configure(schedule=...)``).
+when PyTorch's implementation ran), ``pinned`` (``configure(schedule=...)``) or
+``explore`` (``configure(explore_every=n)``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.ops import (TOLERANCE, AllGatherGemm, AllToAllGemm, GemmReduceScatter,
                                        relative_error)
 from ficco_select.scenario import Scenario, ScenarioError
-from ficco_select.schedule import BASELINE, Schedule, is_legal, parse
+from ficco_select.schedule import BASELINE, Schedule, candidates, is_legal, parse
 from ficco_select.selector import Decision, Selector
 from ficco_select.telemetry import Telemetry
 from ficco_select.telemetry import from_env as telemetry_from_env
@@ -68,11 +69,15 @@ class _Config:
     group_label: str = "runtime"
     schedule: Schedule | None = None
     """Pinned by the caller (benchmarks, debugging): runs wherever it is legal."""
+    explore_every: int = 0
+    """Every n-th call of a shape runs another candidate, in turn (0: never)."""
 
 
 _config = _Config()
 _decisions: dict[tuple, tuple[Scenario | None, Decision]] = {}
 """(call shape key, group) -> the rank-agreed (scenario, decision)."""
+_calls: dict[tuple, int] = {}
+"""(call shape key, group) -> calls so far (the same on every rank: they make the same calls)."""
 _telemetry: dict[str, Telemetry] = {}
 _verified: set[tuple[str, str]] = set()
 last_decision: Decision | None = None
@@ -81,11 +86,13 @@ last_decision: Decision | None = None
 
 def configure(*, selector: Selector | str | os.PathLike | None = None, hardware: str | None = None,
               telemetry: str | os.PathLike | None = None, group_label: str | None = None,
-              schedule: str | Schedule | None = None) -> None:
+              schedule: str | Schedule | None = None, explore_every: int | None = None) -> None:
     """Set the selector (object or exported folder), the hardware preset name, the
-    telemetry file, the scenario ``group`` label, or pin one schedule (``""`` unpins:
-    the decision says ``source="pinned"`` where the schedule is legal, else the selector
-    decides); clears the decision cache."""
+    telemetry file, the scenario ``group`` label, pin one schedule (``""`` unpins: the
+    decision says ``source="pinned"`` where the schedule is legal, else the selector
+    decides), or explore: every ``explore_every``-th call of a shape runs the next of its
+    candidates, baseline first (``source="explore"``), so that telemetry times the
+    alternatives ``ficco train`` needs on the job's own shapes. Clears the decision cache."""
     if selector is not None:
         _config.selector = selector if isinstance(selector, Selector) else Selector.load(selector)
     if hardware is not None:
@@ -96,7 +103,10 @@ def configure(*, selector: Selector | str | os.PathLike | None = None, hardware:
         _config.group_label = group_label
     if schedule is not None:
         _config.schedule = parse(schedule) if isinstance(schedule, str) and schedule else schedule or None
+    if explore_every is not None:
+        _config.explore_every = max(0, int(explore_every))
     _decisions.clear()
+    _calls.clear()
 
 
 def reset() -> None:
@@ -104,6 +114,7 @@ def reset() -> None:
     global _config, last_decision
     _config = _Config()
     _decisions.clear()
+    _calls.clear()
     _telemetry.clear()
     _verified.clear()
     last_decision = None
@@ -152,8 +163,21 @@ def _decide(key: tuple, group: dist.ProcessGroup, make_scenario) -> tuple[Scenar
         box = [(scenario, decision)]
         dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
         hit = _decisions[(key, group)] = box[0]
+    if _config.explore_every and hit[0] is not None:
+        hit = _explore((key, group), *hit)
     last_decision = hit[1]
     return hit
+
+
+def _explore(key: tuple, scenario: Scenario, decision: Decision) -> tuple[Scenario, Decision]:
+    # Deterministic in the call count, so every rank explores the same schedule.
+    n = _calls[key] = _calls.get(key, 0) + 1
+    every = _config.explore_every
+    if n % every:
+        return scenario, decision
+    runnable = [s for s in candidates(scenario, _backend(scenario)) if s.engine == "sm"]
+    pick = runnable[(n // every - 1) % len(runnable)]
+    return scenario, Decision(pick, "explore", 0.0, f"exploration: call {n} of this shape")
 
 
 def _backend(scenario: Scenario) -> str:
@@ -328,6 +352,7 @@ class _AllGatherMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A_shard, gather_dim, group, *Bs):
         A, outs = _all_gather_matmul(A_shard, Bs, gather_dim, group, return_A=True)
+        ctx.set_materialize_grads(False)  # an unused A gets None, not zeros: the fused backward
         ctx.save_for_backward(A, *Bs)
         ctx.gather_dim, ctx.group = gather_dim, group
         return (A, *outs)
@@ -341,7 +366,7 @@ class _AllGatherMatmul(torch.autograd.Function):
         if dA is None:
             dA_shard = _matmul_reduce_scatter(dY, W.t(), "sum", ctx.gather_dim, ctx.group)
         else:
-            dA_shard = funcol.wait_tensor(funcol.reduce_scatter_tensor(
+            dA_shard = funcol.wait_tensor(funcol.reduce_scatter_single(
                 dY @ W.t() + dA, "sum", ctx.gather_dim % A.ndim, ctx.group))
         dBs = [_rows(A).t() @ _rows(d) for d in dYs]
         return (dA_shard, None, None, *dBs)

@@ -10,6 +10,7 @@ Each test is one job of real ranks; a rank collects its mismatches and fails wit
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
@@ -267,6 +268,33 @@ def test_telemetry_records_every_execution_and_checks_the_first(tmp_path):
     rows = read_telemetry(sorted(tmp_path.glob("telemetry-*.jsonl"))).set_index("schedule")
     assert len(rows) == 2 and rows["verified"].all() and (rows["status"] == "ok").all()
     assert rows.loc["shard.ring.sm", "attempts"] == 1 and rows.drop("shard.ring.sm")["attempts"].item() == 3
+
+
+def check_explore(rank: int, P: int, tmp: Path) -> None:
+    torch_ops.configure(telemetry=tmp / "explore-{rank}.jsonl", explore_every=2)
+    gen = torch.Generator().manual_seed(rank)
+    A, B = _rand(gen, 8, 5), _rand(gen, 5, 6)
+    sources = []
+    for _ in range(8):
+        torch_ops.matmul_reduce_scatter(A, B, "sum", 0, dist.group.WORLD)
+        sources.append(torch_ops.last_decision.source)
+    assert sources == ["heuristic", "explore"] * 4, sources
+
+
+def test_exploration_times_the_alternatives_training_needs(tmp_path):
+    from data.telemetry import read_telemetry
+    from ficco_select import Scenario, candidates
+    from train.training_data import telemetry_training_rows
+
+    spawn(check_explore, 2, tmp_path)
+    lines = [[json.loads(x) for x in (tmp_path / f"explore-{r}.jsonl").read_text().splitlines()] for r in range(2)]
+    assert [x["schedule"] for x in lines[0]] == [x["schedule"] for x in lines[1]]  # ranks agree
+    explored = [x["schedule"] for x in lines[0] if x["source"] == "explore"]
+    scenario = Scenario.from_record(lines[0][0])
+    assert explored == [s.name for s in candidates(scenario, "cpu")[:4]]  # in turn, baseline first
+    rows = telemetry_training_rows(read_telemetry([tmp_path / "explore-0.jsonl", tmp_path / "explore-1.jsonl"]),
+                                   pd.DataFrame({"scenario_id": []}))
+    assert "none.sm" in set(rows["schedule"]) and len(rows) >= 2  # usable by `ficco train --telemetry`
 
 
 # -- the tensor-parallel MLP, hooked and unhooked --------------------------------------
