@@ -7,7 +7,9 @@ The layers (Megatron-style sequence parallelism, the pattern PyTorch's async-TP 
 - ``RowParallelLinear``: input features split across ranks; multiply by this rank's
   columns of the weight, then reduce-scatter the partial sums along the sequence dim.
 
-Unhooked, they run PyTorch's plain (differentiable) collectives. ``install(model)``
+``parallelize(model, {"mlp.up": "colwise", "mlp.down": "rowwise"}, group)`` shards a
+plain model's ``nn.Linear`` layers into them. Unhooked, they run PyTorch's plain
+(differentiable) collectives. ``install(model)``
 switches every such layer in a model to ``ficco_select.torch_ops`` (schedule chosen per
 shape, executed by the executor); the returned handle's ``remove()`` restores them.
 Backward of a hooked layer is the mirror op (``torch_ops``' gradients), itself chosen and
@@ -100,6 +102,27 @@ class HookHandle:
 
     def __exit__(self, *exc) -> None:
         self.remove()
+
+
+def parallelize(model: nn.Module, plan: dict[str, str], group: dist.ProcessGroup, seq_dim: int = 0) -> nn.Module:
+    """Replace the ``nn.Linear`` layers named in `plan` by this rank's shard, in place.
+
+    `plan` maps a submodule's name (as ``model.named_modules()`` spells it) to
+    ``"colwise"`` (ColumnParallelLinear: all-gather the sequence, split the outputs) or
+    ``"rowwise"`` (RowParallelLinear: split the inputs, reduce-scatter the sequence). Every
+    rank must start from the same full weights. Returns `model`.
+    """
+    kinds = {"colwise": ColumnParallelLinear, "rowwise": RowParallelLinear}
+    modules = dict(model.named_modules())
+    for name, kind in plan.items():
+        if kind not in kinds:
+            raise ValueError(f"plan[{name!r}]: {kind!r} is not one of {', '.join(kinds)}")
+        linear = modules.get(name)
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"plan[{name!r}]: no nn.Linear of that name in the model (found {type(linear).__name__})")
+        parent_name, _, attr = name.rpartition(".")
+        setattr(modules[parent_name] if parent_name else model, attr, kinds[kind].from_linear(linear, group, seq_dim))
+    return model
 
 
 def install(model: nn.Module) -> HookHandle:

@@ -7,6 +7,7 @@ the tensor-parallel MLP gives the same output and gradients hooked and unhooked.
 Each test is one job of real ranks; a rank collects its mismatches and fails with all.
 """
 
+import copy
 import json
 from pathlib import Path
 
@@ -299,15 +300,15 @@ def test_exploration_times_the_alternatives_training_needs(tmp_path):
 
 # -- the tensor-parallel MLP, hooked and unhooked --------------------------------------
 def check_tp_mlp(rank: int, P: int, tmp: Path) -> None:
-    from ficco_select.tp import ColumnParallelLinear, RowParallelLinear, install
+    from ficco_select.tp import ColumnParallelLinear, RowParallelLinear, install, parallelize
 
     torch.manual_seed(0)  # the same full model and batch on every rank
     hidden, ffn, seq, batch = 12, 8 * P, 5 * P, 3
     full = nn.Sequential(nn.Linear(hidden, ffn), nn.GELU(), nn.Linear(ffn, hidden))
     x_full = torch.randn(seq, batch, hidden)
     group = dist.group.WORLD
-    tp = nn.Sequential(ColumnParallelLinear.from_linear(full[0], group), nn.GELU(),
-                       RowParallelLinear.from_linear(full[2], group))
+    tp = parallelize(copy.deepcopy(full), {"0": "colwise", "2": "rowwise"}, group)
+    assert isinstance(tp[0], ColumnParallelLinear) and isinstance(tp[2], RowParallelLinear)
     x = x_full.chunk(P, dim=0)[rank].clone().requires_grad_()
 
     def run():
@@ -343,3 +344,15 @@ def check_tp_mlp(rank: int, P: int, tmp: Path) -> None:
 
 def test_tensor_parallel_mlp_same_hooked_and_unhooked(tmp_path):
     spawn(check_tp_mlp, 2, tmp_path)
+
+
+def test_parallelize_names_what_is_wrong_in_the_plan():
+    from ficco_select.tp import parallelize
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
+    with pytest.raises(ValueError, match=r"plan\['0'\]: 'diagonal' is not one of colwise, rowwise"):
+        parallelize(model, {"0": "diagonal"}, None)
+    with pytest.raises(ValueError, match=r"plan\['1'\]: no nn.Linear of that name .*GELU"):
+        parallelize(model, {"1": "colwise"}, None)
+    with pytest.raises(ValueError, match=r"plan\['mlp.up'\]: no nn.Linear .*NoneType"):
+        parallelize(model, {"mlp.up": "colwise"}, None)
