@@ -75,9 +75,9 @@ class _Config:
 
 _config = _Config()
 _decisions: dict[tuple, tuple[Scenario | None, Decision]] = {}
-"""(call shape key, group) -> the rank-agreed (scenario, decision)."""
+"""(call shape key, group name) -> the rank-agreed (scenario, decision)."""
 _calls: dict[tuple, int] = {}
-"""(call shape key, group) -> calls so far (the same on every rank: they make the same calls)."""
+"""(call shape key, group name) -> calls so far (the same on every rank: they make the same calls)."""
 _telemetry: dict[str, Telemetry] = {}
 _verified: set[tuple[str, str]] = set()
 last_decision: Decision | None = None
@@ -146,7 +146,10 @@ def _group(group_name) -> dist.ProcessGroup:
 def _decide(key: tuple, group: dist.ProcessGroup, make_scenario) -> tuple[Scenario | None, Decision]:
     """The cached, rank-agreed decision for a call shape; `make_scenario` -> Scenario or a reason."""
     global last_decision
-    hit = _decisions.get((key, group))
+    # Keyed by the group's name: holding ProcessGroup objects in a module global would keep
+    # gloo's threads alive until interpreter teardown, where they can abort the process.
+    key = (key, group.group_name)
+    hit = _decisions.get(key)
     if hit is None:
         scenario = decision = None
         if dist.get_rank(group) == 0:
@@ -162,9 +165,9 @@ def _decide(key: tuple, group: dist.ProcessGroup, make_scenario) -> tuple[Scenar
         # One rank decides so that every rank runs the same schedule.
         box = [(scenario, decision)]
         dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-        hit = _decisions[(key, group)] = box[0]
+        hit = _decisions[key] = box[0]
     if _config.explore_every and hit[0] is not None:
-        hit = _explore((key, group), *hit)
+        hit = _explore(key, *hit)
     last_decision = hit[1]
     return hit
 

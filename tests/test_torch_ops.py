@@ -34,6 +34,7 @@ def _entry(rank: int, fn, P: int, tmp: str) -> None:
         fn(rank, P, Path(tmp))
         dist.barrier()
     finally:
+        torch_ops.reset()
         dist.destroy_process_group()
 
 
