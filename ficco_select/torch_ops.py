@@ -197,7 +197,7 @@ def _run(op_cls, scenario: Scenario, decision: Decision, group: dist.ProcessGrou
     schedule = _executable(decision.schedule)
     device = next(v for v in inputs.values() if isinstance(v, torch.Tensor)).device
     op = op_cls(scenario, P2PComm(group), device=device, **inputs)
-    rec = _recorder(group)
+    rec = _recorder()
     if rec is None:
         return op.run(schedule), op
     call = rec.next_call(scenario.scenario_id, schedule.name)
@@ -222,7 +222,7 @@ def _run(op_cls, scenario: Scenario, decision: Decision, group: dist.ProcessGrou
     return out, op
 
 
-def _recorder(group: dist.ProcessGroup) -> Telemetry | None:
+def _recorder() -> Telemetry | None:
     path = _config.telemetry or os.environ.get("FICCO_TELEMETRY")
     if not path:
         return None

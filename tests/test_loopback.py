@@ -168,7 +168,7 @@ def test_a_dropped_send_fails_the_run_naming_scenario_schedule_and_rank():
     s = odd_scenarios(2)[1]
     t0 = time.monotonic()
     with pytest.raises(LoopbackTimeout) as info:
-        run_loopback(s, [SHARD], reps=1, warmup=0, timeout_s=0.5, comm_type=DropOneSend)
+        run_loopback(s, [SHARD], reps=1, warmup=0, timeout_s=1.0, comm_type=DropOneSend)
     msg = str(info.value)
     assert s.scenario_id in msg and "shard.ring.sm" in msg and "rank 0 failed" in msg
     assert "rank 0's recv from rank 1 (tag 0) timed out" in msg

@@ -272,7 +272,11 @@ class VirtualRanks:
         P = scenario.world_size
         self.lanes = make_lanes(device, P)
         self.rendezvous = Rendezvous(self.lanes)
-        self.barrier = threading.Barrier(P, timeout=timeout_s)
+        # Longer than a transfer's wait, so that a rank stuck in a transfer reports its own
+        # timeout (the root cause) before its peers give up at the barrier; shorter than the
+        # no-progress backstop (2x).
+        self.barrier_timeout_s = 1.5 * timeout_s
+        self.barrier = threading.Barrier(P, timeout=self.barrier_timeout_s)
         self.comms = [comm_type(r, P, self.rendezvous, timeout_s=timeout_s) for r in range(P)]
         self._runs = 0
         self.ops: list[Operator] = self.each(
@@ -346,7 +350,7 @@ class VirtualRanks:
             self.barrier.wait()
         except threading.BrokenBarrierError:
             self.rendezvous.check_alive()  # another rank failed: it is the one to report
-            raise LoopbackTimeout(f"rank {rank} waited {self.timeout_s:g} s at the barrier "
+            raise LoopbackTimeout(f"rank {rank} waited {self.barrier_timeout_s:g} s at the barrier "
                                   "before a repetition: another rank never arrived") from None
         self.rendezvous.last_progress = time.monotonic()
 
