@@ -716,19 +716,24 @@ def _call_tolerant(fn, scenario, schedules, reps, warmup, device):
         return call_loopback(fn, scenario, schedules, reps=5, warmup=1, device=device)
 
 
-def section_loopback_correctness(run: Run, until: float) -> None:
-    """Every legal cuda schedule of small scenarios, verified against the reference."""
+def _loopback_scenarios(run: Run, specs, until: float):
+    """(scenario, its legal cuda schedules, its result row) for each spec, until time is up."""
     from ficco_select.schedule import candidates
 
-    fn = _loopback_fn()
     hardware = run.state.get("preset") or "h200-nvswitch"
-    for spec in CORRECTNESS_SCENARIOS:
+    for spec in specs:
         if time.monotonic() > until:
             break
         scenario = _scenario(spec, hardware)
-        schedules = candidates(scenario, "cuda")
-        row: dict[str, Any] = {"scenario": scenario.as_record(), "scenario_id": scenario.scenario_id,
-                               "schedules": len(schedules)}
+        row: dict[str, Any] = {"scenario": scenario.as_record(), "scenario_id": scenario.scenario_id}
+        yield scenario, candidates(scenario, "cuda"), row
+
+
+def section_loopback_correctness(run: Run, until: float) -> None:
+    """Every legal cuda schedule of small scenarios, verified against the reference."""
+    fn = _loopback_fn()
+    for scenario, schedules, row in _loopback_scenarios(run, CORRECTNESS_SCENARIOS, until):
+        row["schedules"] = len(schedules)
         try:
             res = _call_tolerant(fn, scenario, schedules, reps=1, warmup=0, device=run.device)
         except Exception as e:  # noqa: BLE001 - one scenario's failure is recorded, the rest run
@@ -800,16 +805,8 @@ def realized_fractions(results: Mapping[str, Mapping[str, Any]], t_comp_s: float
 
 def section_loopback_realized(run: Run, until: float) -> None:
     """Every legal schedule timed on >= 6 scenarios: realized fraction of ideal speedup."""
-    from ficco_select.schedule import candidates
-
     fn = _loopback_fn()
-    hardware = run.state.get("preset") or "h200-nvswitch"
-    for spec in REALIZED_SCENARIOS:
-        if time.monotonic() > until:
-            break
-        scenario = _scenario(spec, hardware)
-        schedules = candidates(scenario, "cuda")
-        row: dict[str, Any] = {"scenario": scenario.as_record(), "scenario_id": scenario.scenario_id}
+    for scenario, schedules, row in _loopback_scenarios(run, REALIZED_SCENARIOS, until):
         try:
             t_comp = _ranks_gemm_time(scenario, run.device)
             row["t_comp_alone_s"] = t_comp
