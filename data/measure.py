@@ -8,7 +8,9 @@ Two row sources feed the same sweep (parts, resume, failed rows, progress, summa
 - the loopback executor (``ficco_select.executor.loopback``): P virtual ranks on one
   device, one scenario at a time (``loopback_rows``). It is the cuda backend's single-GPU
   mode; on ``device='cpu'`` it runs the cpu backend's candidates on CPU threads, which
-  tests the plumbing (its times are not labels).
+  tests the plumbing (its times are not labels);
+- the cuda backend's node mode (``ficco_select.executor.node``): a gloo-launched process per
+  GPU, spawned like the cpu backend's ranks (``ranks="node"``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ficco_select.executor.cpu import (MeasureConfig, MeasureError, init_from_en
 from ficco_select.executor.harness import (SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES, failed_rows,
                                            ring_at, schedule_rows, summarize)
 from ficco_select.executor.loopback import LoopbackError, VirtualRanks, run_loopback
+from ficco_select.executor.node import NodeOptions
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import BASELINE, Schedule, candidates
 
@@ -44,7 +47,7 @@ def parts_dir(out: str | Path) -> Path:
 
 def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: MeasureConfig,
             out: str | Path | None = None, progress: bool = True,
-            device: str | None = None) -> pd.DataFrame | None:
+            device: str | None = None, ranks: str = "loopback") -> pd.DataFrame | None:
     """Measure `scenarios`; write `out` if given; return the rows (None on non-zero ranks).
 
     backend ``cpu``: spawns the gloo ranks itself, one job per world size, unless running
@@ -52,6 +55,9 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     torchrun world size. backend ``cuda``: the loopback executor on one GPU (`device`,
     default ``cuda``), every scenario's P ranks virtual on that device; each scenario's
     hardware column must name the GPU (a preset or spec file), never ``cpu``.
+    With ``ranks="node"`` the cuda backend spawns a process per GPU instead
+    (``executor/node.py``: NCCL for ``sm``, copy engines through symmetric memory for
+    ``dma``); a scenario of world size P needs P visible GPUs.
 
     device: None for the backend's own executor; ``cpu`` with backend ``cpu`` runs the
     loopback executor on CPU threads instead of gloo ranks (tests of the cuda path).
@@ -61,7 +67,10 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     command after a kill skips the committed ones, so every scenario ends up exactly once.
     `out` is assembled (atomically) when all are done, and the parts are then removed.
     """
-    device = _loopback_device(scenarios, backend, device)
+    if ranks not in ("loopback", "node"):
+        raise ValueError(f"ranks {ranks!r}: 'loopback' (virtual ranks on one device) or 'node' (a process per GPU)")
+    node = _node_options(scenarios, backend, device) if ranks == "node" else None
+    device = None if node else _loopback_device(scenarios, backend, device)
     distributed = device is None and under_torchrun()
     is_rank0 = not distributed or int(os.environ.get("RANK", "0")) == 0
     parts = parts_dir(out) if out is not None else None
@@ -98,7 +107,7 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
             for s in todo:
                 by_world.setdefault(s.world_size, []).append(s)
             for P in sorted(by_world):
-                failed += _measure_surviving_failures(by_world[P], config, backend, on_scenario, bar)
+                failed += _measure_surviving_failures(by_world[P], config, backend, on_scenario, bar, node)
     finally:
         bar.close()
     if not is_rank0:
@@ -123,6 +132,32 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     return df
 
 
+def _node_options(scenarios: Sequence[Scenario], backend: str, device: str | None) -> NodeOptions:
+    """The cuda backend's node mode: refused, before any work starts, where it cannot run."""
+    if backend != "cuda":
+        raise ValueError(f"ranks 'node': a process per GPU is the cuda backend's mode, not {backend!r}'s")
+    if device is not None:
+        raise ValueError(f"device {device!r}: in node mode rank r runs on GPU r; give no device")
+    if under_torchrun():
+        raise ValueError("ranks 'node' spawns its own ranks; run it without torchrun")
+    _refuse_cpu_hardware(scenarios)
+    need = max((s.world_size for s in scenarios), default=0)
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have < need:
+        raise ValueError(f"ranks 'node': scenarios of world size {need} need {need} GPUs, {have} visible "
+                         "here; use ranks 'loopback' (virtual ranks on one GPU)")
+    return NodeOptions()
+
+
+def _refuse_cpu_hardware(scenarios: Sequence[Scenario]) -> None:
+    for i, s in enumerate(scenarios, start=1):
+        if s.hardware == "cpu":
+            raise ValueError(
+                f"row {i} (scenario {s.scenario_id}: {s.group} {s.op} m={s.m} n={s.n} k={s.k} "
+                f"P={s.world_size}), column 'hardware': 'cpu' cannot be measured on the cuda backend; "
+                "set it to the GPU's preset name (e.g. h100-nvswitch) or spec file, or use --backend cpu")
+
+
 def _loopback_device(scenarios: Sequence[Scenario], backend: str, device: str | None) -> str | None:
     """The device the loopback executor runs on, or None for the cpu backend's gloo ranks.
 
@@ -138,12 +173,7 @@ def _loopback_device(scenarios: Sequence[Scenario], backend: str, device: str | 
         if torch.device(device).type != "cuda":
             raise ValueError(f"device {device!r}: the cuda backend measures on a CUDA device ('cuda' or "
                              "'cuda:<index>')")
-        for i, s in enumerate(scenarios, start=1):
-            if s.hardware == "cpu":
-                raise ValueError(
-                    f"row {i} (scenario {s.scenario_id}: {s.group} {s.op} m={s.m} n={s.n} k={s.k} "
-                    f"P={s.world_size}), column 'hardware': 'cpu' cannot be measured on the cuda backend; "
-                    "set it to the GPU's preset name (e.g. h100-nvswitch) or spec file, or use --backend cpu")
+        _refuse_cpu_hardware(scenarios)
     else:
         raise ValueError(f"backend {backend!r}: measure runs 'cpu' or 'cuda' (use `ficco simulate` for sim)")
     if device is None:
@@ -292,7 +322,7 @@ def _time_skeletons(world: VirtualRanks, jobs: list[tuple[Schedule, bool, bool]]
 
 
 def _measure_surviving_failures(scenarios: list[Scenario], config: MeasureConfig, backend: str,
-                                on_scenario, bar) -> list[str]:
+                                on_scenario, bar, node: NodeOptions | None = None) -> list[str]:
     """Measure scenarios of one world size; a scenario whose job fails (timeout, dead rank)
     is recorded as failed with the reason and the sweep goes on with fresh ranks."""
     failures: list[str] = []
@@ -305,7 +335,7 @@ def _measure_surviving_failures(scenarios: list[Scenario], config: MeasureConfig
             on_scenario(rows)
 
         try:
-            measure_spawned(remaining, config, on_scenario=record, on_progress=bar.update)
+            measure_spawned(remaining, config, on_scenario=record, on_progress=bar.update, node=node)
             return failures
         except MeasureError as e:
             rest = [s for s in remaining if s.scenario_id not in finished]

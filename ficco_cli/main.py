@@ -26,6 +26,9 @@ def main() -> None:
 @click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="Backend that executes the schedules: cpu (gloo ranks) or cuda (loopback: "
                    "virtual ranks on this machine's GPU; hardware column = the GPU's preset).")
+@click.option("--ranks", type=click.Choice(["loopback", "node"]), default="loopback", show_default=True,
+              help="cuda only: loopback (the P ranks virtual on one GPU) or node (a process per GPU: "
+                   "NCCL for sm, copy engines for dma; needs P GPUs).")
 @click.option("--out", type=click.Path(dir_okay=False), default="out/measured.parquet",
               show_default=True, help="Parquet file to write (atomically).")
 @click.option("--reps", type=int, default=5, show_default=True, help="Timed repetitions per schedule (>= 5).")
@@ -34,13 +37,14 @@ def main() -> None:
               help="Abort when no schedule finishes for this many seconds (hung rank).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of the table.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def measure(scenarios_path, backend, out, reps, warmup, timeout_s, as_json, no_progress) -> None:
+def measure(scenarios_path, backend, ranks, out, reps, warmup, timeout_s, as_json, no_progress) -> None:
     """Time every legal schedule of every scenario on real ranks and verify each result.
 
     cpu: under torchrun (`torchrun --nproc-per-node P --no-python ficco measure ...`) this
     process is one rank; otherwise it spawns the ranks itself, one job per world size.
 
-    cuda: one process, the P ranks of each scenario virtual on the local GPU (loopback).
+    cuda: one process, the P ranks of each scenario virtual on the local GPU (loopback), or
+    with --ranks node a process per GPU (rank r on GPU r).
     """
     from data.measure import measure as run_measure, summary_table
     from data.scenarios import DEFAULT_SCENARIOS, packaged, read_scenarios
@@ -50,7 +54,10 @@ def measure(scenarios_path, backend, out, reps, warmup, timeout_s, as_json, no_p
     try:
         config = MeasureConfig(reps=reps, warmup=warmup, timeout_s=timeout_s)
         scenarios = read_scenarios(path, backend=backend)
-        df = run_measure(scenarios, backend=backend, config=config, out=out, progress=not no_progress)
+        if ranks == "node" and backend != "cuda":
+            raise ValueError("--ranks node: a process per GPU is the cuda backend's mode; add --backend cuda")
+        df = run_measure(scenarios, backend=backend, config=config, out=out, progress=not no_progress,
+                         ranks=ranks)
     except (ScenarioError, ValueError, MeasureError) as e:
         raise click.ClickException(f"{path}: {e}" if str(e).startswith("row ") else str(e)) from None
     if df is None:  # a non-zero torchrun rank

@@ -11,20 +11,24 @@
 #                     section, so a timeout still leaves what was measured
 #   gpu_profile.log   progress of the sections
 #   spec.yaml         a hardware spec calibrated from profile.json (ficco hardware from-profile)
+#   cuda_tests.log    the test suite's CUDA tests (pytest -m cuda): loopback on this GPU, and
+#                     node mode (a process per GPU) where the machine has two or more
 #
 # Environment: PYTHON (interpreter with a CUDA build of torch; default: the first of
 # .venv/bin/python, python3, python that sees a GPU), FICCO_GPU_BUDGET_S (seconds for the
-# measurements, default 390), FICCO_BASE_PRESET (spec the profile refines; default: the
+# measurements, default 300), FICCO_GPU_TESTS_S (seconds kept for the CUDA tests, default
+# 90; 0 skips them), FICCO_BASE_PRESET (spec the profile refines; default: the
 # preset gpu_profile matched to the device name, else h200-nvswitch), FICCO_GPU_TOTAL_S
 # (hard bound for the whole script, default 465 s: under 8 min).
 # Time: the measurements get the budget, cut so that they (stopped by TERM 30 s after the
-# budget, KILL 10 s later) and the spec step (<= 40 s) end within the total.
+# budget, KILL 10 s later), the spec step (<= 40 s) and the tests end within the total.
 set -uo pipefail
 
 OUT_DIR="${OUT:-${1:-gpu_check_out}}"
 mkdir -p "$OUT_DIR" && OUT_DIR="$(cd "$OUT_DIR" && pwd)"  # absolute: relative to the caller's folder
 cd "$(dirname "$0")/.."
-BUDGET_S="${FICCO_GPU_BUDGET_S:-390}"
+BUDGET_S="${FICCO_GPU_BUDGET_S:-300}"
+TESTS_S="${FICCO_GPU_TESTS_S:-90}"
 BUDGET_S="${BUDGET_S%.*}"
 TOTAL_S="${FICCO_GPU_TOTAL_S:-465}"
 started=$(date +%s)
@@ -58,7 +62,7 @@ say "python: $PY; out: $OUT_DIR; budget: ${BUDGET_S}s"
     timeout 10 nvidia-smi topo -m 2>&1 || true
 } > "$OUT_DIR/env.txt"
 
-left=$(( TOTAL_S - ($(date +%s) - started) - 50 ))  # 10 s KILL grace + 40 s spec step
+left=$(( TOTAL_S - ($(date +%s) - started) - 50 - TESTS_S ))  # 10 s KILL grace + 40 s spec step
 limit=$(( BUDGET_S + 30 < left ? BUDGET_S + 30 : left ))
 BUDGET_S=$(( limit - 30 ))
 if [ "$BUDGET_S" -lt 30 ]; then say "only ${left}s left of ${TOTAL_S}s: not measuring"; exit 2; fi
@@ -93,6 +97,19 @@ for r in lb.get("realized", []):
     print(f"realized {s['op']} m={s['m']} n={s['n']} k={s['k']} P={s['world_size']}: "
           f"best {r.get('best')} fraction {r.get('best_realized_fraction')} {r.get('error', '')}")
 EOF
+fi
+left=$(( TOTAL_S - ($(date +%s) - started) - 5 ))
+if [ "$TESTS_S" -gt 0 ] && [ "$left" -gt 20 ]; then
+    if timeout 20 "$PY" -c "import pytest" 2>/dev/null; then
+        say "CUDA tests (pytest -m cuda) for up to ${left}s -> cuda_tests.log"
+        timeout -k 5 "$left" "$PY" -m pytest -q -rs -m cuda -p no:cacheprovider tests \
+            > "$OUT_DIR/cuda_tests.log" 2>&1
+        trc=$?
+        tail -n 15 "$OUT_DIR/cuda_tests.log"
+        say "CUDA tests: rc $trc (0 = all passed; 124 = cut by the time limit)"
+    else
+        say "pytest is not installed for $PY: CUDA tests not run (pip install pytest hypothesis)"
+    fi
 fi
 say "done; results in $OUT_DIR"
 [ "$rc" -eq 0 ] || exit "$rc"

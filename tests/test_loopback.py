@@ -244,6 +244,7 @@ def test_cuda_without_a_gpu_is_a_clear_error():
 
 # -- CUDA (not run yet: no GPU where this was written) ---------------------------------------
 @needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("engine", ["sm", "dma"])
 @pytest.mark.parametrize("P", [2, 3, 4])
 def test_cuda_every_candidate_schedule_is_verified(P, engine):
@@ -256,6 +257,7 @@ def test_cuda_every_candidate_schedule_is_verified(P, engine):
 
 
 @needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("engine", ["sm", "dma"])
 def test_cuda_a_corrupted_transfer_is_caught(engine):
     for s in odd_scenarios(3)[:3]:
@@ -265,6 +267,7 @@ def test_cuda_a_corrupted_transfer_is_caught(engine):
 
 
 @needs_cuda
+@pytest.mark.cuda
 def test_cuda_a_dropped_send_times_out_instead_of_hanging():
     s = odd_scenarios(2)[1]
     with pytest.raises(LoopbackTimeout, match="shard.ring.dma"):
@@ -273,6 +276,7 @@ def test_cuda_a_dropped_send_times_out_instead_of_hanging():
 
 
 @needs_cuda
+@pytest.mark.cuda
 def test_cuda_dma_is_a_memcpy_and_sm_is_a_kernel():
     from torch.profiler import ProfilerActivity, profile
 

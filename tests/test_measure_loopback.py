@@ -188,6 +188,7 @@ def test_cli_cuda_refuses_cpu_hardware(tmp_path):
     assert "cpu.csv: row 1" in res.stderr and "column 'hardware'" in res.stderr
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_sweep_on_the_gpu(tmp_path):  # written for a GPU, not run yet
     scenarios = tiny("h100-nvswitch")

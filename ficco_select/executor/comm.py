@@ -29,7 +29,9 @@ class P2PComm:
         """Post every transfer of one step; return handles to wait on.
 
         Both ends of a transfer must post it with the same tag; empty buffers are
-        skipped on both ends (their sizes are known to both).
+        skipped on both ends (their sizes are known to both). The handles are the
+        receives', then the sends', in post order (every comm keeps this order: ops
+        wait on a one-peer step's receive as ``works[:1]``).
         """
         works = []
         for buf, peer in recvs:

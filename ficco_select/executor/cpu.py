@@ -11,6 +11,9 @@ communication alone, then for every legal schedule: run once on poisoned buffers
 check the output against the reference on every rank, then warm up and time ``reps``
 runs. A run's time is the slowest rank's (max over ranks of each repetition).
 Rank 0 reports one row per (scenario, schedule).
+
+The cuda backend's node mode (``node.py``: a process per GPU, both engines) uses the same
+launcher and rank loop with ``node=NodeOptions(...)``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch.distributed as dist
 
 from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.harness import TimingPolicy, measure_scenario
+from ficco_select.executor.node import NodeOptions, engine_comm, init_rank, rank_device
 from ficco_select.executor.ops import build_operator
 from ficco_select.scenario import Scenario
 
@@ -86,9 +90,14 @@ Emit = Callable[[str, Any], None]
 ("scenario", rows)."""
 
 
-def measure_rank(scenarios: Sequence[Scenario], config: MeasureConfig, emit: Emit) -> None:
-    """The loop every rank runs, inside an initialised process group."""
-    comm = P2PComm()
+def measure_rank(scenarios: Sequence[Scenario], config: MeasureConfig, emit: Emit, *,
+                 comm: Any = None, backend: str = "cpu", device: str = "cpu") -> None:
+    """The loop every rank runs, inside an initialised process group.
+
+    comm: the rank's comm (default: gloo point-to-point, the cpu backend's ``sm``);
+    backend: whose candidates are measured; device: where the operators live.
+    """
+    comm = comm or P2PComm()
     fault_kind, _, fault_arg = (config.fault or "").partition("@")
     fault_rank, _, fault_group = fault_arg.partition("/")
     for scenario in scenarios:
@@ -97,8 +106,8 @@ def measure_rank(scenarios: Sequence[Scenario], config: MeasureConfig, emit: Emi
             if fault_kind == "exit":
                 os._exit(3)
             time.sleep(1e9)
-        op = build_operator(scenario, comm, seed=config.seed)
-        rows = measure_scenario(op, scenario, config.policy(),
+        op = build_operator(scenario, comm, seed=config.seed, device=device)
+        rows = measure_scenario(op, scenario, config.policy(), backend=backend,
                                 corrupt=fault_arg if fault_kind == "corrupt" else None)
         emit("progress", len(rows))
         emit("scenario", rows)
@@ -146,19 +155,27 @@ def pin_rank_to_cores(rank: int, world_size: int, threads: int) -> None:
 
 # -- spawned ranks -------------------------------------------------------------------------
 def _spawned_rank(rank: int, world_size: int, store: str, records: list[dict],
-                  config: MeasureConfig, events) -> None:
+                  config: MeasureConfig, events, node: NodeOptions | None = None) -> None:
     try:
         _die_with_parent()
         if config.pin_cores:
             pin_rank_to_cores(rank, world_size, config.threads(world_size))
         torch.set_num_threads(config.threads(world_size))
-        # The launcher kills hung jobs first; gloo's own timeout is a backstop.
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
-                                world_size=world_size,
-                                timeout=datetime.timedelta(seconds=config.timeout_s * 2))
         scenarios = [Scenario.from_record(r) for r in records]
         emit = (lambda kind, payload: events.put((kind, payload))) if rank == 0 else (lambda k, p: None)
-        measure_rank(scenarios, config, emit)
+        # The launcher kills hung jobs first; the process group's own timeout is a backstop.
+        if node is None:
+            dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                                    world_size=world_size,
+                                    timeout=datetime.timedelta(seconds=config.timeout_s * 2))
+            measure_rank(scenarios, config, emit)
+        else:
+            init_rank(rank, world_size, f"file://{store}", config.timeout_s * 2, node)
+            comm, memory = engine_comm(node, config.timeout_s)
+            try:
+                measure_rank(scenarios, config, emit, comm=comm, backend="cuda", device=rank_device(node))
+            finally:
+                memory.close()
         dist.barrier()
         if rank == 0:
             events.put(("done", None))
@@ -180,8 +197,12 @@ def _die_with_parent() -> None:
 
 def measure_spawned(scenarios: Sequence[Scenario], config: MeasureConfig, *,
                     on_scenario: Callable[[list[dict]], None],
-                    on_progress: Callable[[int], None] = lambda n: None) -> None:
+                    on_progress: Callable[[int], None] = lambda n: None,
+                    node: NodeOptions | None = None) -> None:
     """Spawn world_size ranks for `scenarios` (all of one world size) and measure them.
+
+    node: None for the cpu backend (gloo ranks); options of the cuda backend's node mode
+    (``node.py``: a rank per GPU, both engines) otherwise.
 
     Calls on_scenario(rows) as each scenario finishes and on_progress(n) with the number
     of schedules it measured. Raises MeasureError, with every rank process gone, if a rank fails or no
@@ -202,7 +223,7 @@ def measure_spawned(scenarios: Sequence[Scenario], config: MeasureConfig, *,
         try:
             for rank in range(P):
                 p = ctx.Process(target=_spawned_rank, daemon=True,
-                                args=(rank, P, os.path.join(tmp, "store"), records, config, events))
+                                args=(rank, P, os.path.join(tmp, "store"), records, config, events, node))
                 p.start()
                 procs.append(p)
             _watch(procs, events, config.timeout_s, on_scenario, on_progress)

@@ -71,22 +71,27 @@ def slowest_rank(values: list[float]) -> list[float]:
     return t.tolist()
 
 
-def timed_interleaved(fns: Sequence[Callable[[], Any]], warmup: int, reps: int
+def timed_interleaved(fns: Sequence[Callable[[], Any]], warmup: int, reps: int,
+                      sync: Callable[[], None] | None = None
                       ) -> tuple[list[list[float]], list[list[float]]]:
     """(times[i][rep], returned[i][rep]) of fns[i], slowest rank's, functions interleaved.
 
     Each pass runs every function once, in an order rotated per pass, so that a noisy
     phase of the machine slows all of them alike instead of one schedule's repetitions.
     A function may return a float (a time it measured inside); it is reduced likewise.
+    sync: waits for the device (CUDA work is asynchronous), before and after each run.
     """
+    sync = sync or (lambda: None)
     n, width = len(fns), warmup + reps
     times = [[0.0] * width for _ in range(n)]
     inner = [[0.0] * width for _ in range(n)]
     for p in range(width):
         for i in [(p + j) % n for j in range(n)]:
+            sync()
             dist.barrier()
             t0 = time.perf_counter()
             ret = fns[i]()
+            sync()
             times[i][p] = time.perf_counter() - t0
             inner[i][p] = float(ret) if isinstance(ret, float) else 0.0
     flat = slowest_rank([t for row in times + inner for t in row])
@@ -121,15 +126,30 @@ def best_labels(stats: Sequence[tuple[float, float]], verified: Sequence[bool],
             for (median, spread), good in zip(stats, verified)]
 
 
+def run_schedule(op: Operator, schedule: Schedule) -> Any:
+    """Run `schedule` with its engine's comm (a comm with one engine has no ``select``)."""
+    select = getattr(op.comm, "select", None)
+    if select is not None:
+        select(schedule.engine)
+    return op.run(schedule)
+
+
+def device_sync(op: Operator) -> Callable[[], None] | None:
+    """What waits for op's device, or None on the host (work there is synchronous)."""
+    device = torch.device(op.device)
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+
+
 def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
                      backend: str = "cpu", corrupt: str | None = None) -> list[dict]:
     """Verify and time every legal schedule of `scenario`; one row per schedule."""
     schedules = candidates(scenario, backend)
+    sync = device_sync(op)
     ref = op.reference()
     errors = []
     for schedule in schedules:
         op.poison()
-        out = op.run(schedule)
+        out = run_schedule(op, schedule)
         if corrupt == schedule.name and out.numel():  # tests: prove the check can fail
             out.view(-1)[0] += 1e3
         errors.append(relative_error(out, ref))
@@ -142,14 +162,18 @@ def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
     def skeleton_run(schedule: Schedule, **switch: bool) -> Callable[[], None]:
         def run() -> None:
             with op.skeleton(**switch):
-                op.run(schedule)
+                run_schedule(op, schedule)
         return run
+
+    select = getattr(op.comm, "select", None)
+    if select is not None:
+        select("sm")  # the signature columns are the sm engine's (cil_*_sm)
 
     fns: list[Callable[[], Any]] = [op.compute_alone, op.comm_alone, op.contended]
     fns += [skeleton_run(s, comm=False) for s in skeletons]
     fns += [skeleton_run(s, compute=False) for s in skeletons]
-    fns += [(lambda s=s: op.run(s)) for s in schedules]
-    times, inner = timed_interleaved(fns, policy.warmup, policy.reps)
+    fns += [(lambda s=s: run_schedule(op, s)) for s in schedules]
+    times, inner = timed_interleaved(fns, policy.warmup, policy.reps, sync)
     med = [statistics.median(t) for t in times]
     t_comp, t_comm, t_pair = med[:3]
     k = len(skeletons)
@@ -169,12 +193,13 @@ def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
     }
 
     sched_times = times[3 + 2 * k:]
-    pooled, attempts = _remeasure_noisy(op, schedules, sched_times, policy)
+    pooled, attempts = _remeasure_noisy(op, schedules, sched_times, policy, sync)
     return schedule_rows(scenario, schedules, errors, pooled, attempts, policy, sig, torch.get_num_threads())
 
 
 def _remeasure_noisy(op: Operator, schedules: list[Schedule], times: list[list[float]],
-                     policy: TimingPolicy) -> tuple[list[list[float]], list[int]]:
+                     policy: TimingPolicy, sync: Callable[[], None] | None = None
+                     ) -> tuple[list[list[float]], list[int]]:
     """Re-time schedules whose spread is above the limit, pooling the new repetitions.
 
     Pooling (rather than keeping the calmest attempt) matters here: on this machine the
@@ -187,8 +212,8 @@ def _remeasure_noisy(op: Operator, schedules: list[Schedule], times: list[list[f
         noisy = [i for i, t in enumerate(pooled) if summarize(t)[1] > policy.noisy_spread]
         if not noisy:
             break
-        retimed, _ = timed_interleaved([(lambda s=schedules[i]: op.run(s)) for i in noisy],
-                                       1, policy.reps)
+        retimed, _ = timed_interleaved([(lambda s=schedules[i]: run_schedule(op, s)) for i in noisy],
+                                       1, policy.reps, sync)
         for i, t in zip(noisy, retimed):
             attempts[i] += 1
             pooled[i] += t

@@ -110,6 +110,16 @@ class Operator:
         compute alone is the contention loss (CIL) of this backend's engine.
         """
         works = self._start_whole_collective()
+        if torch.device(self.device).type == "cuda":
+            # CUDA events on the compute stream: the comm streams are still busy, so a
+            # device-wide synchronize would time the transfers too.
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.compute_alone()
+            end.record()
+            self.comm.wait(works)
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
         t0 = time.perf_counter()
         self.compute_alone()
         gemm = time.perf_counter() - t0
@@ -186,7 +196,7 @@ class AllGatherGemm(Operator):
         self.mm(self.A_full, self.W, out=self.out)
 
     def reference(self) -> torch.Tensor:
-        A32 = torch.empty(self.scenario.m, self.scenario.k)
+        A32 = torch.empty(self.scenario.m, self.scenario.k, device=self.device)
         dist.all_gather_single(A32, self.shard(self.r).float().contiguous())
         return A32 @ self.W.float()
 
@@ -342,7 +352,7 @@ class GemmReduceScatter(Operator):
 
     def reference(self) -> torch.Tensor:
         partial = self.A.float() @ self.W.float()
-        out = torch.empty(self.mb, self.scenario.n)
+        out = torch.empty(self.mb, self.scenario.n, device=self.device)
         dist.reduce_scatter_single(out, partial)
         return out
 
@@ -529,7 +539,7 @@ class AllToAllGemm(Operator):
         self.mm(self.X_recv, self.W, out=self.out)
 
     def reference(self) -> torch.Tensor:
-        X32 = torch.empty(sum(self.recv_sizes), self.scenario.k)
+        X32 = torch.empty(sum(self.recv_sizes), self.scenario.k, device=self.device)
         dist.all_to_all_single(X32, self.X.float(), self.recv_sizes, self.send_sizes)
         return X32 @ self.W.float()
 
