@@ -23,7 +23,7 @@ from ficco_select import Scenario, candidates
 from ficco_select.executor.cpu import MeasureConfig, measure_spawned
 from ficco_select.executor.node import NodeOptions
 from ficco_select.executor.peer import (
-    EngineComm, HostPeerMemory, NcclComm, PeerCopyComm, PeerMemory, PeerTimeout,
+    EngineComm, HostPeerMemory, NcclComm, PeerCopyComm, PeerMemory,
 )
 from scenario_sets import correctness_set
 

@@ -24,6 +24,7 @@ but has not been run on, a GPU.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -131,3 +132,20 @@ class CudaTimer:
     def seconds(self) -> float:
         self._end.synchronize()
         return self._start.elapsed_time(self._end) / 1e3
+
+
+class HostTimer:
+    """Wall time between start() and stop(): the host counterpart (work there is synchronous)."""
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        self._t1 = time.perf_counter()
+
+    def seconds(self) -> float:
+        return self._t1 - self._t0
+
+
+def make_timer(device: str | torch.device) -> CudaTimer | HostTimer:
+    return CudaTimer() if torch.device(device).type == "cuda" else HostTimer()

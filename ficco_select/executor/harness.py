@@ -22,13 +22,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ficco_select.executor.cuda import make_timer
 from ficco_select.executor.ops import TOLERANCE, Operator, relative_error
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import SHARD, Schedule, candidates, is_legal
@@ -72,27 +72,28 @@ def slowest_rank(values: list[float]) -> list[float]:
 
 
 def timed_interleaved(fns: Sequence[Callable[[], Any]], warmup: int, reps: int,
-                      sync: Callable[[], None] | None = None
-                      ) -> tuple[list[list[float]], list[list[float]]]:
+                      device: str | torch.device = "cpu") -> tuple[list[list[float]], list[list[float]]]:
     """(times[i][rep], returned[i][rep]) of fns[i], slowest rank's, functions interleaved.
 
     Each pass runs every function once, in an order rotated per pass, so that a noisy
     phase of the machine slows all of them alike instead of one schedule's repetitions.
     A function may return a float (a time it measured inside); it is reduced likewise.
-    sync: waits for the device (CUDA work is asynchronous), before and after each run.
+    On CUDA a run is timed by events on the caller's stream, after the device is idle.
     """
-    sync = sync or (lambda: None)
+    cuda = torch.device(device).type == "cuda"
     n, width = len(fns), warmup + reps
     times = [[0.0] * width for _ in range(n)]
     inner = [[0.0] * width for _ in range(n)]
     for p in range(width):
         for i in [(p + j) % n for j in range(n)]:
-            sync()
+            if cuda:
+                torch.cuda.synchronize(device)  # nothing of the previous run still in flight
             dist.barrier()
-            t0 = time.perf_counter()
+            timer = make_timer(device)
+            timer.start()
             ret = fns[i]()
-            sync()
-            times[i][p] = time.perf_counter() - t0
+            timer.stop()
+            times[i][p] = timer.seconds()
             inner[i][p] = float(ret) if isinstance(ret, float) else 0.0
     flat = slowest_rank([t for row in times + inner for t in row])
     rows = [flat[i * width + warmup:(i + 1) * width] for i in range(2 * n)]
@@ -134,17 +135,10 @@ def run_schedule(op: Operator, schedule: Schedule) -> Any:
     return op.run(schedule)
 
 
-def device_sync(op: Operator) -> Callable[[], None] | None:
-    """What waits for op's device, or None on the host (work there is synchronous)."""
-    device = torch.device(op.device)
-    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
-
-
 def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
                      backend: str = "cpu", corrupt: str | None = None) -> list[dict]:
     """Verify and time every legal schedule of `scenario`; one row per schedule."""
     schedules = candidates(scenario, backend)
-    sync = device_sync(op)
     ref = op.reference()
     errors = []
     for schedule in schedules:
@@ -173,7 +167,7 @@ def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
     fns += [skeleton_run(s, comm=False) for s in skeletons]
     fns += [skeleton_run(s, compute=False) for s in skeletons]
     fns += [(lambda s=s: run_schedule(op, s)) for s in schedules]
-    times, inner = timed_interleaved(fns, policy.warmup, policy.reps, sync)
+    times, inner = timed_interleaved(fns, policy.warmup, policy.reps, op.device)
     med = [statistics.median(t) for t in times]
     t_comp, t_comm, t_pair = med[:3]
     k = len(skeletons)
@@ -193,13 +187,12 @@ def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
     }
 
     sched_times = times[3 + 2 * k:]
-    pooled, attempts = _remeasure_noisy(op, schedules, sched_times, policy, sync)
+    pooled, attempts = _remeasure_noisy(op, schedules, sched_times, policy)
     return schedule_rows(scenario, schedules, errors, pooled, attempts, policy, sig, torch.get_num_threads())
 
 
 def _remeasure_noisy(op: Operator, schedules: list[Schedule], times: list[list[float]],
-                     policy: TimingPolicy, sync: Callable[[], None] | None = None
-                     ) -> tuple[list[list[float]], list[int]]:
+                     policy: TimingPolicy) -> tuple[list[list[float]], list[int]]:
     """Re-time schedules whose spread is above the limit, pooling the new repetitions.
 
     Pooling (rather than keeping the calmest attempt) matters here: on this machine the
@@ -213,7 +206,7 @@ def _remeasure_noisy(op: Operator, schedules: list[Schedule], times: list[list[f
         if not noisy:
             break
         retimed, _ = timed_interleaved([(lambda s=schedules[i]: run_schedule(op, s)) for i in noisy],
-                                       1, policy.reps, sync)
+                                       1, policy.reps, op.device)
         for i, t in zip(noisy, retimed):
             attempts[i] += 1
             pooled[i] += t

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from ficco_select.executor.comm import Transfer
-from ficco_select.executor.cuda import COPIES, CudaLanes
+from ficco_select.executor.cuda import COPIES, CudaLanes, HostTimer
 from ficco_select.executor.ops import TOLERANCE, Operator, build_operator, relative_error
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import ENGINES, Schedule, is_legal
@@ -232,17 +232,6 @@ class HostLanes:
 
     def timer(self) -> HostTimer:
         return HostTimer()
-
-
-class HostTimer:
-    def start(self) -> None:
-        self._t0 = time.perf_counter()
-
-    def stop(self) -> None:
-        self._t1 = time.perf_counter()
-
-    def seconds(self) -> float:
-        return self._t1 - self._t0
 
 
 def make_lanes(device: str, world_size: int) -> HostLanes | CudaLanes:
