@@ -17,10 +17,13 @@ Choices a caller should know:
 - What the executor cannot run falls back to PyTorch's own implementation, with the
   decision's reason saying why: a gather along the contraction (last) dim, a scatter dim
   whose size the world size does not divide, dtypes other than fp32/bf16/fp16, a
-  ``reduce_op`` other than sum/avg. ``dma`` schedules run as their ``sm`` twin until the
-  cuda executor brings copy-engine transfers.
+  ``reduce_op`` other than sum/avg.
+- Engines: ``sm`` runs over the group's own backend (a step's transfers as one NCCL group
+  on CUDA, gloo point-to-point on CPU); ``dma`` runs over ``executor.peer.PeerCopyComm``:
+  copy engines through symmetric-memory staging slots on CUDA (built once per group, at
+  the first dma call, on every rank), shared-memory slots on CPU (tests).
 - Several ``Bs`` are concatenated into one weight (one gathered A, one GEMM per piece).
-- The executor allocates its buffers per call (no persistent symmetric memory yet).
+- The executor allocates its operator buffers per call; only the dma staging slots persist.
 - The two GEMM ops are differentiable (each one's backward is the other op, chosen
   and run the same way); ``all_to_all_matmul``'s backward uses PyTorch's all-to-all.
 
@@ -45,6 +48,7 @@ import torch.distributed._symmetric_memory as symm_mem
 from torch.distributed import distributed_c10d as c10d
 
 from ficco_select.executor.comm import P2PComm
+from ficco_select.executor.peer import CudaPeerMemory, HostPeerMemory, NcclComm, PeerCopyComm
 from ficco_select.executor.ops import (TOLERANCE, AllGatherGemm, AllToAllGemm, GemmReduceScatter,
                                        relative_error)
 from ficco_select.scenario import Scenario, ScenarioError
@@ -80,6 +84,9 @@ _calls: dict[tuple, int] = {}
 """(call shape key, group name) -> calls so far (the same on every rank: they make the same calls)."""
 _telemetry: dict[str, Telemetry] = {}
 _verified: set[tuple[str, str]] = set()
+_dma_comms: dict[tuple[str, str], PeerCopyComm] = {}
+"""(group name, device) -> the dma comm; its staging slots persist, its transfer counts
+match on every rank because every rank runs the same schedules on the group."""
 last_decision: Decision | None = None
 """The decision of the latest call in this process (for logging and tests)."""
 
@@ -117,6 +124,9 @@ def reset() -> None:
     _calls.clear()
     _telemetry.clear()
     _verified.clear()
+    for comm in _dma_comms.values():
+        comm.memory.close()
+    _dma_comms.clear()
     last_decision = None
 
 
@@ -178,7 +188,7 @@ def _explore(key: tuple, scenario: Scenario, decision: Decision) -> tuple[Scenar
     every = _config.explore_every
     if n % every:
         return scenario, decision
-    runnable = [s for s in candidates(scenario, _backend(scenario)) if s.engine == "sm"]
+    runnable = candidates(scenario, _backend(scenario))
     pick = runnable[(n // every - 1) % len(runnable)]
     return scenario, Decision(pick, "explore", 0.0, f"exploration: call {n} of this shape")
 
@@ -187,16 +197,29 @@ def _backend(scenario: Scenario) -> str:
     return "cpu" if scenario.hardware == "cpu" else "cuda"
 
 
-def _executable(schedule: Schedule) -> Schedule:
-    # No copy-engine transport yet: a dma schedule runs as its sm twin.
-    return dataclasses.replace(schedule, engine="sm") if schedule.engine == "dma" else schedule
+HOST_SLOT_BYTES = 1 << 20
+"""Staging slot size of the CPU stand-in of the dma transport (it lives in /dev/shm)."""
+
+
+def _comm(engine: str, group: dist.ProcessGroup, device: torch.device):
+    """The comm that moves `engine`'s bytes on `group` (a dma one is built once, collectively)."""
+    if engine == "sm":
+        return NcclComm(group) if device.type == "cuda" else P2PComm(group)
+    key = (group.group_name, str(device))  # not the group object: see _decisions
+    if key not in _dma_comms:
+        if device.type == "cuda":
+            memory = CudaPeerMemory(group)
+        else:
+            memory = HostPeerMemory(group, slot_bytes=HOST_SLOT_BYTES)
+        _dma_comms[key] = PeerCopyComm(memory)
+    return _dma_comms[key]
 
 
 def _run(op_cls, scenario: Scenario, decision: Decision, group: dist.ProcessGroup, reference, **inputs):
     """Run the decided schedule with the executor; telemetry (and a first-call check) if on."""
-    schedule = _executable(decision.schedule)
+    schedule = decision.schedule
     device = next(v for v in inputs.values() if isinstance(v, torch.Tensor)).device
-    op = op_cls(scenario, P2PComm(group), device=device, **inputs)
+    op = op_cls(scenario, _comm(schedule.engine, group, device), device=device, **inputs)
     rec = _recorder()
     if rec is None:
         return op.run(schedule), op

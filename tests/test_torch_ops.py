@@ -46,8 +46,8 @@ def _rand(gen, *shape, dtype=torch.float32):
     return (torch.rand(*shape, generator=gen) * 2 - 1).to(dtype)
 
 
-def _schedules(P: int) -> list[str]:
-    return [s.name for s in all_schedules(P, engines=("sm",))] + [""]  # "" = the selector decides
+def _schedules(P: int, engine: str = "sm") -> list[str]:
+    return [s.name for s in all_schedules(P, engines=(engine,))] + [""]  # "" = the selector decides
 
 
 def _close(got, want, dtype, what, failures):
@@ -75,7 +75,7 @@ RS_CASES = [  # (A shape, B width, scatter_dim, reduce_op, dtype); extents divis
 ]
 
 
-def check_ops(rank: int, P: int, tmp: Path) -> None:
+def check_ops(rank: int, P: int, tmp: Path, engine: str = "sm") -> None:
     gen = torch.Generator().manual_seed(1000 + rank)
     group = dist.group.WORLD
     failures, pinned_runs = [], 0
@@ -85,7 +85,7 @@ def check_ops(rank: int, P: int, tmp: Path) -> None:
         for return_A in (True, False):
             want_A, want = symm_mem._fused_all_gather_matmul_fallback(A_shard, Bs, gdim, group.group_name,
                                                                       return_A=return_A)
-            for name in _schedules(P):
+            for name in _schedules(P, engine):
                 torch_ops.configure(schedule=name)
                 A, outs = torch_ops.all_gather_matmul(A_shard, Bs, gdim, group.group_name, return_A=return_A)
                 what = f"AG {shape} dim {gdim} Bs {widths} {dtype} return_A={return_A} [{name or 'selector'}]"
@@ -101,7 +101,7 @@ def check_ops(rank: int, P: int, tmp: Path) -> None:
         A = _rand(gen, *shape, dtype=dtype)
         B = _rand(gen, shape[-1], width, dtype=dtype)
         want = symm_mem._fused_matmul_reduce_scatter_fallback(A, B, op, sdim, group.group_name)
-        for name in _schedules(P):
+        for name in _schedules(P, engine):
             torch_ops.configure(schedule=name)
             got = torch_ops.matmul_reduce_scatter(A, B, op, sdim, group.group_name)
             pinned_runs += torch_ops.last_decision.source == "pinned"
@@ -116,7 +116,7 @@ def check_ops(rank: int, P: int, tmp: Path) -> None:
     X, W = _rand(gen, sum(send), k), _rand(gen, k, n)
     X_recv = torch.empty(sum(recv), k)
     dist.all_to_all_single(X_recv, X, recv, send)
-    for name in _schedules(P):
+    for name in _schedules(P, engine):
         torch_ops.configure(schedule=name)
         got = torch_ops.all_to_all_matmul(X, W, recv, send, group.group_name)
         pinned_runs += torch_ops.last_decision.source == "pinned"
@@ -129,6 +129,20 @@ def check_ops(rank: int, P: int, tmp: Path) -> None:
 def test_ops_equal_pytorch_fallbacks_for_every_schedule(P, tmp_path):
     spawn(check_ops, P, tmp_path)
     # The pins really ran: most of the sm schedules are legal for most cases.
+    assert int((tmp_path / "pinned-0").read_text()) > 100
+
+
+def check_ops_dma(rank: int, P: int, tmp: Path) -> None:
+    # A GPU preset makes dma schedules legal; on CPU tensors their transfers go through the
+    # dma comm's host stand-in (shared-memory staging slots, threads as streams).
+    torch_ops.configure(hardware="h200-nvswitch")
+    check_ops(rank, P, tmp, engine="dma")
+    assert torch_ops._dma_comms, "no dma comm was built"
+
+
+@pytest.mark.parametrize("P", [2, 4])
+def test_dma_schedules_equal_pytorch_fallbacks(P, tmp_path):
+    spawn(check_ops_dma, P, tmp_path)
     assert int((tmp_path / "pinned-0").read_text()) > 100
 
 
