@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from data.measure import measure
 from ficco_cli.main import main
 from ficco_select import Scenario, candidates
-from ficco_select.executor.cpu import MeasureConfig, measure_spawned
+from ficco_select.executor.cpu import MeasureConfig, MeasureError, measure_spawned
 from ficco_select.executor.node import NodeOptions
 from ficco_select.executor.peer import (
     EngineComm, HostPeerMemory, NcclComm, PeerCopyComm, PeerMemory,
@@ -53,6 +53,18 @@ def test_a_corrupted_dma_schedule_is_caught():
     verdict = {r["schedule"]: r["verified"] for r in rows}
     assert verdict.pop(victim) is False
     assert all(verdict.values())
+
+
+def test_a_dead_rank_ends_the_job_with_no_process_or_shared_memory_left():
+    before = set(Path("/dev/shm").glob("ficco-peer-*"))
+    with pytest.raises(MeasureError, match="rank 1 died"):
+        measure_spawned(correctness_set(3)[:1], MeasureConfig(warmup=0, reps=5, timeout_s=8, fault="exit@1"),
+                        on_scenario=lambda rows: None, node=NodeOptions(device="cpu", dma_slot_bytes=64))
+    deadline = time.monotonic() + 5
+    while mp.active_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not mp.active_children()
+    assert set(Path("/dev/shm").glob("ficco-peer-*")) == before  # unlinked once every rank mapped them
 
 
 # -- the dma protocol, rank by rank ---------------------------------------------------------

@@ -129,7 +129,7 @@ class PeerCopyComm:
                 self._sent[peer] += 1
                 if i >= self.K:
                     lane.wait_signal(peer, free(k, self.K))
-                lane.copy(self.memory.slot(self.rank, peer, k)[:hi - lo], src[lo:hi])
+                lane.copy(self.memory.slot(self.rank, peer, k)[:hi - lo], src[lo:hi], caller=src)
                 lane.put_signal(peer, full(k))
             return lane.record()
 
@@ -140,7 +140,7 @@ class PeerCopyComm:
                 k = self._received[peer] % self.K
                 self._received[peer] += 1
                 lane.wait_signal(peer, full(k))
-                lane.copy(dst[lo:hi], self.memory.slot(peer, self.rank, k)[:hi - lo])
+                lane.copy(dst[lo:hi], self.memory.slot(peer, self.rank, k)[:hi - lo], caller=dst)
                 lane.put_signal(peer, free(k, self.K))
             return lane.record()
 
@@ -243,12 +243,13 @@ class _CudaLane:
     def put_signal(self, peer: int, channel: int) -> None:
         self.memory.handle.put_signal(peer, channel=channel, timeout_ms=self.memory.timeout_ms)
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, caller: torch.Tensor) -> None:
         # Same dtype, contiguous, one device (a peer's slot is mapped into ours): a single
         # cudaMemcpyAsync, which the copy engines carry.
         dst.copy_(src, non_blocking=True)
-        for t in (dst, src):
-            t.record_stream(self.stream)
+        # The caller's buffer (from the caching allocator, unlike the slots) must not be
+        # reused before this stream is done with it.
+        caller.record_stream(self.stream)
 
     def record(self) -> torch.cuda.Event:
         event = torch.cuda.Event()
@@ -366,7 +367,7 @@ class _HostLane:
     def put_signal(self, peer: int, channel: int) -> None:
         self._ops.put(lambda: self.memory.put_signal(peer, channel))
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, caller: torch.Tensor) -> None:
         self._ops.put(lambda: dst.copy_(src))
 
     def record(self) -> threading.Event:
