@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -240,6 +241,14 @@ def test_profiler_rejects_unknown_sections():
 
 def test_gpu_check_script_parses():
     assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu_check.sh")]).returncode == 0
+
+
+def test_gpu_check_runs_every_file_that_holds_cuda_tests():
+    # The script names the files (a GPU image may lack mlflow/xgboost that others import).
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    named = set(re.findall(r"tests/test_\w+\.py", script))
+    marked = {f"tests/{p.name}" for p in (ROOT / "tests").glob("test_*.py") if re.search(r"^@pytest\.mark\.cuda$", p.read_text(), re.M)}
+    assert marked and named == marked
 
 
 def test_sections_are_guarded_time_boxed_and_written(tmp_path, monkeypatch):
