@@ -98,8 +98,13 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
             failed += _measure_loopback(todo, config, backend, device, on_scenario, bar)
         elif distributed:
             try:
-                measure_in_group(todo, config, lambda kind, payload: on_scenario(payload)
-                                 if kind == "scenario" else bar.update(payload))
+                def emit(kind: str, payload) -> None:
+                    if kind == "scenario":
+                        on_scenario(payload)
+                    elif kind == "progress":
+                        bar.update(payload)
+
+                measure_in_group(todo, config, emit)
             finally:
                 dist.destroy_process_group()
         else:

@@ -49,7 +49,8 @@ class MeasureConfig:
     reps: int = 5
     """Timed repetitions of each schedule; median and spread are stored."""
     timeout_s: float = 300.0
-    """A job with no progress (no finished schedule) for this long is killed as hung."""
+    """A job with no progress (no verification or timed pass finished) for this long is
+    killed as hung."""
     threads_per_rank: int | None = None
     """Intra-op threads per rank; None: the machine's cores divided by world size, at least 1."""
     seed: int = 0
@@ -86,8 +87,9 @@ class MeasureConfig:
 
 
 Emit = Callable[[str, Any], None]
-"""emit(kind, payload): rank 0's channel to the caller: ("progress", schedules done) and
-("scenario", rows)."""
+"""emit(kind, payload): rank 0's channel to the caller: ("progress", schedules done),
+("scenario", rows) and ("alive", None) as a scenario's work advances (a hung rank stops
+rank 0 in its next collective, so the heartbeats stop too)."""
 
 
 def measure_rank(scenarios: Sequence[Scenario], config: MeasureConfig, emit: Emit, *,
@@ -108,7 +110,8 @@ def measure_rank(scenarios: Sequence[Scenario], config: MeasureConfig, emit: Emi
             time.sleep(1e9)
         op = build_operator(scenario, comm, seed=config.seed, device=device)
         rows = measure_scenario(op, scenario, config.policy(), backend=backend,
-                                corrupt=fault_arg if fault_kind == "corrupt" else None)
+                                corrupt=fault_arg if fault_kind == "corrupt" else None,
+                                heartbeat=lambda: emit("alive", None))
         emit("progress", len(rows))
         emit("scenario", rows)
 
@@ -244,6 +247,8 @@ def _watch(procs, events, timeout_s, on_scenario, on_progress) -> None:
                 raise MeasureError(f"no progress for {timeout_s:.0f} s: a rank hangs; measurement aborted")
             continue
         last = time.monotonic()
+        if kind == "alive":
+            continue  # `last` is reset: slow but advancing is not hung
         if kind == "progress":
             on_progress(payload)
         elif kind == "scenario":

@@ -72,13 +72,15 @@ def slowest_rank(values: list[float]) -> list[float]:
 
 
 def timed_interleaved(fns: Sequence[Callable[[], Any]], warmup: int, reps: int,
-                      device: str | torch.device = "cpu") -> tuple[list[list[float]], list[list[float]]]:
+                      device: str | torch.device = "cpu", heartbeat: Callable[[], None] = lambda: None
+                      ) -> tuple[list[list[float]], list[list[float]]]:
     """(times[i][rep], returned[i][rep]) of fns[i], slowest rank's, functions interleaved.
 
     Each pass runs every function once, in an order rotated per pass, so that a noisy
     phase of the machine slows all of them alike instead of one schedule's repetitions.
     A function may return a float (a time it measured inside); it is reduced likewise.
     On CUDA a run is timed by events on the caller's stream, after the device is idle.
+    heartbeat: called after every pass (the launcher's sign that the ranks progress).
     """
     cuda = torch.device(device).type == "cuda"
     n, width = len(fns), warmup + reps
@@ -95,6 +97,7 @@ def timed_interleaved(fns: Sequence[Callable[[], Any]], warmup: int, reps: int,
             timer.stop()
             times[i][p] = timer.seconds()
             inner[i][p] = float(ret) if isinstance(ret, float) else 0.0
+        heartbeat()
     flat = slowest_rank([t for row in times + inner for t in row])
     rows = [flat[i * width + warmup:(i + 1) * width] for i in range(2 * n)]
     return rows[:n], rows[n:]
@@ -136,8 +139,13 @@ def run_schedule(op: Operator, schedule: Schedule) -> Any:
 
 
 def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
-                     backend: str = "cpu", corrupt: str | None = None) -> list[dict]:
-    """Verify and time every legal schedule of `scenario`; one row per schedule."""
+                     backend: str = "cpu", corrupt: str | None = None,
+                     heartbeat: Callable[[], None] = lambda: None) -> list[dict]:
+    """Verify and time every legal schedule of `scenario`; one row per schedule.
+
+    heartbeat: called as the work advances (after each verification and each timed pass),
+    so that a launcher can tell slow from hung.
+    """
     schedules = candidates(scenario, backend)
     ref = op.reference()
     errors = []
@@ -147,6 +155,7 @@ def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
         if corrupt == schedule.name and out.numel():  # tests: prove the check can fail
             out.view(-1)[0] += 1e3
         errors.append(relative_error(out, ref))
+        heartbeat()
     errors = slowest_rank(errors)
 
     # Signatures and schedules are timed in the same interleaved passes.
@@ -167,7 +176,7 @@ def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
     fns += [skeleton_run(s, comm=False) for s in skeletons]
     fns += [skeleton_run(s, compute=False) for s in skeletons]
     fns += [(lambda s=s: run_schedule(op, s)) for s in schedules]
-    times, inner = timed_interleaved(fns, policy.warmup, policy.reps, op.device)
+    times, inner = timed_interleaved(fns, policy.warmup, policy.reps, op.device, heartbeat)
     med = [statistics.median(t) for t in times]
     t_comp, t_comm, t_pair = med[:3]
     k = len(skeletons)
@@ -187,12 +196,13 @@ def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
     }
 
     sched_times = times[3 + 2 * k:]
-    pooled, attempts = _remeasure_noisy(op, schedules, sched_times, policy)
+    pooled, attempts = _remeasure_noisy(op, schedules, sched_times, policy, heartbeat)
     return schedule_rows(scenario, schedules, errors, pooled, attempts, policy, sig, torch.get_num_threads())
 
 
 def _remeasure_noisy(op: Operator, schedules: list[Schedule], times: list[list[float]],
-                     policy: TimingPolicy) -> tuple[list[list[float]], list[int]]:
+                     policy: TimingPolicy, heartbeat: Callable[[], None] = lambda: None
+                     ) -> tuple[list[list[float]], list[int]]:
     """Re-time schedules whose spread is above the limit, pooling the new repetitions.
 
     Pooling (rather than keeping the calmest attempt) matters here: on this machine the
@@ -206,7 +216,7 @@ def _remeasure_noisy(op: Operator, schedules: list[Schedule], times: list[list[f
         if not noisy:
             break
         retimed, _ = timed_interleaved([(lambda s=schedules[i]: run_schedule(op, s)) for i in noisy],
-                                       1, policy.reps, op.device)
+                                       1, policy.reps, op.device, heartbeat)
         for i, t in zip(noisy, retimed):
             attempts[i] += 1
             pooled[i] += t
