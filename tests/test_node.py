@@ -128,6 +128,28 @@ def test_a_sender_runs_ahead_of_its_receiver_through_reused_slots(tmp_path):
     assert out[1] == [[float(i)] * 10 for i in range(5)]
 
 
+def _all_gather_steps(rank: int, P: int):
+    # Four all-gather steps of 40 bytes through one broadcast slot of 16 bytes: 12 pieces
+    # per rank, each staged once and pulled by both peers before the slot is reused.
+    memory = HostPeerMemory(slots=1, slot_bytes=16, timeout_s=20)
+    comm = PeerCopyComm(memory)
+    sends = [torch.full((10,), float(10 * rank + step)) for step in range(4)]
+    recvs = {(q, step): torch.full((10,), float("nan")) for q in range(P) if q != rank for step in range(4)}
+    works = []
+    for step in range(4):
+        works += comm.start_all_gather(sends[step], [(recvs[q, step], q) for q in range(P) if q != rank], tag=step)
+    comm.wait(works)
+    dist.barrier()
+    memory.close()
+    return {f"{q}/{step}": buf.unique().tolist() for (q, step), buf in recvs.items()}
+
+
+def test_an_all_gather_step_is_staged_once_and_pulled_by_every_peer(tmp_path):
+    out = run_ranks(_all_gather_steps, 3, tmp_path)
+    assert out == {r: {f"{q}/{step}": [float(10 * q + step)] for q in range(3) if q != r for step in range(4)}
+                   for r in range(3)}
+
+
 def _receiver_never_posts(rank: int, P: int):
     comm = PeerCopyComm(HostPeerMemory(slots=1, slot_bytes=64, timeout_s=1.5))
     try:
@@ -172,7 +194,7 @@ class _Layout(PeerMemory):
 def test_staging_slots_tile_each_buffer_without_overlap():
     m = _Layout(P=5, slots=3, slot_bytes=7)
     for owner in range(5):
-        starts = sorted(m.slot_offset(owner, d, k) for d in range(5) if d != owner for k in range(3))
+        starts = sorted(m.slot_offset(owner, d, k) for d in [*range(5), None] if d != owner for k in range(3))
         assert starts == list(range(0, m.buffer_bytes(), 7))
 
 
@@ -185,7 +207,7 @@ def test_engine_comm_names_the_engines_it_has():
         comm.select("dma")
 
 
-@pytest.mark.parametrize("slots, slot_bytes, needle", [(0, 8, "slots: 1..16"), (17, 8, "slots: 1..16"),
+@pytest.mark.parametrize("slots, slot_bytes, needle", [(0, 8, "slots: 1..8"), (9, 8, "slots: 1..8"),
                                                        (2, 0, "slot_bytes: must be >= 1")])
 def test_bad_slot_options_are_named(slots, slot_bytes, needle):
     with pytest.raises(ValueError, match=needle):

@@ -17,7 +17,30 @@ Transfer = tuple[torch.Tensor, int]
 """(buffer, peer rank): what to send to or receive from one peer."""
 
 
-class P2PComm:
+class Comm:
+    """What every comm derives from its ``start`` and ``wait``."""
+
+    def start(self, sends: Sequence[Transfer], recvs: Sequence[Transfer], tag: int) -> list:  # pragma: no cover
+        raise NotImplementedError
+
+    def wait(self, works: Sequence) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def exchange(self, sends: Sequence[Transfer], recvs: Sequence[Transfer], tag: int) -> None:
+        """Blocking transfer: post and wait (non-overlapped collectives use it)."""
+        self.wait(self.start(sends, recvs, tag))
+
+    def start_all_gather(self, send: torch.Tensor, recvs: Sequence[Transfer], tag: int) -> list:
+        """One all-gather step: `send` to every peer that `recvs` names, their pieces into `recvs`.
+
+        Every rank of the step calls it. The same as ``start`` with `send` to each peer,
+        except that a comm may move `send` once for all of them (the dma comm stages it
+        once instead of once per peer).
+        """
+        return self.start([(send, peer) for _, peer in recvs], recvs, tag)
+
+
+class P2PComm(Comm):
     """Asynchronous point-to-point transfers over a torch.distributed process group."""
 
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
@@ -42,20 +65,15 @@ class P2PComm:
                 works.append(dist.isend(buf, self._global(peer), group=self.group, tag=tag))
         return works
 
-    @staticmethod
-    def wait(works: Sequence[dist.Work]) -> None:
+    def wait(self, works: Sequence[dist.Work]) -> None:
         for w in works:
             w.wait()
-
-    def exchange(self, sends: Sequence[Transfer], recvs: Sequence[Transfer], tag: int) -> None:
-        """Blocking transfer: post and wait (non-overlapped collectives use it)."""
-        self.wait(self.start(sends, recvs, tag))
 
     def _global(self, peer: int) -> int:
         return peer if self.group is None else dist.get_global_rank(self.group, peer)
 
 
-class NullComm:
+class NullComm(Comm):
     """Moves nothing: a schedule run with it is its compute skeleton (for DIL)."""
 
     def __init__(self, rank: int, world_size: int) -> None:
@@ -64,9 +82,5 @@ class NullComm:
     def start(self, sends: Sequence[Transfer], recvs: Sequence[Transfer], tag: int) -> list:
         return []
 
-    @staticmethod
-    def wait(works: Sequence) -> None:
-        pass
-
-    def exchange(self, sends: Sequence[Transfer], recvs: Sequence[Transfer], tag: int) -> None:
+    def wait(self, works: Sequence) -> None:
         pass

@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from ficco_select.executor.comm import Transfer
+from ficco_select.executor.comm import Comm, Transfer
 from ficco_select.executor.cuda import COPIES, CudaLanes, HostTimer
 from ficco_select.executor.ops import TOLERANCE, Operator, build_operator, relative_error
 from ficco_select.scenario import Scenario
@@ -157,7 +157,7 @@ class Rendezvous:
 
 
 # -- one virtual rank's comm -------------------------------------------------------------------
-class LoopbackComm:
+class LoopbackComm(Comm):
     """The operators' comm interface (``start``/``wait``/``exchange``) for one virtual rank.
 
     ``begin_run`` namespaces the tags of one run of a schedule: every virtual rank calls
@@ -204,10 +204,6 @@ class LoopbackComm:
                 raise LoopbackTimeout(f"{work.describe()} timed out after {self.timeout_s:g} s: "
                                       f"rank {work.peer} never posted the matching {other}")
             self.rendezvous.lanes.join(work.finished)
-
-    def exchange(self, sends: Sequence[Transfer], recvs: Sequence[Transfer], tag: int) -> None:
-        """Blocking transfer: post and wait (non-overlapped collectives use it)."""
-        self.wait(self.start(sends, recvs, tag))
 
 
 # -- CPU lanes: the synchronous counterpart of cuda.CudaLanes ----------------------------------

@@ -189,8 +189,7 @@ class AllGatherGemm(Operator):
 
     def _start_whole_collective(self):
         peers = [q for q in range(self.P) if q != self.r]
-        return self.comm.start([(self.shard(self.r), q) for q in peers],
-                               [(self.shard(q), q) for q in peers], tag=0)
+        return self.comm.start_all_gather(self.shard(self.r), [(self.shard(q), q) for q in peers], tag=0)
 
     def compute_alone(self):
         self.mm(self.A_full, self.W, out=self.out)
@@ -248,8 +247,8 @@ class AllGatherGemm(Operator):
 
         def start(j: int):
             lo, hi = pieces[j]
-            return self.comm.start([(self.shard(r)[lo:hi], q) for q in peers],
-                                   [(self.shard(q)[lo:hi], q) for q in peers], tag=j)
+            return self.comm.start_all_gather(self.shard(r)[lo:hi], [(self.shard(q)[lo:hi], q) for q in peers],
+                                              tag=j)
 
         works = start(0)
         if not per_step:

@@ -22,6 +22,10 @@ signal channels, FULL(k) = k and FREE(k) = K + k:
     copy src -> own slot k     (local)      copy s's slot k -> dst   (peer, NVLink)
     put FULL(k) to d                        put FREE(k) to s
 
+An all-gather step (``start_all_gather``: one buffer to every peer) is staged once, in K
+broadcast slots of the sender, on channels BFULL(k) = 2K + k and BFREE(k) = 3K + k; the
+sender reuses a broadcast slot once every peer has freed it.
+
 ``wait`` makes the caller's compute stream wait on the copy's done event (the host does
 not block). The sender's extra local copy (src into its staging slot) is the price of
 transfers between arbitrary caller buffers; a pull straight from the operator's own
@@ -52,7 +56,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ficco_select.executor.comm import P2PComm, Transfer
+from ficco_select.executor.comm import Comm, P2PComm, Transfer
 
 DEFAULT_SLOT_BYTES = 32 << 20
 """C: bytes per staging slot (a larger transfer goes as several)."""
@@ -77,14 +81,6 @@ class NcclComm(P2PComm):
 
 
 # -- engine dma: copy-engine pulls from symmetric memory ------------------------------------
-def full(k: int) -> int:
-    return k
-
-
-def free(k: int, slots: int) -> int:
-    return slots + k
-
-
 def byte_view(t: torch.Tensor) -> torch.Tensor:
     if not t.is_contiguous():
         raise ValueError(f"engine 'dma' moves contiguous buffers only, got shape {tuple(t.shape)} "
@@ -92,15 +88,17 @@ def byte_view(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-class PeerCopyComm:
+class PeerCopyComm(Comm):
     """Engine ``dma`` across processes: the protocol above, on a ``PeerMemory``."""
 
     def __init__(self, memory: PeerMemory) -> None:
         self.memory = memory
         self.rank, self.world_size = memory.rank, memory.world_size
         self.K, self.C = memory.slots, memory.slot_bytes
-        self._sent = [0] * self.world_size  # transfers to each peer so far
-        self._received = [0] * self.world_size  # transfers from each peer so far
+        self._sent = [0] * self.world_size  # pair transfers to each peer so far
+        self._received = [0] * self.world_size  # pair transfers from each peer so far
+        self._broadcast = 0  # broadcasts (pieces) this rank staged so far
+        self._received_broadcast = [0] * self.world_size  # broadcast pieces from each peer so far
 
     def start(self, sends: Sequence[Transfer], recvs: Sequence[Transfer], tag: int) -> list[Any]:
         marker = self.memory.marker()
@@ -110,12 +108,21 @@ class PeerCopyComm:
         works += [self._send(byte_view(buf), peer, marker) for buf, peer in sends if buf.numel()]
         return works
 
+    def start_all_gather(self, send: torch.Tensor, recvs: Sequence[Transfer], tag: int) -> list[Any]:
+        """`send` is staged once, in this rank's broadcast slots, and every peer pulls it."""
+        peers = sorted(peer for _, peer in recvs)
+        if peers != [q for q in range(self.world_size) if q != self.rank]:
+            raise ValueError(f"rank {self.rank}: an all-gather step receives from every peer once, "
+                             f"got peers {peers} (tag {tag})")
+        marker = self.memory.marker()
+        works = [self._recv(byte_view(buf), peer, marker, broadcast=True) for buf, peer in recvs if buf.numel()]
+        if send.numel():
+            works.append(self._send_broadcast(byte_view(send), peers, marker))
+        return works
+
     def wait(self, works: Sequence[Any]) -> None:
         for done in works:
             self.memory.join(done)
-
-    def exchange(self, sends: Sequence[Transfer], recvs: Sequence[Transfer], tag: int) -> None:
-        self.wait(self.start(sends, recvs, tag))
 
     def _pieces(self, nbytes: int) -> Iterator[tuple[int, int]]:
         for lo in range(0, nbytes, self.C):
@@ -128,28 +135,47 @@ class PeerCopyComm:
                 i, k = self._sent[peer], self._sent[peer] % self.K
                 self._sent[peer] += 1
                 if i >= self.K:
-                    lane.wait_signal(peer, free(k, self.K))
+                    lane.wait_signal(peer, self.K + k)  # FREE(k)
                 lane.copy(self.memory.slot(self.rank, peer, k)[:hi - lo], src[lo:hi], caller=src)
-                lane.put_signal(peer, full(k))
+                lane.put_signal(peer, k)  # FULL(k)
             return lane.record()
 
-    def _recv(self, dst: torch.Tensor, peer: int, marker: Any) -> Any:
+    def _send_broadcast(self, src: torch.Tensor, peers: list[int], marker: Any) -> Any:
+        # One staging copy for every peer; a slot is reused once every peer has freed it.
+        with self.memory.lane("broadcast", self.rank) as lane:
+            lane.wait_marker(marker)
+            for lo, hi in self._pieces(src.numel()):
+                i, k = self._broadcast, self._broadcast % self.K
+                self._broadcast += 1
+                if i >= self.K:
+                    for peer in peers:
+                        lane.wait_signal(peer, 3 * self.K + k)  # BFREE(k)
+                lane.copy(self.memory.slot(self.rank, None, k)[:hi - lo], src[lo:hi], caller=src)
+                for peer in peers:
+                    lane.put_signal(peer, 2 * self.K + k)  # BFULL(k)
+            return lane.record()
+
+    def _recv(self, dst: torch.Tensor, peer: int, marker: Any, broadcast: bool = False) -> Any:
+        counts = self._received_broadcast if broadcast else self._received
+        first = 2 * self.K if broadcast else 0  # FULL or BFULL; its FREE is K channels on
         with self.memory.lane("recv", peer) as lane:
             lane.wait_marker(marker)
             for lo, hi in self._pieces(dst.numel()):
-                k = self._received[peer] % self.K
-                self._received[peer] += 1
-                lane.wait_signal(peer, full(k))
-                lane.copy(dst[lo:hi], self.memory.slot(peer, self.rank, k)[:hi - lo], caller=dst)
-                lane.put_signal(peer, free(k, self.K))
+                k = counts[peer] % self.K
+                counts[peer] += 1
+                lane.wait_signal(peer, first + k)
+                slot = self.memory.slot(peer, None if broadcast else self.rank, k)
+                lane.copy(dst[lo:hi], slot[:hi - lo], caller=dst)
+                lane.put_signal(peer, first + self.K + k)
             return lane.record()
 
 
 class PeerMemory:
     """Symmetric staging slots, streams and signals of one rank (see the two subclasses).
 
-    The staging buffer of every rank holds (P - 1) * K slots of C bytes: slot (d, k) of
-    owner s is where s stages its k-th-mod-K transfer to d.
+    The staging buffer of every rank holds P * K slots of C bytes: slot (d, k) of owner s
+    is where s stages its k-th-mod-K transfer to d, slot (None, k) its k-th-mod-K
+    broadcast (an all-gather step's piece, pulled by every peer).
     """
 
     rank: int
@@ -157,14 +183,17 @@ class PeerMemory:
     slots: int
     slot_bytes: int
 
-    def slot_offset(self, owner: int, dst: int, k: int) -> int:
-        index = dst if dst < owner else dst - 1  # owner has no slots for itself
+    def slot_offset(self, owner: int, dst: int | None, k: int) -> int:
+        if dst is None:  # the broadcast slots come after the P - 1 peers' (owner has none)
+            index = self.world_size - 1
+        else:
+            index = dst if dst < owner else dst - 1
         return (index * self.slots + k) * self.slot_bytes
 
     def buffer_bytes(self) -> int:
-        return (self.world_size - 1) * self.slots * self.slot_bytes
+        return self.world_size * self.slots * self.slot_bytes
 
-    def slot(self, owner: int, dst: int, k: int) -> torch.Tensor:  # pragma: no cover - abstract
+    def slot(self, owner: int, dst: int | None, k: int) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def marker(self) -> Any:  # pragma: no cover - abstract
@@ -180,9 +209,13 @@ class PeerMemory:
         pass
 
 
+SIGNAL_CHANNELS = 32
+"""Channels used at most: torch's signal pads hold 32 per pair of ranks (and more for P < 72)."""
+
+
 def _check_slots(slots: int, slot_bytes: int) -> None:
-    if not 1 <= slots <= 16:  # 2K signal channels; torch's pads hold at least 32 per pair
-        raise ValueError(f"slots: 1..16 staging slots per pair, got {slots}")
+    if not 1 <= slots <= SIGNAL_CHANNELS // 4:  # FULL, FREE, BFULL, BFREE per slot
+        raise ValueError(f"slots: 1..{SIGNAL_CHANNELS // 4} staging slots per pair, got {slots}")
     if slot_bytes < 1:
         raise ValueError(f"slot_bytes: must be >= 1, got {slot_bytes}")
 
@@ -208,8 +241,9 @@ class CudaPeerMemory(PeerMemory):
         self.handle = symm_mem.rendezvous(self.buffer, group)
         self.streams = {(direction, q): torch.cuda.Stream(self.device)
                         for direction in ("send", "recv") for q in range(self.world_size) if q != self.rank}
+        self.streams[("broadcast", self.rank)] = torch.cuda.Stream(self.device)
 
-    def slot(self, owner: int, dst: int, k: int) -> torch.Tensor:
+    def slot(self, owner: int, dst: int | None, k: int) -> torch.Tensor:
         return self.handle.get_buffer(owner, (self.slot_bytes,), torch.uint8,
                                       storage_offset=self.slot_offset(owner, dst, k))
 
@@ -274,7 +308,7 @@ class HostPeerMemory(PeerMemory):
         self.slots, self.slot_bytes, self.timeout_s = slots, slot_bytes, timeout_s
         name = [f"ficco-peer-{uuid.uuid4().hex}" if self.rank == 0 else None]
         dist.broadcast_object_list(name, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
-        pad_ints = 2 * slots * self.world_size  # channel * P + src, as torch's signal pads
+        pad_ints = 4 * slots * self.world_size  # channel * P + src, as torch's signal pads
         self._size = self.buffer_bytes() + 4 * pad_ints
         path = lambda q: f"/dev/shm/{name[0]}-{q}"  # noqa: E731
         torch.from_file(path(self.rank), shared=True, size=self._size, dtype=torch.uint8).zero_()
@@ -289,7 +323,7 @@ class HostPeerMemory(PeerMemory):
         self._lanes: dict[tuple[str, int], _HostLane] = {}
         self.error: BaseException | None = None
 
-    def slot(self, owner: int, dst: int, k: int) -> torch.Tensor:
+    def slot(self, owner: int, dst: int | None, k: int) -> torch.Tensor:
         at = self.slot_offset(owner, dst, k)
         return self._buffers[owner][at:at + self.slot_bytes]
 
@@ -381,7 +415,7 @@ class _HostLane:
 
 
 # -- one comm per engine ------------------------------------------------------------------------
-class EngineComm:
+class EngineComm(Comm):
     """The comm of the schedule being run: ``select(engine)`` before each run."""
 
     def __init__(self, comms: dict[str, Any]) -> None:
@@ -405,5 +439,5 @@ class EngineComm:
         for engine, w in works:
             self.comms[engine].wait([w])
 
-    def exchange(self, sends: Sequence[Transfer], recvs: Sequence[Transfer], tag: int) -> None:
-        self.wait(self.start(sends, recvs, tag))
+    def start_all_gather(self, send: torch.Tensor, recvs: Sequence[Transfer], tag: int) -> list:
+        return [(self.engine, w) for w in self.comms[self.engine].start_all_gather(send, recvs, tag)]
