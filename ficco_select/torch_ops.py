@@ -84,7 +84,7 @@ _calls: dict[tuple, int] = {}
 """(call shape key, group name) -> calls so far (the same on every rank: they make the same calls)."""
 _telemetry: dict[str, Telemetry] = {}
 _verified: set[tuple[str, str]] = set()
-_dma_comms: dict[tuple[str, str], PeerCopyComm] = {}
+_dma_comms: dict[tuple[str, str], PeerCopyComm | None] = {}
 """(group name, device) -> the dma comm; its staging slots persist, its transfer counts
 match on every rank because every rank runs the same schedules on the group."""
 last_decision: Decision | None = None
@@ -125,7 +125,8 @@ def reset() -> None:
     _telemetry.clear()
     _verified.clear()
     for comm in _dma_comms.values():
-        comm.memory.close()
+        if comm is not None:
+            comm.memory.close()
     _dma_comms.clear()
     last_decision = None
 
@@ -202,24 +203,41 @@ HOST_SLOT_BYTES = 1 << 20
 
 
 def _comm(engine: str, group: dist.ProcessGroup, device: torch.device):
-    """The comm that moves `engine`'s bytes on `group` (a dma one is built once, collectively)."""
+    """The comm that moves `engine`'s bytes on `group`, or None where dma has no transport.
+
+    A dma comm is built once per group, collectively (every rank runs the same decision).
+    Building it can fail where symmetric memory is not supported; the group then runs
+    dma schedules as their sm twins, with a warning, rather than fail the job.
+    """
     if engine == "sm":
         return NcclComm(group) if device.type == "cuda" else P2PComm(group)
     key = (group.group_name, str(device))  # not the group object: see _decisions
     if key not in _dma_comms:
-        if device.type == "cuda":
-            memory = CudaPeerMemory(group)
-        else:
-            memory = HostPeerMemory(group, slot_bytes=HOST_SLOT_BYTES)
-        _dma_comms[key] = PeerCopyComm(memory)
+        try:
+            if device.type == "cuda":
+                memory = CudaPeerMemory(group)
+            else:
+                memory = HostPeerMemory(group, slot_bytes=HOST_SLOT_BYTES)
+            _dma_comms[key] = PeerCopyComm(memory)
+        except Exception as e:  # noqa: BLE001 - any failure means: no copy-engine transport
+            log.warning("ficco-select: no dma transport on group %s (%s: %s); dma schedules run as "
+                        "their sm twins", group.group_name, type(e).__name__, e)
+            _dma_comms[key] = None
     return _dma_comms[key]
 
 
 def _run(op_cls, scenario: Scenario, decision: Decision, group: dist.ProcessGroup, reference, **inputs):
     """Run the decided schedule with the executor; telemetry (and a first-call check) if on."""
+    global last_decision
     schedule = decision.schedule
     device = next(v for v in inputs.values() if isinstance(v, torch.Tensor)).device
-    op = op_cls(scenario, _comm(schedule.engine, group, device), device=device, **inputs)
+    comm = _comm(schedule.engine, group, device)
+    if comm is None:  # the decision as it really runs (telemetry records this schedule)
+        schedule = dataclasses.replace(schedule, engine="sm")
+        comm = _comm("sm", group, device)
+        last_decision = dataclasses.replace(decision, schedule=schedule,
+                                            reason=f"{decision.schedule.name} as its sm twin: no dma transport")
+    op = op_cls(scenario, comm, device=device, **inputs)
     rec = _recorder()
     if rec is None:
         return op.run(schedule), op

@@ -146,6 +146,30 @@ def test_dma_schedules_equal_pytorch_fallbacks(P, tmp_path):
     assert int((tmp_path / "pinned-0").read_text()) > 100
 
 
+class _NoSymmetricMemory:
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("symmetric memory is not supported here")
+
+
+def check_dma_without_transport(rank: int, P: int, tmp: Path) -> None:
+    torch_ops.HostPeerMemory = _NoSymmetricMemory  # this rank's process only
+    torch_ops.configure(hardware="h200-nvswitch", schedule="ficco.d2.ring.gemm_per_piece.m.dma")
+    gen = torch.Generator().manual_seed(rank)
+    A_shard, B = _rand(gen, 6, 5), _rand(gen, 5, 4)
+    name = dist.group.WORLD.group_name
+    _, [want] = symm_mem._fused_all_gather_matmul_fallback(A_shard, [B], 0, name, return_A=False)
+    for _ in range(2):  # the second call finds the failed transport remembered
+        _, [got] = torch_ops.all_gather_matmul(A_shard, [B], 0, name, return_A=False)
+        assert relative_error(got, want) < 1e-5
+        decision = torch_ops.last_decision
+        assert decision.schedule.name == "ficco.d2.ring.gemm_per_piece.m.sm", decision
+        assert "as its sm twin: no dma transport" in decision.reason, decision
+
+
+def test_a_group_without_dma_transport_runs_the_sm_twin(tmp_path):
+    spawn(check_dma_without_transport, 2, tmp_path)
+
+
 # -- gradients vs PyTorch's differentiable collectives -----------------------------------
 GRAD_CASES = [  # ("ag", A_shard shape, gather_dim, B widths, use A) / ("rs", A shape, B width, scatter_dim, op)
     ("ag", (4, 3, 5), 1, (2, 6), False),
