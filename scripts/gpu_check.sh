@@ -96,6 +96,8 @@ for r in lb.get("realized", []):
     s = r["scenario"]
     print(f"realized {s['op']} m={s['m']} n={s['n']} k={s['k']} P={s['world_size']}: "
           f"best {r.get('best')} fraction {r.get('best_realized_fraction')} {r.get('error', '')}")
+    for engine, b in sorted(r.get("best_by_engine", {}).items()):
+        print(f"    best {engine}: {b['schedule']} fraction {b['realized_fraction']} speedup {b['realized_speedup']}")
 EOF
 fi
 left=$(( TOTAL_S - ($(date +%s) - started) - 5 ))

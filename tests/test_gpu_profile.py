@@ -313,6 +313,16 @@ def test_loopback_results_normalize_and_give_realized_fractions():
     assert r["realized_fraction"] == pytest.approx(0.25 / (1 / 0.6 - 1), abs=1e-3)
 
 
+def test_best_by_engine_picks_each_engines_fastest_verified_schedule():
+    per = [{"schedule": "none.sm", "time_s": 1.0, "realized_speedup": 1.0, "realized_fraction": 0.0},
+           {"schedule": "shard.ring.sm", "time_s": 0.9, "realized_speedup": 1.11, "realized_fraction": 0.2},
+           {"schedule": "none.dma", "time_s": 1.0, "realized_speedup": 1.0, "realized_fraction": 0.0},
+           {"schedule": "ficco.d2.ring.gemm_per_piece.m.dma", "time_s": 0.7, "realized_speedup": 1.43,
+            "realized_fraction": 0.6}]
+    best = gp.best_by_engine(per)
+    assert best["sm"]["schedule"] == "shard.ring.sm" and best["dma"]["realized_fraction"] == 0.6
+
+
 def test_call_loopback_splits_by_engine_and_passes_supported_kwargs():
     s = Scenario(group="g", op="gemm_rs", m=64, n=64, k=64, dtype="float32", world_size=2, hardware="h200-nvswitch")
     scheds = candidates(s, "cuda")
