@@ -105,9 +105,10 @@ if [ "$TESTS_S" -gt 0 ] && [ "$left" -gt 20 ]; then
     if timeout 20 "$PY" -c "import pytest" 2>/dev/null; then
         say "CUDA tests (pytest -m cuda) for up to ${left}s -> cuda_tests.log"
         # Only the files that hold CUDA tests: the others import mlflow and xgboost, which a
-        # GPU image may lack, and a collection error would stop every test.
+        # GPU image may lack, and a collection error would stop every test. Quickest first
+        # (the dma protocol on symmetric memory, a sweep), the long loopback matrix last.
         timeout -k 5 "$left" "$PY" -m pytest -q -rs -m cuda -p no:cacheprovider \
-            tests/test_loopback.py tests/test_measure_loopback.py tests/test_node.py \
+            tests/test_node.py tests/test_measure_loopback.py tests/test_loopback.py \
             > "$OUT_DIR/cuda_tests.log" 2>&1
         trc=$?
         tail -n 15 "$OUT_DIR/cuda_tests.log"
