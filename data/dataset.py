@@ -11,7 +11,8 @@ Columns (schema version ``SCHEMA_VERSION``):
 - signature (per scenario, repeated on its rows): see
   ``ficco_select.executor.harness.SIGNATURE_COLUMNS``
 - provenance: ``backend, hardware_fingerprint, host, torch_version, ficco_version,
-  schema_version, created_at``, and ``threads_per_rank``.
+  schema_version, created_at``, and ``threads_per_rank``. A cuda fingerprint ends with the
+  mode that measured it (``-loopback`` or ``-node``).
 A file's schema version is also in its Parquet metadata; reading another version is an
 error, never a silent mix.
 """
@@ -50,10 +51,13 @@ class DatasetError(ValueError):
     """A dataset file cannot be read as this schema version."""
 
 
-def provenance(backend: str) -> dict:
+def provenance(backend: str, ranks: str | None = None) -> dict:
+    """Where rows come from. ranks: the cuda backend's ``loopback`` or ``node`` mode, which
+    the fingerprint ends with (the same GPUs give different labels in the two modes)."""
+    fingerprint = _fingerprint(backend)
     return {
         "backend": backend,
-        "hardware_fingerprint": _fingerprint(backend),
+        "hardware_fingerprint": f"{fingerprint}-{ranks}" if ranks else fingerprint,
         "host": platform.node(),
         "torch_version": torch.__version__,
         "ficco_version": __version__,

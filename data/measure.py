@@ -70,6 +70,7 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     if ranks not in ("loopback", "node"):
         raise ValueError(f"ranks {ranks!r}: 'loopback' (virtual ranks on one device) or 'node' (a process per GPU)")
     node = _node_options(scenarios, backend, device) if ranks == "node" else None
+    mode = ranks if backend == "cuda" else None  # in the fingerprint: the modes label differently
     device = None if node else _loopback_device(scenarios, backend, device)
     distributed = device is None and under_torchrun()
     is_rank0 = not distributed or int(os.environ.get("RANK", "0")) == 0
@@ -86,7 +87,7 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
 
     def on_scenario(scenario_rows: list[dict]) -> None:
         if parts is not None:
-            part = pd.DataFrame(scenario_rows).assign(**provenance(backend))
+            part = pd.DataFrame(scenario_rows).assign(**provenance(backend, mode))
             write_parquet_atomic(part, parts / f"{scenario_rows[0]['scenario_id']}.parquet")
         rows.extend(scenario_rows)
 
@@ -118,7 +119,7 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     if not is_rank0:
         return None
     if parts is None:
-        df = pd.DataFrame(rows).assign(**provenance(backend))
+        df = pd.DataFrame(rows).assign(**provenance(backend, mode))
     else:
         by_id = {p.stem: p for p in parts.glob("*.parquet")}
         df = pd.concat([pd.read_parquet(by_id[s.scenario_id]) for s in scenarios], ignore_index=True)

@@ -197,5 +197,6 @@ def test_cuda_sweep_on_the_gpu(tmp_path):  # written for a GPU, not run yet
     df = read_dataset(out)
     assert validate(df) == [] and df["verified"].all()
     assert (df["backend"] == "cuda").all() and (df["hardware"] == "h100-nvswitch").all()
+    assert df["hardware_fingerprint"].str.endswith("-loopback").all()
     assert (df["threads_per_rank"] == 0).all()
     assert df["schedule"].str.endswith(".dma").any()  # both engines on the cuda backend

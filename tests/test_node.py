@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from click.testing import CliRunner
 
+from data.dataset import provenance
 from data.measure import measure
 from ficco_cli.main import main
 from ficco_select import Scenario, candidates
@@ -212,6 +213,12 @@ def test_engine_comm_names_the_engines_it_has():
 def test_bad_slot_options_are_named(slots, slot_bytes, needle):
     with pytest.raises(ValueError, match=needle):
         HostPeerMemory(slots=slots, slot_bytes=slot_bytes)
+
+
+def test_the_fingerprint_says_which_cuda_mode_measured():
+    assert provenance("cuda", "node")["hardware_fingerprint"].endswith("-node")
+    assert provenance("cuda", "loopback")["hardware_fingerprint"].endswith("-loopback")
+    assert provenance("cpu")["hardware_fingerprint"] == provenance("cpu", None)["hardware_fingerprint"]
 
 
 def test_node_mode_is_refused_where_it_cannot_run():
