@@ -178,12 +178,21 @@ def _nccl_comm_exchanges(rank: int, P: int):
     works = comm.start([(torch.full((3, 2), float(10 * rank + q)), q) for q in peers],
                        [(recv[q], q) for q in peers], tag=4)
     comm.wait(works)
-    return {q: recv[q].unique().tolist() for q in peers}
+    got = {q: recv[q].unique().tolist() for q in peers}
+    # On a subgroup, peers are group ranks: ranks 1 and 2 are its 0 and 1.
+    sub = dist.new_group([1, 2])
+    if rank in (1, 2):
+        sub_comm, other = NcclComm(sub), torch.full((2,), float("nan"))
+        sub_comm.exchange([(torch.full((2,), float(rank)), 2 - rank)], [(other, 2 - rank)], tag=0)
+        got["sub"] = other.unique().tolist()
+    return got
 
 
 def test_nccl_comm_groups_a_step_and_delivers_every_peer(tmp_path):
     out = run_ranks(_nccl_comm_exchanges, 3, tmp_path)
-    assert out == {r: {q: [float(10 * q + r)] for q in range(3) if q != r} for r in range(3)}
+    want = {r: {q: [float(10 * q + r)] for q in range(3) if q != r} for r in range(3)}
+    want[1]["sub"], want[2]["sub"] = [2.0], [1.0]
+    assert out == want
 
 
 # -- pieces that need no ranks ----------------------------------------------------------------

@@ -73,9 +73,10 @@ class NcclComm(P2PComm):
     """Engine ``sm`` across GPUs: a step's transfers as one group of NCCL point-to-point ops."""
 
     def start(self, sends: Sequence[Transfer], recvs: Sequence[Transfer], tag: int) -> list[dist.Work]:
-        ops = [dist.P2POp(dist.irecv, buf, group=self.group, tag=tag, group_peer=peer)
+        # Global peer ranks (`peer=`): older torch (the GPU image's 2.11) may lack `group_peer`.
+        ops = [dist.P2POp(dist.irecv, buf, self._global(peer), group=self.group, tag=tag)
                for buf, peer in recvs if buf.numel()]
-        ops += [dist.P2POp(dist.isend, buf, group=self.group, tag=tag, group_peer=peer)
+        ops += [dist.P2POp(dist.isend, buf, self._global(peer), group=self.group, tag=tag)
                 for buf, peer in sends if buf.numel()]
         return dist.batch_isend_irecv(ops) if ops else []
 
