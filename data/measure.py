@@ -240,7 +240,7 @@ def loopback_rows(scenario: Scenario, config: MeasureConfig, *, backend: str = "
     CUDA); a schedule whose spread exceeds ``config.noisy_spread`` is re-run (fresh
     virtual ranks, verified again) up to ``config.max_remeasure`` times, pooling its
     repetitions, as the harness does. Labels by ``harness.best_labels``. Signatures from
-    skeleton runs (``loopback_signature``); CIL is not measured here (NaN).
+    skeleton and contended runs (``loopback_signature``).
     Raises ``LoopbackError`` (or ``LoopbackTimeout``) naming the scenario, schedule and rank.
     """
     policy = config.policy()
@@ -266,28 +266,33 @@ def loopback_rows(scenario: Scenario, config: MeasureConfig, *, backend: str = "
 
 def loopback_signature(scenario: Scenario, config: MeasureConfig, *, backend: str = "cuda",
                        device: str = "cuda") -> dict[str, float]:
-    """The signature columns (``harness.SIGNATURE_COLUMNS``) from loopback skeleton runs.
+    """The signature columns (``harness.SIGNATURE_COLUMNS``) from loopback runs.
 
     As ``harness.measure_scenario`` defines them: t_comp = the baseline with comm off (the
     whole GEMM), t_comm = the baseline with compute off (the whole collective, with the
     baseline's ``sm`` engine); dil_g / chunk_loss_g from the ring schedule at granularity g
-    (``harness.ring_at``) with comm off / compute off. Each is the median over
-    ``config.reps`` repetitions (slowest virtual rank's, interleaved passes after
-    ``config.warmup``). ``cil_*``: NaN (not measured in loopback).
+    (``harness.ring_at``) with comm off / compute off; cil_gemm_sm / cil_overlap_sm from
+    the operator's ``contended`` run (the whole GEMM while the whole collective's ``sm``
+    copies are in flight). Each is the median over ``config.reps`` repetitions (slowest
+    virtual rank's, interleaved passes after ``config.warmup``).
     """
     rings = {g: ring_at(g, scenario, backend) for g in SIGNATURE_GRANULARITIES}
     skeletons = list(dict.fromkeys(s for s in rings.values() if s is not None))  # dP may be d2 or d4
-    jobs = [(BASELINE, True, False), (BASELINE, False, True)]
+    jobs: list[tuple[Schedule | None, bool, bool]] = [(BASELINE, True, False), (BASELINE, False, True)]
     jobs += [(s, True, False) for s in skeletons] + [(s, False, True) for s in skeletons]
+    jobs.append((None, True, True))  # contended: GEMM beside the whole collective
     world = VirtualRanks(scenario, device=device, seed=config.seed, timeout_s=config.timeout_s)
-    med = [statistics.median(t) for t in _time_skeletons(world, jobs, config.warmup, config.reps)]
+    times, inner = _time_skeletons(world, jobs, config.warmup, config.reps)
+    med = [statistics.median(t) for t in times]
     t_comp, t_comm = med[:2]
     k = len(skeletons)
     dil_of = dict(zip(skeletons, med[2:2 + k]))
-    chunk_of = dict(zip(skeletons, med[2 + k:]))
+    chunk_of = dict(zip(skeletons, med[2 + k:2 + 2 * k]))
     sig = {c: math.nan for c in SIGNATURE_COLUMNS}
     sig.update({"t_comp_s": t_comp, "t_comm_s": t_comm,
-                "ideal_speedup": (t_comp + t_comm) / max(t_comp, t_comm)})
+                "ideal_speedup": (t_comp + t_comm) / max(t_comp, t_comm),
+                "cil_gemm_sm": statistics.median(inner[-1]) / t_comp - 1,
+                "cil_overlap_sm": med[-1] / max(t_comp, t_comm) - 1})
     for g, s in rings.items():
         if s is not None:
             sig[f"dil_{g}"] = dil_of[s] / t_comp - 1
@@ -295,9 +300,11 @@ def loopback_signature(scenario: Scenario, config: MeasureConfig, *, backend: st
     return sig
 
 
-def _time_skeletons(world: VirtualRanks, jobs: list[tuple[Schedule, bool, bool]], warmup: int,
-                    reps: int) -> list[list[float]]:
-    """times[job][rep] of (schedule, compute on, comm on) skeleton runs, slowest virtual rank's.
+def _time_skeletons(world: VirtualRanks, jobs: list[tuple[Schedule | None, bool, bool]], warmup: int,
+                    reps: int) -> tuple[list[list[float]], list[list[float]]]:
+    """(times[job][rep], inner[job][rep]) of (schedule, compute on, comm on) skeleton runs,
+    slowest virtual rank's; a job without a schedule is the operator's ``contended`` run,
+    whose inner time is its GEMM's (0 for the others).
 
     Timed as ``run_loopback`` times a schedule (every rank starts a repetition on an idle
     device; the lanes' timer on the rank's compute stream), in passes that run every job
@@ -306,25 +313,33 @@ def _time_skeletons(world: VirtualRanks, jobs: list[tuple[Schedule, bool, bool]]
     n, width = len(jobs), warmup + reps
     first = world.next_runs(n * width)
 
-    def rank_main(r: int) -> list[list[float]]:
+    def rank_main(r: int) -> tuple[list[list[float]], list[list[float]]]:
         op, comm = world.ops[r], world.comms[r]
         timers: list[list] = [[None] * width for _ in range(n)]
+        gemm = [[0.0] * width for _ in range(n)]
         for p in range(width):
             for i in [(p + j) % n for j in range(n)]:
                 schedule, compute_on, comm_on = jobs[i]
                 world.sync_point(r)
                 timer = world.lanes.timer()
                 timer.start()
-                comm.begin_run(first + p * n + i, schedule.engine)
-                with op.skeleton(compute=compute_on, comm=comm_on):
-                    op.run(schedule)
+                comm.begin_run(first + p * n + i, "sm" if schedule is None else schedule.engine)
+                if schedule is None:
+                    gemm[i][p] = op.contended()
+                else:
+                    with op.skeleton(compute=compute_on, comm=comm_on):
+                        op.run(schedule)
                 timer.stop()
                 timers[i][p] = timer
         world.lanes.synchronize()
-        return [[t.seconds() for t in row[warmup:]] for row in timers]
+        return ([[t.seconds() for t in row[warmup:]] for row in timers], [row[warmup:] for row in gemm])
 
     per_rank = world.each(rank_main, what="signature skeletons")
-    return [[max(pr[i][k] for pr in per_rank) for k in range(reps)] for i in range(n)]
+
+    def slowest(part: int) -> list[list[float]]:
+        return [[max(pr[part][i][k] for pr in per_rank) for k in range(reps)] for i in range(n)]
+
+    return slowest(0), slowest(1)
 
 
 def _measure_surviving_failures(scenarios: list[Scenario], config: MeasureConfig, backend: str,
