@@ -163,6 +163,13 @@ def test_gemm_time_bit_equal_on_scalars_and_broadcast_shapes(hw):
 
 
 # -- transfer_time -----------------------------------------------------------------------------
+def assert_transfer_same(hw, nbytes, concurrent, engine_dma, P, what):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        got = transfer_time(hw, nbytes, concurrent, engine_dma, P)
+        want = ref_transfer_time(hw, nbytes, concurrent, engine_dma, P)
+    assert_same(got, want, what)
+
+
 @pytest.mark.parametrize("hw", SPECS, ids=IDS)
 def test_transfer_time_bit_equal_on_a_grid(hw):
     nbytes = np.repeat(BYTES, 9)
@@ -171,17 +178,11 @@ def test_transfer_time_bit_equal_on_a_grid(hw):
     for P in (2, 3, 4, 8, 16, 64, 1024, 2.0 ** 40):
         for engine_dma in (False, True, dma_rows, np.zeros(len(nbytes), bool), np.ones(len(nbytes), bool),
                            dma_rows.astype(float), np.bool_(True), np.bool_(False), 1, 0):
-            with np.errstate(divide="ignore", invalid="ignore"):
-                got = transfer_time(hw, nbytes, concurrent, engine_dma, P)
-                want = ref_transfer_time(hw, nbytes, concurrent, engine_dma, P)
-            assert_same(got, want, f"P={P} engine_dma={engine_dma!r}")
+            assert_transfer_same(hw, nbytes, concurrent, engine_dma, P, f"P={P} engine_dma={engine_dma!r}")
         # P per row too (the simulator's tables mix world sizes)
         Ps = np.tile(np.array([2.0, 3.0, 8.0]), len(nbytes) // 3 + 1)[: len(nbytes)]
         for engine_dma in (False, dma_rows):
-            with np.errstate(divide="ignore", invalid="ignore"):
-                got = transfer_time(hw, nbytes, concurrent, engine_dma, Ps)
-                want = ref_transfer_time(hw, nbytes, concurrent, engine_dma, Ps)
-            assert_same(got, want, f"per-row P, {engine_dma!r}")
+            assert_transfer_same(hw, nbytes, concurrent, engine_dma, Ps, f"per-row P, {engine_dma!r}")
 
 
 @pytest.mark.parametrize("hw", SPECS, ids=IDS)
@@ -192,10 +193,7 @@ def test_transfer_time_bit_equal_on_random_sizes(hw):
     P = rng.integers(2, 65, len(nbytes)).astype(float)
     dma = rng.uniform(size=len(nbytes)) < 0.5
     for engine_dma in (False, True, dma):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            got = transfer_time(hw, nbytes, concurrent, engine_dma, P)
-            want = ref_transfer_time(hw, nbytes, concurrent, engine_dma, P)
-        assert_same(got, want, f"random sizes, engine_dma={engine_dma!r}")
+        assert_transfer_same(hw, nbytes, concurrent, engine_dma, P, f"random sizes, engine_dma={engine_dma!r}")
 
 
 @pytest.mark.parametrize("hw", SPECS, ids=IDS)
