@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import time
 import zlib
 
 import torch
 import torch.distributed as dist
 
 from ficco_select.executor.comm import NullComm, P2PComm
+from ficco_select.executor.cuda import make_timer
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import Schedule, degrees
 
@@ -110,21 +110,14 @@ class Operator:
         compute alone is the contention loss (CIL) of this backend's engine.
         """
         works = self._start_whole_collective()
-        if torch.device(self.device).type == "cuda":
-            # CUDA events on the compute stream: the comm streams are still busy, so a
-            # device-wide synchronize would time the transfers too.
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            self.compute_alone()
-            end.record()
-            self.comm.wait(works)
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        t0 = time.perf_counter()
+        # On CUDA, events on the compute stream: the comm streams are still busy, so a
+        # device-wide synchronize would time the transfers too.
+        timer = make_timer(self.device)
+        timer.start()
         self.compute_alone()
-        gemm = time.perf_counter() - t0
+        timer.stop()
         self.comm.wait(works)
-        return gemm
+        return timer.seconds()
 
     def _start_whole_collective(self) -> list:  # pragma: no cover - abstract
         raise NotImplementedError
