@@ -14,12 +14,16 @@ Columns (schema version ``SCHEMA_VERSION``):
   schema_version, created_at``, and ``threads_per_rank``. A cuda fingerprint ends with the
   mode that measured it (``-loopback`` or ``-node``).
 A file's schema version is also in its Parquet metadata; reading another version is an
-error, never a silent mix.
+error, never a silent mix. So are the hardware specs of its machines that are not presets
+(``ficco_hardware``: name -> every spec field): a dataset simulated on a user's spec file
+is read back, trained on and validated by name, in any process
+(``ficco_select.hardware``'s registry).
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import os
 import platform
@@ -33,8 +37,10 @@ import torch
 
 from ficco_select import __version__
 from ficco_select.executor.harness import SIGNATURE_COLUMNS
+from ficco_select.hardware import (HardwareError, load_hardware, preset_names, register_hardware, spec_as_dict,
+                                   spec_from_dict)
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario, ScenarioError
-from ficco_select.schedule import ScheduleError, candidates, parse
+from ficco_select.schedule import BACKENDS, ScheduleError, candidates, engines_on, hardware_problem, parse
 
 SCHEMA_VERSION = 2
 """Version of the dataset columns; readers refuse other versions."""
@@ -45,6 +51,8 @@ PROVENANCE_COLUMNS = ("backend", "hardware_fingerprint", "host", "torch_version"
                       "schema_version", "created_at")
 COLUMNS = (*SCENARIO_COLUMNS, *LABEL_COLUMNS, *SIGNATURE_COLUMNS, "threads_per_rank", *PROVENANCE_COLUMNS)
 METADATA_KEY = b"ficco_schema_version"
+HARDWARE_KEY = b"ficco_hardware"
+"""Parquet metadata: JSON {name: spec fields} of the file's machines that are not presets."""
 
 
 class DatasetError(ValueError):
@@ -79,8 +87,11 @@ def write_parquet_atomic(df: pd.DataFrame, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pandas(df, preserve_index=False)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}),
-                                           METADATA_KEY: str(SCHEMA_VERSION).encode()})
+    meta = {**(table.schema.metadata or {}), METADATA_KEY: str(SCHEMA_VERSION).encode()}
+    specs = user_specs(df)
+    if specs:
+        meta[HARDWARE_KEY] = json.dumps(specs, sort_keys=True).encode()
+    table = table.replace_schema_metadata(meta)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         pq.write_table(table, tmp)
@@ -89,11 +100,29 @@ def write_parquet_atomic(df: pd.DataFrame, path: str | Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def user_specs(df: pd.DataFrame) -> dict[str, dict]:
+    """name -> every spec field, for `df`'s machines that are not presets, as this process
+    knows them: what a dataset file and a model carry so that the names resolve elsewhere."""
+    if "hardware" not in df.columns:
+        return {}
+    presets = set(preset_names())
+    specs = {}
+    for name in sorted(set(df["hardware"].dropna().astype(str)) - presets):
+        try:
+            specs[name] = spec_as_dict(load_hardware(name))
+        except HardwareError:
+            pass  # unknown here: `validate` names it; nothing to carry
+    return specs
+
+
 def read_dataset(path: str | Path) -> pd.DataFrame:
-    """Read a dataset, refusing files of another schema version."""
+    """Read a dataset, refusing files of another schema version; registers the machines it
+    carries specs for (``ficco_select.hardware``)."""
     path = Path(path)
     if not path.exists():
         raise DatasetError(f"{path}: no such dataset file")
+    if not path.is_file():
+        raise DatasetError(f"{path}: not a file (a dataset is a Parquet file)")
     try:
         meta = pq.read_schema(path).metadata or {}
     except (pa.ArrowInvalid, OSError) as e:
@@ -104,7 +133,18 @@ def read_dataset(path: str | Path) -> pd.DataFrame:
     if int(version) != SCHEMA_VERSION:
         raise DatasetError(f"{path}: schema version {int(version)}, this ficco-select reads version "
                            f"{SCHEMA_VERSION}; re-measure or convert it")
-    return pd.read_parquet(path)
+    try:
+        specs = json.loads(meta.get(HARDWARE_KEY, b"{}"))
+        if not isinstance(specs, dict):
+            raise HardwareError("not a mapping of machine names to specs")
+        for name, fields in specs.items():
+            register_hardware(spec_from_dict(fields, f"hardware spec {name!r}"), f"{path}: hardware spec {name!r}")
+    except (ValueError, HardwareError) as e:
+        raise DatasetError(f"{path}: its hardware specs (metadata {HARDWARE_KEY.decode()}) are unusable: {e}") from None
+    try:
+        return pd.read_parquet(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DatasetError(f"{path}: unreadable Parquet file ({e})") from None
 
 
 def validate(df: pd.DataFrame, *, max_problems: int = 50) -> list[str]:
@@ -143,7 +183,15 @@ def validate(df: pd.DataFrame, *, max_problems: int = 50) -> list[str]:
                 if problem(f"row {g.index[1]}, column '{col}': differs within scenario {sid}"):
                     return problems
         backend = g.at[first, "backend"]
-        expected = {s.name for s in candidates(scenario, backend)}
+        if backend not in BACKENDS:
+            if problem(f"row {first}, column 'backend': unknown backend {backend!r}; expected one of "
+                       f"{', '.join(BACKENDS)}"):
+                return problems
+            continue
+        wrong_machine, engines = _hardware_problem(scenario, backend)
+        if wrong_machine and problem(f"row {first}, {wrong_machine}"):
+            return problems
+        expected = {s.name for s in candidates(scenario, backend) if s.engine in engines}
         for i, name in g["schedule"].items():
             try:
                 parse(name)
@@ -160,6 +208,17 @@ def validate(df: pd.DataFrame, *, max_problems: int = 50) -> list[str]:
             if problem(msg):
                 return problems
     return problems
+
+
+def _hardware_problem(s: Scenario, backend: str) -> tuple[str | None, tuple[str, ...]]:
+    """Whether rows of `backend` may carry `s.hardware` (None if so; ``schedule.hardware_problem``),
+    and the engines its candidates use."""
+    try:
+        spec = load_hardware(s.hardware)
+    except HardwareError:
+        return (f"column 'hardware': unknown hardware {s.hardware!r}: not a preset, and the file carries no "
+                "spec for it", BACKENDS[backend].engines)
+    return hardware_problem(s, backend, spec), engines_on(backend, spec)
 
 
 def _check_labels(g: pd.DataFrame) -> list[str]:
@@ -201,18 +260,30 @@ def _check_labels(g: pd.DataFrame) -> list[str]:
 
 
 def info(df: pd.DataFrame) -> dict:
-    """Summary: scenarios, how often each schedule is fastest, speedups over baseline, noise."""
+    """Summary: scenarios, how often each schedule is fastest, speedups over baseline, noise.
+
+    A scenario without a baseline row (a broken file: ``validate`` says where) counts in
+    ``scenarios_without_baseline`` and nowhere else.
+    """
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise DatasetError(f"column '{missing[0]}' is missing{more}; `ficco dataset validate` lists every problem")
     ok = df[df["status"] == "ok"]
     per_scenario = []
-    for sid, g in ok.groupby("scenario_id", sort=False):
+    no_baseline = 0
+    for sid, g in ok.groupby("scenario_id", sort=False, dropna=False):
         v = g[g["verified"]]
+        base = g[g["schedule"].astype(str).str.startswith("none.")]["time_s"]
+        if base.empty:
+            no_baseline += 1
+            continue
         if v.empty:
             continue
-        base = g[g["schedule"].str.startswith("none.")]["time_s"]
         best = v.loc[v["time_s"].idxmin()]
         per_scenario.append({"best": best["schedule"], "speedup": float(base.iloc[0] / best["time_s"]),
                              "ties": int(v["near_best"].sum()),
-                             "baseline_near_best": bool(g[g["schedule"].str.startswith("none.")]["near_best"].iloc[0])})
+                             "baseline_near_best": bool(g.loc[base.index[0], "near_best"])})
     ps = pd.DataFrame(per_scenario)
     speedup = ps["speedup"] if len(ps) else pd.Series(dtype=float)
     family = ps["best"].str.split(".").str[0] if len(ps) else pd.Series(dtype=str)
@@ -220,6 +291,7 @@ def info(df: pd.DataFrame) -> dict:
         "scenarios": int(df["scenario_id"].nunique()),
         "rows": len(df),
         "failed_scenarios": int(df.loc[df["status"] == "failed", "scenario_id"].nunique()),
+        "scenarios_without_baseline": no_baseline,
         "unverified_rows": int((~ok["verified"]).sum()),
         "noisy_rows": int(ok["noisy"].sum()),
         "noisy_fraction": round(float(ok["noisy"].mean()), 3) if len(ok) else 0.0,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import shutil
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,15 +27,17 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from data.dataset import provenance, write_parquet_atomic
+from data.dataset import DatasetError, provenance, read_dataset, write_parquet_atomic
 from ficco_select.executor.cpu import (MeasureConfig, MeasureError, init_from_env,
                                        measure_in_group, measure_spawned, under_torchrun)
 from ficco_select.executor.harness import (SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES, failed_rows,
                                            ring_at, schedule_rows, summarize)
 from ficco_select.executor.loopback import LoopbackError, VirtualRanks, run_loopback
 from ficco_select.executor.node import NodeOptions
+from ficco_select.executor.ops import rank_buffer_bytes
+from ficco_select.hardware import HardwareError, load_hardware
 from ficco_select.scenario import Scenario
-from ficco_select.schedule import BASELINE, Schedule, candidates
+from ficco_select.schedule import BASELINE, Schedule, candidates, hardware_problem
 
 
 def parts_dir(out: str | Path) -> Path:
@@ -65,17 +66,29 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     Crash-safe with `out`: each finished scenario is committed atomically to
     ``<out>.parts/<scenario_id>.parquet`` before the next one starts; rerunning the same
     command after a kill skips the committed ones, so every scenario ends up exactly once.
-    `out` is assembled (atomically) when all are done, and the parts are then removed.
+
+    Nothing measured is lost: an existing `out` (the same backend and machine, else it is
+    refused) keeps its scenarios, which count as done; `out` is rewritten (atomically) as
+    those plus this run's, only when this run added any. Only the parts of `scenarios`
+    are removed once in `out`; parts of other scenarios (an interrupted sweep of another
+    table into the same `out`) stay where they are.
     """
     if ranks not in ("loopback", "node"):
         raise ValueError(f"ranks {ranks!r}: 'loopback' (virtual ranks on one device) or 'node' (a process per GPU)")
+    _check_machines(scenarios, backend)
     node = _node_options(scenarios, backend, device) if ranks == "node" else None
     mode = ranks if backend == "cuda" else None  # in the fingerprint: the modes label differently
     device = None if node else _loopback_device(scenarios, backend, device)
     distributed = device is None and under_torchrun()
     is_rank0 = not distributed or int(os.environ.get("RANK", "0")) == 0
+    _check_memory(scenarios, backend, device, node,
+                  local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if distributed else None)
     parts = parts_dir(out) if out is not None else None
-    done = {p.stem for p in parts.glob("*.parquet")} if parts is not None and parts.is_dir() else set()
+    wanted = {s.scenario_id for s in scenarios}
+    earlier = _earlier_rows(out, backend, mode) if out is not None and is_rank0 else None
+    done = set(earlier["scenario_id"]) if earlier is not None else set()
+    if parts is not None and parts.is_dir():
+        done |= {p.stem for p in parts.glob("*.parquet")} & wanted
     if distributed:
         init_from_env(config.timeout_s * 2)
         # Only rank 0's disk holds the parts (ranks may be on other nodes): it decides what is left.
@@ -118,13 +131,11 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
         bar.close()
     if not is_rank0:
         return None
+    kept_parts = 0
     if parts is None:
         df = pd.DataFrame(rows).assign(**provenance(backend, mode))
     else:
-        by_id = {p.stem: p for p in parts.glob("*.parquet")}
-        df = pd.concat([pd.read_parquet(by_id[s.scenario_id]) for s in scenarios], ignore_index=True)
-        write_parquet_atomic(df, out)
-        shutil.rmtree(parts)
+        df, kept_parts = _assemble(out, parts, earlier, [s.scenario_id for s in scenarios])
     ok = df[df["status"] == "ok"]
     df.attrs["sweep"] = {
         "scenarios": len(scenarios),
@@ -134,8 +145,115 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
         "failures": failed,
         "noisy_rows": int(ok["noisy"].sum()),
         "rows": len(df),
+        "kept_from_out": 0 if earlier is None else int(earlier["scenario_id"].nunique()),
+        "other_parts_kept": kept_parts,
     }
     return df
+
+
+def _earlier_rows(out: str | Path, backend: str, mode: str | None) -> pd.DataFrame | None:
+    """The rows already in `out`, or None if there is no `out` yet. Refuses an `out` that
+    is not a dataset, or was measured by another backend or on another machine: appending
+    would mix labels, replacing would destroy them."""
+    out = Path(out)
+    if not out.exists():
+        return None
+    try:
+        df = read_dataset(out)
+    except DatasetError as e:
+        raise ValueError(f"--out {out}: exists and is not a dataset this run can add to ({e}); "
+                         "choose another --out") from None
+    here = provenance(backend, mode)
+    for col in ("backend", "hardware_fingerprint"):
+        theirs = sorted(set(df[col].astype(str))) if col in df.columns else ["?"]
+        if theirs != [str(here[col])]:
+            raise ValueError(f"--out {out}: holds rows with {col} {', '.join(theirs)}, this run measures "
+                             f"{here[col]}; one dataset holds one machine's measurements: choose another --out")
+    return df
+
+
+def _assemble(out: str | Path, parts: Path, earlier: pd.DataFrame | None,
+              ids: list[str]) -> tuple[pd.DataFrame, int]:
+    """`out` = its earlier rows + this table's committed parts, written atomically only if
+    there are new parts; then those parts (only) are removed. Returns (rows, parts of other
+    scenarios left in `parts`)."""
+    have = set(earlier["scenario_id"]) if earlier is not None else set()
+    by_id = {p.stem: p for p in parts.glob("*.parquet")} if parts.is_dir() else {}
+    new = [sid for sid in dict.fromkeys(ids) if sid in by_id and sid not in have]
+    frames = ([earlier] if earlier is not None else []) + [pd.read_parquet(by_id[sid]) for sid in new]
+    df = pd.concat(frames, ignore_index=True)
+    if new or earlier is None:
+        write_parquet_atomic(df, out)
+    for sid in ids:  # ours only, and only once `out` holds them
+        if sid in by_id:
+            by_id[sid].unlink()
+    others = len(list(parts.glob("*.parquet"))) if parts.is_dir() else 0
+    if parts.is_dir() and not any(parts.iterdir()):
+        parts.rmdir()
+    return df, others
+
+
+def _check_machines(scenarios: Sequence[Scenario], backend: str) -> None:
+    """Rows carry only the machine they ran on: refused, before any work starts, is a
+    scenario whose hardware is unknown or does not suit the backend (a GPU preset on the
+    cpu backend, the cpu on the cuda backend; ``schedule.hardware_problem``)."""
+    for i, s in enumerate(scenarios, start=1):
+        try:
+            problem = hardware_problem(s, backend, load_hardware(s.hardware))
+        except HardwareError as e:
+            problem = f"column 'hardware': {e}"
+        if problem:
+            raise ValueError(f"row {i} (scenario {s.scenario_id}: {s.group} {s.op} m={s.m} n={s.n} k={s.k} "
+                             f"P={s.world_size}), {problem}")
+
+
+MEMORY_SHARE = 0.8
+"""Share of the free memory a scenario's buffers may take; a larger one is refused."""
+
+
+def _check_memory(scenarios: Sequence[Scenario], backend: str, device: str | None, node: NodeOptions | None,
+                  local_ranks: int | None) -> None:
+    """Refuse, before any rank starts, a scenario whose buffers cannot fit in this machine's
+    free memory (host memory for gloo ranks and CPU loopback, the GPU's for cuda), naming
+    the row, the largest dimension and the bytes needed (``ops.rank_buffer_bytes``).
+
+    local_ranks: ranks of a scenario on this machine (None: all of them, as when spawned
+    or virtual; torchrun's LOCAL_WORLD_SIZE under torchrun).
+    """
+    on_gpu = backend == "cuda" and device is not None or node is not None
+    if on_gpu and not torch.cuda.is_available():
+        return  # refused elsewhere with its own message
+    for i, s in enumerate(scenarios, start=1):
+        ranks_here = 1 if node is not None else local_ranks or s.world_size
+        need = ranks_here * rank_buffer_bytes(s)
+        free = torch.cuda.mem_get_info(device or 0)[0] if on_gpu else _host_available_bytes()
+        if free is not None and need > MEMORY_SHARE * free:
+            col = max(("m", "n", "k"), key=lambda c: getattr(s, c))
+            where = "the GPU" if on_gpu else "this machine"
+            raise ValueError(f"row {i} (scenario {s.scenario_id}: {s.group} {s.op} m={s.m} n={s.n} k={s.k} "
+                             f"P={s.world_size}), column '{col}': its buffers need {_size(need)} "
+                             f"({ranks_here} rank(s) x {_size(need // ranks_here)}), {where} has "
+                             f"{_size(free)} free; shrink {col}")
+
+
+def _host_available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux), else None (the check is skipped)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
 
 
 def _node_options(scenarios: Sequence[Scenario], backend: str, device: str | None) -> NodeOptions:
@@ -146,22 +264,12 @@ def _node_options(scenarios: Sequence[Scenario], backend: str, device: str | Non
         raise ValueError(f"device {device!r}: in node mode rank r runs on GPU r; give no device")
     if under_torchrun():
         raise ValueError("ranks 'node' spawns its own ranks; run it without torchrun")
-    _refuse_cpu_hardware(scenarios)
     need = max((s.world_size for s in scenarios), default=0)
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if have < need:
         raise ValueError(f"ranks 'node': scenarios of world size {need} need {need} GPUs, {have} visible "
                          "here; use ranks 'loopback' (virtual ranks on one GPU)")
     return NodeOptions()
-
-
-def _refuse_cpu_hardware(scenarios: Sequence[Scenario]) -> None:
-    for i, s in enumerate(scenarios, start=1):
-        if s.hardware == "cpu":
-            raise ValueError(
-                f"row {i} (scenario {s.scenario_id}: {s.group} {s.op} m={s.m} n={s.n} k={s.k} "
-                f"P={s.world_size}), column 'hardware': 'cpu' cannot be measured on the cuda backend; "
-                "set it to the GPU's preset name (e.g. h100-nvswitch) or spec file, or use --backend cpu")
 
 
 def _loopback_device(scenarios: Sequence[Scenario], backend: str, device: str | None) -> str | None:
@@ -179,7 +287,6 @@ def _loopback_device(scenarios: Sequence[Scenario], backend: str, device: str | 
         if torch.device(device).type != "cuda":
             raise ValueError(f"device {device!r}: the cuda backend measures on a CUDA device ('cuda' or "
                              "'cuda:<index>')")
-        _refuse_cpu_hardware(scenarios)
     else:
         raise ValueError(f"backend {backend!r}: measure runs 'cpu' or 'cuda' (use `ficco simulate` for sim)")
     if device is None:

@@ -68,14 +68,22 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, timeout_s, as_jso
     if as_json:
         _echo_json({"out": str(out), **sweep, "verified": int(df["verified"].sum()),
                     "unverified": int((ok & ~df["verified"]).sum()), "per_scenario": table.to_dict("records")})
-        return
-    click.echo(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    click.echo(f"\n{len(df)} rows ({int(df['verified'].sum())} verified) for "
-               f"{df['scenario_id'].nunique()} scenarios -> {out}")
-    click.echo("measured {measured}, skipped (already done) {skipped}, failed {failed}, "
-               "noisy rows {noisy_rows}".format(**sweep))
-    for failure in sweep.get("failures", []):
-        click.echo(f"  failed: {failure}")
+    else:
+        click.echo(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        click.echo(f"\n{len(df)} rows ({int(df['verified'].sum())} verified) for "
+                   f"{df['scenario_id'].nunique()} scenarios -> {out}")
+        click.echo("measured {measured}, skipped (already done) {skipped}, failed {failed}, "
+                   "noisy rows {noisy_rows}".format(**sweep))
+        if sweep.get("kept_from_out"):
+            click.echo(f"{out} already held {sweep['kept_from_out']} scenarios: kept; those of this table were "
+                       "not re-measured (delete the file to measure them again)")
+        if sweep.get("other_parts_kept"):
+            click.echo(f"{sweep['other_parts_kept']} committed parts of scenarios not in this table were left "
+                       f"in {out}.parts (an interrupted sweep of another table: rerun it to finish)")
+        for failure in sweep.get("failures", []):
+            click.echo(f"  failed: {failure}")
+    if sweep.get("failed"):
+        sys.exit(1)  # the dataset is written, failures and all; a script must still notice
 
 
 @main.command("catalog")
@@ -123,22 +131,16 @@ def catalog_cmd(scale, out, world_sizes, models, dtype, hardware, as_json) -> No
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary.")
 def simulate(scenarios_path, hardware, out, noise, seed, as_json) -> None:
     """Predict every legal schedule's time on hardware we do not have (backend=sim)."""
-    import dataclasses
-
     from data.dataset import write_parquet_atomic
     from data.scenarios import read_scenarios
     from data.simulate import simulate as run_simulate
     from ficco_select.hardware import HardwareError, load_hardware
 
     try:
-        scenarios = read_scenarios(scenarios_path, backend="sim")
-        frames = []
-        names = [hardware] if hardware else sorted({s.hardware for s in scenarios})
-        for name in names:
-            hw = load_hardware(name)
-            chosen = [dataclasses.replace(s, hardware=hw.name) for s in scenarios
-                      if hardware or s.hardware == name]
-            frames.append(run_simulate(chosen, hw, noise=noise, seed=seed))
+        scenarios = read_scenarios(scenarios_path, backend="sim", hardware=hardware)
+        names = sorted({s.hardware for s in scenarios})
+        frames = [run_simulate([s for s in scenarios if s.hardware == name], load_hardware(name),
+                               noise=noise, seed=seed) for name in names]
     except (ScenarioError, HardwareError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     import pandas as pd
@@ -257,6 +259,8 @@ def export_cmd(model_uri, out) -> None:
 
     try:
         path = export(out or DEFAULT_PATH, model_uri)
+    except ValueError as e:  # ours: names the folder or the model
+        raise click.ClickException(str(e)) from None
     except Exception as e:  # noqa: BLE001 - MLflow raises many kinds; say which model failed
         raise click.ClickException(f"{model_uri}: {e}") from None
     click.echo(str(path))
@@ -495,9 +499,10 @@ def info(path, as_json) -> None:
     from data.dataset import DatasetError, info as summarize, read_dataset
 
     try:
-        summary = summarize(read_dataset(path))
+        df = read_dataset(path)
+        summary = summarize(df)
     except DatasetError as e:
-        raise click.ClickException(str(e)) from None
+        raise click.ClickException(str(e) if str(e).startswith(str(path)) else f"{path}: {e}") from None
     if as_json:
         _echo_json(summary)
         return
@@ -536,9 +541,12 @@ def _telemetry_rows(paths, df):
 
 def _decision(row: int, record: dict, selector) -> dict:
     """The selector's decision on one raw table row (never raises: a bad row is a fallback)."""
-    try:
-        scenario_id = Scenario.from_record(record).scenario_id
-    except ScenarioError:
+    from ficco_select.hardware import HardwareError, hardware_name
+
+    try:  # the id `ficco simulate` and `ficco measure` give the row: a spec file becomes its name
+        named = {**record, "hardware": hardware_name(str(record.get("hardware", "")).strip())}
+        scenario_id = Scenario.from_record(named).scenario_id
+    except (ScenarioError, HardwareError):
         scenario_id = None
     d = selector.select(record)
     return {"row": row, "scenario_id": scenario_id, "schedule": d.schedule.name, "source": d.source,

@@ -3,16 +3,26 @@
 A spec is a YAML file; presets ship in ``ficco_select/presets/``. Fields (units in the
 names): see ``HardwareSpec``. A missing, unknown or impossible field is an error naming
 the field and the file. Plain Python + PyYAML: the runtime may read specs.
+
+Rows (scenario tables after reading, datasets, models) carry a machine's *name*. A spec
+read from a file is registered under its name for the rest of the process, datasets
+carry the specs of their non-preset machines in their Parquet metadata and models in
+``selector.json``, so every later stage finds the machine by name again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+log = logging.getLogger("ficco_select.hardware")
 
 TOPOLOGIES = ("fully_connected", "switch", "ring")
 
@@ -67,9 +77,14 @@ class HardwareSpec:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(HardwareSpec)}
+SPEC_SUFFIXES = (".yaml", ".yml")
+"""A hardware value ending so (or holding a path separator) is a spec file; else a name."""
 
 
-def _check(spec: dict[str, Any], where: str) -> HardwareSpec:
+def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
+    """Check every field of a spec mapping; HardwareError naming `where` and the field."""
+    if not isinstance(spec, dict):
+        raise HardwareError(f"{where}: a hardware spec is a mapping of fields, got {type(spec).__name__}")
     missing = [f for f in _FIELDS if f not in spec]
     if missing:
         raise HardwareError(f"{where}: field '{missing[0]}' is missing")
@@ -77,38 +92,49 @@ def _check(spec: dict[str, Any], where: str) -> HardwareSpec:
     if unknown:
         raise HardwareError(f"{where}: unknown field '{unknown[0]}' (known: {', '.join(_FIELDS)})")
 
-    def positive(field: str, value: Any, integer: bool = False) -> None:
+    def number(field: str, value: Any, *, integer: bool = False, low: float = 0.0, high: float = math.inf,
+               low_open: bool = True, high_open: bool = True) -> None:
+        kind = "an integer" if integer else "a number"
         ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-        if isinstance(value, bool) or not ok or not value > 0:
-            kind = "a positive integer" if integer else "a positive number"
+        if isinstance(value, bool) or not ok or not math.isfinite(value):
             raise HardwareError(f"{where}: field '{field}' must be {kind}, got {value!r}")
+        above = value > low if low_open else value >= low
+        below = value < high if high_open else value <= high
+        if not (above and below):
+            lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+            raise HardwareError(f"{where}: field '{field}' must lie in {lo}{low:g}, {high:g}{hi}, got {value!r}")
 
+    for f in ("name", "description"):
+        if not isinstance(spec[f], str) or not spec[f].strip():
+            raise HardwareError(f"{where}: field '{f}' must be a non-empty string, got {spec[f]!r}")
+    if is_spec_path(spec["name"]):
+        raise HardwareError(f"{where}: field 'name' is {spec['name']!r}, which reads as a file path; "
+                            "give the machine a plain name such as my-node")
     for f in ("devices", "compute_units", "tile_m", "tile_n"):
-        positive(f, spec[f], integer=True)
+        number(f, spec[f], integer=True)
     for f in ("mem_bw_gbps", "link_bw_gbps", "gemm_launch_us", "sm_comm_latency_us"):
-        positive(f, spec[f])
+        number(f, spec[f])
     if not isinstance(spec["peak_tflops"], dict) or "float32" not in spec["peak_tflops"]:
         raise HardwareError(f"{where}: field 'peak_tflops' must map dtypes to TFLOP/s, including float32")
     for dtype, value in spec["peak_tflops"].items():
         if dtype not in ("float32", "bfloat16", "float16"):
             raise HardwareError(f"{where}: field 'peak_tflops.{dtype}': unknown dtype")
-        positive(f"peak_tflops.{dtype}", value)
-    if not 0 < spec["gemm_efficiency"] <= 1:
-        raise HardwareError(f"{where}: field 'gemm_efficiency' must lie in (0, 1], got {spec['gemm_efficiency']}")
-    if not 0 <= spec["sm_comm_units"] < 1:
-        raise HardwareError(f"{where}: field 'sm_comm_units' must lie in [0, 1), got {spec['sm_comm_units']}")
+        number(f"peak_tflops.{dtype}", value)
+    number("gemm_efficiency", spec["gemm_efficiency"], high=1.0, high_open=False)
+    number("sm_comm_units", spec["sm_comm_units"], high=1.0, low_open=False)
     if spec["topology"] not in TOPOLOGIES:
         raise HardwareError(f"{where}: field 'topology' must be one of {', '.join(TOPOLOGIES)}, "
                             f"got {spec['topology']!r}")
-    if isinstance(spec["copy_engines"], bool) or not isinstance(spec["copy_engines"], int) \
-            or spec["copy_engines"] < 0:
-        raise HardwareError(f"{where}: field 'copy_engines' must be an integer >= 0")
+    number("copy_engines", spec["copy_engines"], integer=True, low_open=False)
     if spec["copy_engines"]:
-        positive("dma_latency_us", spec["dma_latency_us"])
-        positive("dma_bw_gbps", spec["dma_bw_gbps"])
-    if not 0 <= spec["dma_mem_contention"] <= 1:
-        raise HardwareError(f"{where}: field 'dma_mem_contention' must lie in [0, 1]")
-    return HardwareSpec(**{**spec, "peak_tflops": {k: float(v) for k, v in spec["peak_tflops"].items()}})
+        number("dma_latency_us", spec["dma_latency_us"])
+        number("dma_bw_gbps", spec["dma_bw_gbps"])
+    else:  # unused without copy engines, but a dataset stores them: numbers all the same
+        number("dma_latency_us", spec["dma_latency_us"], low_open=False)
+        number("dma_bw_gbps", spec["dma_bw_gbps"], low_open=False)
+    number("dma_mem_contention", spec["dma_mem_contention"], high=1.0, low_open=False, high_open=False)
+    return HardwareSpec(**{**spec, "name": spec["name"].strip(),
+                           "peak_tflops": {k: float(v) for k, v in spec["peak_tflops"].items()}})
 
 
 def presets_dir() -> Path:
@@ -119,22 +145,80 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in presets_dir().glob("*.yaml"))
 
 
+def is_spec_path(value: str | Path) -> bool:
+    """Whether a hardware value names a spec file (``./my-node.yaml``) rather than a machine."""
+    text = str(value)
+    return text.endswith(SPEC_SUFFIXES) or "/" in text or os.sep in text
+
+
+# Specs this process has read from files, datasets or models, by name. Rows carry a
+# machine's name, never a path (a path differs between machines and would change the
+# scenario id); this is where a name that is not a preset is found again.
+_REGISTERED: dict[str, HardwareSpec] = {}
+
+
+def register_hardware(spec: HardwareSpec, where: str = "") -> HardwareSpec:
+    """Make `spec` findable by its name in this process.
+
+    A preset's name is refused for a spec with other numbers (the presets mean one thing
+    everywhere). A user's machine may be re-described (an edited spec file read again):
+    the latest spec wins, with a warning when its numbers changed.
+    """
+    if spec.name in preset_names():
+        if _read_spec(presets_dir() / f"{spec.name}.yaml") != spec:
+            raise HardwareError(f"{where or 'spec'}: name {spec.name!r} is a preset's, with other numbers; "
+                                "give this machine its own name (field 'name')")
+        return spec
+    known = _REGISTERED.get(spec.name)
+    if known is not None and known != spec:
+        log.warning("hardware %r: the spec from %s replaces an earlier one with other numbers in this process",
+                    spec.name, where or "a mapping")
+    _REGISTERED[spec.name] = spec
+    return spec
+
+
 def load_hardware(name_or_path: str | Path) -> HardwareSpec:
-    """A preset by name, or a spec file by path."""
+    """A machine by name (a preset, or a spec read earlier in this process), or a spec file by path.
+
+    A spec file is registered under its ``name``, so rows that carry that name resolve later.
+    """
+    if not is_spec_path(name_or_path):
+        name = str(name_or_path)
+        if name in _REGISTERED:
+            return _REGISTERED[name]
+        path = presets_dir() / f"{name}.yaml"
+        if not name or not path.is_file():
+            raise HardwareError(f"unknown hardware {name!r}; presets: {', '.join(preset_names())} "
+                                "(or pass a spec file: ./my-node.yaml)")
+        return _read_spec(path)
     path = Path(name_or_path)
-    if not path.suffix:
-        path = presets_dir() / f"{name_or_path}.yaml"
-        if not path.exists():
-            raise HardwareError(f"unknown hardware {str(name_or_path)!r}; presets: {', '.join(preset_names())}")
+    return register_hardware(_read_spec(path), str(path))
+
+
+def hardware_name(value: str) -> str:
+    """The name rows carry for a hardware value: a spec file's ``name``, else the value."""
+    return load_hardware(value).name if is_spec_path(value) else value
+
+
+def _read_spec(path: Path) -> HardwareSpec:
     if not path.exists():
         raise HardwareError(f"{path}: no such hardware spec file")
+    if not path.is_file():
+        raise HardwareError(f"{path}: not a file (a hardware spec is a YAML file)")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise HardwareError(f"{path}: not a text file (a hardware spec is a YAML file)") from None
+    except OSError as e:
+        raise HardwareError(f"{path}: cannot be read ({e.strerror})") from None
     except yaml.YAMLError as e:
-        raise HardwareError(f"{path}: not valid YAML ({e})") from None
+        # Position and problem only: the file's lines are not echoed (it may not be a spec at all).
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise HardwareError(f"{path}: not valid YAML{at} ({getattr(e, 'problem', None) or type(e).__name__})") from None
     if not isinstance(data, dict):
         raise HardwareError(f"{path}: a hardware spec is a mapping of fields")
-    return _check(data, str(path))
+    return spec_from_dict(data, str(path))
 
 
 def spec_as_dict(spec: HardwareSpec) -> dict[str, Any]:

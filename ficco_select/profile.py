@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ficco_select.hardware import HardwareError, HardwareSpec, _check, spec_as_dict
+from ficco_select.hardware import HardwareError, HardwareSpec, spec_as_dict, spec_from_dict
 
 SCHEMA = "ficco-gpu-profile"
 """Value of the profile's ``schema`` field."""
@@ -293,7 +293,7 @@ def profiled_spec(profile: GpuProfile, base: HardwareSpec, *, name: str | None =
               "description": description or f"{base.description}; primitives measured on one "
                                             f"{profile.device_name} ({profile.source})"}
     try:
-        spec = _check(fields, f"spec from profile {profile.source}")
+        spec = spec_from_dict(fields, f"spec from profile {profile.source}")
     except HardwareError as e:
         raise ProfileError(str(e)) from None
     return spec, overrides

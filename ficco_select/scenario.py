@@ -197,7 +197,15 @@ def _is_missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and v != v) or (isinstance(v, str) and not v.strip())
 
 
+def _is_bool(v: Any) -> bool:
+    # True is an int to Python (and NumPy's bool_ converts to 1.0): a table cell that says
+    # True is a mistake, not the number 1.
+    return isinstance(v, bool) or type(v).__name__ == "bool_"
+
+
 def _as_int(v: Any, col: str) -> int:
+    if _is_bool(v):
+        raise ScenarioError(f"column '{col}': must be a positive integer, got {v!r}")
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -208,6 +216,8 @@ def _as_int(v: Any, col: str) -> int:
 
 
 def _as_float(v: Any, col: str) -> float:
+    if _is_bool(v):
+        raise ScenarioError(f"column '{col}': must be a number, got {v!r}")
     try:
         return float(v)
     except (TypeError, ValueError):

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 from typing import Literal
 
+from ficco_select.hardware import HardwareSpec
 from ficco_select.scenario import Scenario
 
 Granularity = Literal["none", "shard", "ficco"]
@@ -138,6 +139,31 @@ def backend_problem(scenario: Scenario, backend: str) -> str | None:
     if scenario.dtype not in caps.dtypes:
         return f"column 'dtype': the {backend} backend does not run {scenario.dtype} (runs {', '.join(caps.dtypes)})"
     return None
+
+
+def hardware_problem(scenario: Scenario, backend: str, spec: HardwareSpec) -> str | None:
+    """Why rows of `backend` cannot carry `spec` as the scenario's machine (naming the
+    column), or None. The cpu backend measures this machine's CPU, so its rows never name a
+    GPU; the cuda backend measures a GPU; a spec describes one node of ``devices`` ranks."""
+    if backend == "cpu" and spec.copy_engines:
+        return (f"column 'hardware': {spec.name!r} is a GPU ({spec.copy_engines} copy engines), but the cpu "
+                "backend measures this machine's CPU; set the column to cpu (or a spec without copy "
+                "engines), or measure that GPU with --backend cuda")
+    if backend == "cuda" and not spec.copy_engines:
+        return (f"column 'hardware': {spec.name!r} is not a GPU (no copy engines), but the cuda backend "
+                "measures this machine's GPU; set the column to its preset name (e.g. h100-nvswitch) or "
+                "spec file, or use --backend cpu")
+    if backend in ("sim", "cuda") and scenario.world_size > spec.devices:
+        return (f"column 'world_size': {scenario.world_size} exceeds the {spec.devices} devices of "
+                f"{spec.name} (a spec describes one node)")
+    return None
+
+
+def engines_on(backend: str, spec: HardwareSpec) -> tuple[str, ...]:
+    """Engines whose schedules `backend` has for a scenario on `spec`: the simulator models
+    ``dma`` only on a machine with copy engines."""
+    engines = BACKENDS[backend].engines
+    return tuple(e for e in engines if e in spec.engines) if backend == "sim" else engines
 
 
 def degrees(world_size: int) -> tuple[int, ...]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from data.dataset import user_specs
 from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from ficco_select import __version__
 from train.evaluate import choices_table, evaluate, tables
@@ -128,8 +129,8 @@ def _register(model: Selector, name: str, df: pd.DataFrame, digest: str, by_spli
     meta = {"selector": name, "feature_schema_version": FEATURE_SCHEMA_VERSION,
             "feature_schema_hash": FEATURE_SCHEMA_HASH, "feature_names": list(FEATURE_NAMES),
             "target": "log(time / baseline time)" if name == "xgb-regressor" else "rank score (higher is better)",
-            "training_ranges": training_ranges(df), "dataset_digest": digest, "mlflow_run_id": run_id,
-            "ficco_version": __version__}
+            "training_ranges": training_ranges(df), "hardware_specs": user_specs(df),
+            "dataset_digest": digest, "mlflow_run_id": run_id, "ficco_version": __version__}
     with tempfile.TemporaryDirectory() as tmp:
         meta_path = Path(tmp) / "selector.json"
         meta_path.write_text(json.dumps(meta, indent=2))
