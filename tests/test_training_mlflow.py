@@ -135,3 +135,85 @@ def test_export_then_the_runtime_selector_decides_without_raising(store, tmp_pat
     broken = Selector.load(folder)
     assert broken.model is None and "using the heuristic" in caplog.text
     assert broken.select(recs[0]).source == "heuristic"
+
+
+def test_the_readme_retrain_flow_with_a_spec_file(tmp_path):
+    """README "Retrain on new hardware" with a machine described only by a file: every
+    stage, each in a fresh process, finds it by the name the file declares."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from ficco_select.hardware import presets_dir
+
+    spec = yaml.safe_load((presets_dir() / "h100-nvswitch.yaml").read_text())  # step 1: copy, rename, edit
+    spec.update(name="my-node", link_bw_gbps=2 * spec["link_bw_gbps"])
+    spec_path = tmp_path / "my-node.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    recs = catalog("full", world_sizes=(2, 4, 8), hardware=str(spec_path), models=["llama3-8b", "mixtral-8x7b"])
+    table = tmp_path / "mine.csv"
+    pd.DataFrame(recs)[["group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "imbalance"]].to_csv(
+        table, index=False)
+    env = {**__import__("os").environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+
+    def run(*args: str) -> str:
+        res = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=tmp_path, env=env,
+                             timeout=600)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+        return res.stdout
+
+    run("-m", "ficco_cli.main", "simulate", "--scenarios", str(table), "--out", "mine.parquet", "--noise", "0.03")
+    run("-m", "ficco_cli.main", "dataset", "validate", "mine.parquet")
+    simulated_ids = set(pd.read_parquet(tmp_path / "mine.parquet")["scenario_id"])
+    assert set(pd.read_parquet(tmp_path / "mine.parquet")["hardware"]) == {"my-node"}
+    # step 3: train beside a preset's rows, register, export (a fresh process reads the file's spec)
+    run("-c", """
+import pandas as pd
+from data.catalog import catalog
+from data.dataset import read_dataset
+from data.simulate import simulate
+from ficco_select import Scenario
+from ficco_select.hardware import load_hardware
+from train.export import export
+from train.run import train
+from train.selectors import AlwaysBaseline, Heuristic, Oracle, XGBRanker, XGBTimeRegressor
+recs = catalog("full", world_sizes=(2, 4, 8), hardware="mi300x-8", models=["llama3-8b", "mixtral-8x7b"])
+preset = simulate([Scenario.from_record(r) for r in recs], load_hardware("mi300x-8"), noise=0.03, seed=4)
+df = pd.concat([read_dataset("mine.parquet"), preset], ignore_index=True)
+fast = lambda: [XGBTimeRegressor(n_estimators=40), XGBRanker(n_estimators=40), Heuristic(tune=False),
+                AlwaysBaseline(), Oracle()]
+summary = train(df, splits=("family", "hardware"), selectors=fast, out_dir="out", progress=False)
+export("sel", f"models:/ficco-selector/{summary['version']}")
+""")
+    # the runtime, from the exported folder: the machine by name and by its file
+    named = tmp_path / "named.csv"
+    pd.read_csv(table).assign(hardware="my-node").to_csv(named, index=False)
+    for path in (table, named):
+        decisions = json.loads(run("-m", "ficco_cli.main", "select", "--model", "sel", "--scenarios", str(path),
+                                   "--json"))
+        assert {d["scenario_id"] for d in decisions} == simulated_ids  # one id per scenario, file or name
+        assert not [d for d in decisions if d["source"] == "fallback" or "not seen" in d["reason"]]
+        assert any(d["source"] == "model" for d in decisions)
+
+
+def test_export_never_empties_a_folder_it_did_not_write(store, tmp_path):
+    from train.export import export
+
+    root, first, second = store
+    uri = f"models:/{REGISTERED_MODEL}/{second['version']}"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    sibling = tmp_path / "sel.tmp"  # the old export's scratch name: not ours either
+    sibling.mkdir()
+    (sibling / "x").write_text("keep")
+    with pytest.raises(ValueError, match="notes.txt"):
+        export(mine, uri)
+    assert (mine / "notes.txt").read_text() == "keep"
+    folder = tmp_path / "sel"
+    export(folder, uri)
+    export(folder, uri)  # an earlier export is replaced
+    assert {p.name for p in folder.iterdir()} == {"model.json", "selector.json"}
+    assert (sibling / "x").read_text() == "keep"
+    assert {p.name for p in tmp_path.iterdir()} == {"mine", "sel", "sel.tmp"}  # no scratch left behind
