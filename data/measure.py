@@ -75,6 +75,8 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     """
     if ranks not in ("loopback", "node"):
         raise ValueError(f"ranks {ranks!r}: 'loopback' (virtual ranks on one device) or 'node' (a process per GPU)")
+    if ranks == "node" and backend != "cuda":
+        raise ValueError(f"ranks 'node': a process per GPU is the cuda backend's mode, not {backend!r}'s")
     _check_machines(scenarios, backend)
     node = _node_options(scenarios, backend, device) if ranks == "node" else None
     mode = ranks if backend == "cuda" else None  # in the fingerprint: the modes label differently
@@ -258,8 +260,6 @@ def _size(n: float) -> str:
 
 def _node_options(scenarios: Sequence[Scenario], backend: str, device: str | None) -> NodeOptions:
     """The cuda backend's node mode: refused, before any work starts, where it cannot run."""
-    if backend != "cuda":
-        raise ValueError(f"ranks 'node': a process per GPU is the cuda backend's mode, not {backend!r}'s")
     if device is not None:
         raise ValueError(f"device {device!r}: in node mode rank r runs on GPU r; give no device")
     if under_torchrun():

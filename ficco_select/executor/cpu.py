@@ -3,7 +3,10 @@
 Two ways to start the ranks, one rank loop (``measure_rank``):
 - ``measure_spawned``: the executor spawns world_size processes on this machine, watches
   them, and kills every one of them if a rank dies or makes no progress for
-  ``timeout_s`` (then raises ``MeasureError``).
+  ``timeout_s`` (then raises ``MeasureError``). The ranks rendezvous over a TCPStore that
+  the launcher hosts on loopback, so a job leaves nothing on disk, even when the launcher
+  is killed with SIGKILL; ranks die with their launcher (Linux), even one killed while
+  they were still starting.
 - ``measure_in_group``: the caller is already one rank of a process group (``torchrun``).
 
 Per scenario the ranks compute the float32 reference, time compute alone and
@@ -22,7 +25,6 @@ import dataclasses
 import datetime
 import os
 import queue as queue_mod
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -157,23 +159,23 @@ def pin_rank_to_cores(rank: int, world_size: int, threads: int) -> None:
 
 
 # -- spawned ranks -------------------------------------------------------------------------
-def _spawned_rank(rank: int, world_size: int, store: str, records: list[dict],
+def _spawned_rank(rank: int, world_size: int, launcher_pid: int, store_port: int, records: list[dict],
                   config: MeasureConfig, events, node: NodeOptions | None = None) -> None:
     try:
-        _die_with_parent()
+        _die_with_launcher(launcher_pid)
         if config.pin_cores:
             pin_rank_to_cores(rank, world_size, config.threads(world_size))
         torch.set_num_threads(config.threads(world_size))
         scenarios = [Scenario.from_record(r) for r in records]
         emit = (lambda kind, payload: events.put((kind, payload))) if rank == 0 else (lambda k, p: None)
         # The launcher kills hung jobs first; the process group's own timeout is a backstop.
+        timeout = datetime.timedelta(seconds=config.timeout_s * 2)
+        store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=timeout)
         if node is None:
-            dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
-                                    world_size=world_size,
-                                    timeout=datetime.timedelta(seconds=config.timeout_s * 2))
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
             measure_rank(scenarios, config, emit)
         else:
-            init_rank(rank, world_size, f"file://{store}", config.timeout_s * 2, node)
+            init_rank(rank, world_size, store, config.timeout_s * 2, node)
             comm, memory = engine_comm(node, config.timeout_s)
             try:
                 measure_rank(scenarios, config, emit, comm=comm, backend="cuda", device=rank_device(node))
@@ -188,7 +190,7 @@ def _spawned_rank(rank: int, world_size: int, store: str, records: list[dict],
         raise SystemExit(1)
 
 
-def _die_with_parent() -> None:
+def _die_with_launcher(launcher_pid: int) -> None:
     # Linux: if the launcher is killed (even kill -9) its ranks get SIGKILL too.
     try:
         import ctypes
@@ -196,6 +198,11 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    # The signal only covers a launcher dying from now on; this rank got here after
+    # seconds of importing torch, so the launcher may already be gone (the rank was
+    # reparented). Its peers and store may be gone with it: leave at once.
+    if os.getppid() != launcher_pid:
+        os._exit(1)
 
 
 def measure_spawned(scenarios: Sequence[Scenario], config: MeasureConfig, *,
@@ -221,17 +228,19 @@ def measure_spawned(scenarios: Sequence[Scenario], config: MeasureConfig, *,
     events = ctx.Queue()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks talk over loopback only
     records = [s.as_record() for s in scenarios]
+    # The rendezvous lives in this process, not in a file: it goes when the launcher goes,
+    # however it ends. Port 0: the OS picks a free one.
+    store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
     procs = []
-    with tempfile.TemporaryDirectory(prefix="ficco-store-") as tmp:
-        try:
-            for rank in range(P):
-                p = ctx.Process(target=_spawned_rank, daemon=True,
-                                args=(rank, P, os.path.join(tmp, "store"), records, config, events, node))
-                p.start()
-                procs.append(p)
-            _watch(procs, events, config.timeout_s, on_scenario, on_progress)
-        finally:
-            _kill_all(procs)
+    try:
+        for rank in range(P):
+            p = ctx.Process(target=_spawned_rank, daemon=True,
+                            args=(rank, P, os.getpid(), store.port, records, config, events, node))
+            p.start()
+            procs.append(p)
+        _watch(procs, events, config.timeout_s, on_scenario, on_progress)
+    finally:
+        _kill_all(procs)
 
 
 def _watch(procs, events, timeout_s, on_scenario, on_progress) -> None:

@@ -40,20 +40,24 @@ class NodeOptions:
     """Bytes per staging slot; a larger transfer goes as several."""
 
 
-def init_rank(rank: int, world_size: int, init_method: str, timeout_s: float, options: NodeOptions) -> None:
-    """Join the process group of a node job as `rank` (before any CUDA work on the rank)."""
+def init_rank(rank: int, world_size: int, rendezvous: str | dist.Store, timeout_s: float,
+              options: NodeOptions) -> None:
+    """Join the process group of a node job as `rank` (before any CUDA work on the rank).
+
+    rendezvous: a store the ranks share (the launcher's), or an ``init_method`` URL.
+    """
     timeout = datetime.timedelta(seconds=timeout_s)
+    meet = {"store": rendezvous} if isinstance(rendezvous, dist.Store) else {"init_method": rendezvous}
     if options.device == "cpu":
-        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=timeout)
+        dist.init_process_group("gloo", **meet, rank=rank, world_size=world_size, timeout=timeout)
         return
     if torch.cuda.device_count() < world_size:
         raise RuntimeError(f"a node job of {world_size} ranks needs {world_size} GPUs; "
                            f"{torch.cuda.device_count()} visible")
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
-    dist.init_process_group("cuda:nccl,cpu:gloo", init_method=init_method, rank=rank,
-                            world_size=world_size, timeout=timeout, device_id=device)
+    dist.init_process_group("cuda:nccl,cpu:gloo", **meet, rank=rank, world_size=world_size,
+                            timeout=timeout, device_id=device)
 
 
 def engine_comm(options: NodeOptions, timeout_s: float) -> tuple[EngineComm, PeerMemory]:
