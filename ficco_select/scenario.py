@@ -200,7 +200,7 @@ def _is_missing(v: Any) -> bool:
 def _is_bool(v: Any) -> bool:
     # True is an int to Python (and NumPy's bool_ converts to 1.0): a table cell that says
     # True is a mistake, not the number 1.
-    return isinstance(v, bool) or type(v).__name__ == "bool_"
+    return isinstance(v, bool) or (type(v).__module__ == "numpy" and type(v).__name__ in ("bool", "bool_"))
 
 
 def _as_int(v: Any, col: str) -> int:

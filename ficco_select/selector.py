@@ -5,25 +5,38 @@
     decision.schedule, decision.source, decision.confidence
 
 Sources: ``model`` (the learned selector decided), ``heuristic`` (no usable model, or it
-abstained: unknown hardware, a scenario outside the training ranges, or a margin between
-the two best predictions below ``min_margin``), ``fallback`` (the scenario is invalid:
-the baseline, with one warning per key). Decisions are cached: a Scenario object seen
-before costs one dict lookup by its id; an equal scenario built again, or a mapping, is
-found by value. A miss scores every candidate schedule with the model (one feature row
-each, ``features.build.candidate_features``).
+abstained: hardware, op or dtype not seen in training, a scenario outside the training
+ranges, a margin between the two best predictions below ``min_margin``, a non-finite
+prediction, or an error while checking or scoring: the reason says which), ``fallback``
+(the baseline, with one warning per key: the scenario is invalid, its hardware is
+unknown, or its world_size exceeds the spec's ``devices``, since a spec describes one
+node; not on the cpu backend, whose ranks are processes). Decisions are cached: a
+Scenario object seen before costs one dict lookup by its id; an equal scenario built
+again, or a mapping, is found by value. A miss scores every candidate schedule with the
+model (one feature row each, ``features.build.candidate_features``).
+
+Hardware: a scenario names a machine (a preset, a spec the model carries in
+``hardware_specs``, or one registered in this process) or a spec file by path. A path is
+decided under the spec's ``name``, as training saw the machine; the model's own specs are
+looked up first and never registered process-wide (a selector is self-contained).
 
 An exported selector is a folder with ``model.json`` (XGBoost JSON, evaluated by
-``ficco_select.trees``) and ``selector.json`` (feature schema hash, training ranges);
-``ficco export`` writes it from the MLflow registry. Imports no pandas, scikit-learn,
-mlflow or xgboost.
+``ficco_select.trees``) and ``selector.json``: ``selector`` (``xgb-regressor`` or
+``xgb-ranker``), ``feature_schema_hash``, ``training_ranges`` ([low, high] for m, n, k,
+world_size; the values seen for hardware, dtype and op) and optional ``hardware_specs``
+({name: every HardwareSpec field}). Both files are checked at load; anything missing,
+malformed or inconsistent (another feature schema, a model whose ``num_feature`` is not
+``len(features.FEATURE_NAMES)``, a tree that ``trees`` refuses) gives a heuristic-only
+selector and one warning naming the file and field. ``ficco export`` writes the folder
+from the MLflow registry. Imports no pandas, scikit-learn, mlflow or xgboost.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,16 +44,23 @@ from typing import Any
 
 import numpy as np
 
-from ficco_select.hardware import HardwareError, HardwareSpec, load_hardware
+from ficco_select.hardware import HardwareError, HardwareSpec, is_spec_path, load_hardware, spec_from_dict
 from ficco_select.heuristic import backend_for, choose
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
 from ficco_select.schedule import BASELINE, Schedule, legal_candidates
-from ficco_select.trees import TreeEnsemble
+from ficco_select.trees import TreeEnsemble, read_json
 
 log = logging.getLogger("ficco_select.selector")
 
 DEFAULT_PATH = Path(os.environ.get("FICCO_SELECTOR", Path.home() / ".cache" / "ficco-select" / "selector"))
 """Where ``ficco export`` puts the champion and ``Selector.load()`` looks for it."""
+SELECTORS = ("xgb-regressor", "xgb-ranker")
+"""Learned selectors an export may hold: a regressor predicts time (lower is better), a
+ranker a score (higher is better)."""
+RANGE_COLUMNS = ("m", "n", "k", "world_size")
+"""training_ranges columns given as [low, high]."""
+SEEN_COLUMNS = ("hardware", "dtype", "op")
+"""training_ranges columns given as the list of values seen."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +74,74 @@ class Decision:
     reason: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class _Scope:
+    """What ``selector.json`` says about the model, checked once (``from_meta``)."""
+
+    ranker: bool = False
+    """Higher scores are better (``xgb-ranker``)."""
+    seen: tuple[tuple[str, frozenset], ...] = ()
+    """(column, values seen in training) for the SEEN_COLUMNS the file gives."""
+    ranges: tuple[tuple[str, float, float], ...] = ()
+    """(column, low, high) for the RANGE_COLUMNS the file gives."""
+    specs: Mapping[str, HardwareSpec] = dataclasses.field(default_factory=dict)
+    """``hardware_specs``: the training data's non-preset machines, by name."""
+
+    @classmethod
+    def from_meta(cls, meta: Any, where: str = "selector.json") -> "_Scope":
+        """ValueError naming `where` and the field for anything malformed."""
+        if not isinstance(meta, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(meta).__name__}")
+        name = meta.get("selector")
+        if name not in SELECTORS:
+            raise ValueError(f"{where}: field 'selector' is {name!r}; expected one of {', '.join(SELECTORS)}")
+        ranges = meta.get("training_ranges")
+        if not isinstance(ranges, dict):
+            raise ValueError(f"{where}: field 'training_ranges' must be an object "
+                             f"(column -> range or values), got {type(ranges).__name__}")
+        unknown = [col for col in ranges if col not in RANGE_COLUMNS + SEEN_COLUMNS]
+        if unknown:
+            raise ValueError(f"{where}: field 'training_ranges.{unknown[0]}' is not a scenario column this "
+                             f"runtime checks ({', '.join(RANGE_COLUMNS + SEEN_COLUMNS)})")
+        bounds = []
+        for col in RANGE_COLUMNS:
+            if col in ranges:
+                pair = ranges[col]
+                if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(_is_number(v) for v in pair)
+                        and pair[0] <= pair[1]):
+                    raise ValueError(f"{where}: field 'training_ranges.{col}' must be [low, high], two finite "
+                                     f"numbers with low <= high, got {pair!r}")
+                bounds.append((col, pair[0], pair[1]))
+        seen = []
+        for col in SEEN_COLUMNS:
+            if col in ranges:
+                values = ranges[col]
+                if not (isinstance(values, (list, tuple)) and values and all(isinstance(v, str) for v in values)):
+                    raise ValueError(f"{where}: field 'training_ranges.{col}' must be a non-empty list of "
+                                     f"strings, got {values!r}")
+                seen.append((col, frozenset(values)))
+        specs = meta.get("hardware_specs", {})
+        if not isinstance(specs, dict):
+            raise ValueError(f"{where}: field 'hardware_specs' must be an object (name -> spec), "
+                             f"got {type(specs).__name__}")
+        checked = {}
+        for key, fields in specs.items():
+            spec = spec_from_dict(fields, f"{where}, hardware_specs[{key!r}]")
+            if spec.name != key:
+                raise ValueError(f"{where}, hardware_specs[{key!r}]: field 'name' is {spec.name!r}, not the key")
+            checked[key] = spec
+        return cls(ranker=name == "xgb-ranker", seen=tuple(seen), ranges=tuple(bounds), specs=checked)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 class Selector:
     def __init__(self, model: TreeEnsemble | None = None, meta: Mapping[str, Any] | None = None, *,
                  min_margin: float = 0.01) -> None:
+        # meta is selector.json's contents: checked here, so that every decision can trust it.
+        self._scope = _Scope.from_meta(meta) if meta is not None else _Scope()
         self.model = model
         self.meta = dict(meta or {})
         self.min_margin = min_margin
@@ -75,23 +160,25 @@ class Selector:
     def load(cls, path: str | Path | None = None, **kw) -> "Selector":
         """From an exported folder; with no path, the default export if present.
 
-        A missing, corrupt or incompatible model gives a heuristic-only selector and one
-        warning; this never raises.
+        A missing, corrupt, malformed or incompatible model gives a heuristic-only selector
+        and one warning naming the file and field; this never raises.
         """
-        folder = Path(path) if path is not None else DEFAULT_PATH
-        if path is None and not folder.exists():
-            return cls(**kw)
+        where = path if path is not None else DEFAULT_PATH
         try:
-            meta = json.loads((folder / "selector.json").read_text())
-            from features import FEATURE_SCHEMA_HASH
+            folder = Path(path) if path is not None else DEFAULT_PATH
+            if path is None and not folder.exists():
+                return cls(**kw)
+            selector = cls(meta=read_json(folder / "selector.json"), **kw)  # checks every field
+            from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH
 
-            if meta.get("feature_schema_hash") != FEATURE_SCHEMA_HASH:
-                raise ValueError(f"feature schema {meta.get('feature_schema_hash')} != this code's "
-                                 f"{FEATURE_SCHEMA_HASH}; re-export a model trained with this version")
-            model = TreeEnsemble.load(folder / "model.json")
-            return cls(model, meta, **kw)
+            if selector.meta.get("feature_schema_hash") != FEATURE_SCHEMA_HASH:
+                raise ValueError(f"selector.json: field 'feature_schema_hash' is "
+                                 f"{selector.meta.get('feature_schema_hash')!r}, this code's is {FEATURE_SCHEMA_HASH}; "
+                                 "re-export a model trained with this version")
+            selector.model = TreeEnsemble.load(folder / "model.json", expected_features=len(FEATURE_NAMES))
+            return selector
         except Exception as e:  # noqa: BLE001 - never break the caller's job
-            log.warning("ficco-select: no usable model at %s (%s); using the heuristic", folder, e)
+            log.warning("ficco-select: no usable model at %s (%s); using the heuristic", where, e)
             return cls(**kw)
 
     # -- deciding -------------------------------------------------------------------------
@@ -132,6 +219,9 @@ class Selector:
         """A mapping, found by its scenario columns when they are hashable."""
         try:
             key = tuple(map(raw.get, SCENARIO_COLUMNS))
+            if not _BOOLS.isdisjoint(map(type, key)):
+                # True == 1 == 1.0 in a key, but from_record refuses a bool: keep such keys apart.
+                key = (*key, *map(type, key))
             decision = self._by_record.get(key)
         except Exception:  # noqa: BLE001 - not a mapping, or unhashable values: decide, uncached
             return self._decide(raw, ("unhashable", type(raw).__name__))
@@ -142,6 +232,7 @@ class Selector:
         return decision
 
     def _decide(self, raw, key) -> Decision:
+        """Baseline (fallback) for what cannot run as described; else the model or the heuristic."""
         try:
             scenario = raw if isinstance(raw, Scenario) else Scenario.from_record(raw)
         except Exception as e:  # noqa: BLE001
@@ -151,47 +242,89 @@ class Selector:
             hw = self._spec(scenario.hardware)
             if hw is None:
                 return Decision(BASELINE, "fallback", 0.0, f"unknown hardware {scenario.hardware!r}")
-            why = self._abstain_reason(scenario)
-            if why:
-                return Decision(choose(scenario, hw), "heuristic", 0.0, why)
-            return self._model_decision(scenario, hw)
-        except Exception as e:  # noqa: BLE001 - a model bug must not break the job
+            if scenario.world_size > hw.devices and backend_for(hw) != "cpu":
+                # A spec describes one node: its costs say nothing about a larger job. The
+                # datasets follow the same rule (schedule.hardware_problem); cpu ranks are
+                # processes, not devices, so the cpu backend runs any world size.
+                why = (f"world_size={scenario.world_size} exceeds the {hw.devices} devices of hardware "
+                       f"{hw.name} (a spec describes one node)")
+                self._warn_once(("devices", hw.name), f"{why}; running the baseline")
+                return Decision(BASELINE, "fallback", 0.0, why)
+            if is_spec_path(scenario.hardware):  # decided under the machine's name, as training saw it
+                scenario = dataclasses.replace(scenario, hardware=hw.name)
+            return self._model_or_heuristic(scenario, hw)
+        except Exception as e:  # noqa: BLE001 - even the heuristic failed: the baseline runs anywhere
             self._warn_once(("error", key), f"selector failed on {key!r}: {e}; running the baseline")
             return Decision(BASELINE, "fallback", 0.0, str(e))
 
-    def _spec(self, name: str) -> HardwareSpec | None:
-        if name not in self._hardware:
+    def _spec(self, value: str) -> HardwareSpec | None:
+        """The machine a scenario's hardware names: the model's own specs first, then a
+        preset, a spec registered in this process or a spec file; None (warned once) if none."""
+        if value in self._hardware:
+            return self._hardware[value]
+        spec = self._scope.specs.get(value)
+        if spec is None:
             try:
-                self._hardware[name] = load_hardware(name)
+                spec = load_hardware(value)
             except HardwareError as e:
-                self._warn_once(("hw", name), str(e))
-                self._hardware[name] = None
-        return self._hardware[name]
+                self._warn_once(("hw", value), str(e))
+            except Exception as e:  # noqa: BLE001 - a path the OS refuses (a NUL byte, too long)
+                self._warn_once(("hw", value), f"hardware {value!r}: {e!r}")
+        _bound(_CACHE_LIMIT, self._hardware)
+        self._hardware[value] = spec
+        return spec
 
-    def _abstain_reason(self, s: Scenario) -> str:
+    def _model_or_heuristic(self, s: Scenario, hw: HardwareSpec) -> Decision:
+        """The model's decision, or the heuristic's with why: the model abstained or failed."""
+        try:
+            why = self._abstain_reason(s, hw)
+        except Exception as e:  # noqa: BLE001 - the heuristic is still a better guess than the baseline
+            why = f"abstention check failed: {e!r}"
+            self._warn_once(("abstain", type(e).__name__), f"{why}; using the heuristic")
+        if not why:
+            try:
+                return self._model_decision(s, hw)
+            except Exception as e:  # noqa: BLE001
+                why = f"model failed: {e!r}"
+                self._warn_once(("model", type(e).__name__), f"{why}; using the heuristic")
+        return self._heuristic(s, hw, why)
+
+    def _heuristic(self, s: Scenario, hw: HardwareSpec, why: str) -> Decision:
+        return Decision(choose(s, hw), "heuristic", 0.0, why)
+
+    def _abstain_reason(self, s: Scenario, hw: HardwareSpec) -> str:
+        """Why the model should not decide `s` (outside what it was trained on), or ""."""
         if self.model is None:
             return "no model"
-        ranges = self.meta.get("training_ranges", {})
-        if s.hardware not in ranges.get("hardware", [s.hardware]):
-            return f"hardware {s.hardware} not seen in training"
-        for col in ("m", "n", "k", "world_size"):
-            lo, hi = ranges.get(col, (None, None))
+        scope = self._scope
+        for col, seen in scope.seen:  # hardware first: its message is the one users look for
+            if getattr(s, col) not in seen:
+                return f"{col} {getattr(s, col)} not seen in training"
+        trained = scope.specs.get(s.hardware)
+        if trained is not None and trained != hw:
+            return f"hardware {s.hardware}: the spec given differs from the one seen in training"
+        for col, lo, hi in scope.ranges:
             value = getattr(s, col)
-            if lo is not None and not lo <= value <= hi:
+            if not lo <= value <= hi:
                 return f"{col}={value} outside the training range [{lo}, {hi}]"
         return ""
 
     def _model_decision(self, s: Scenario, hw: HardwareSpec) -> Decision:
         cands = _candidates(s, backend_for(hw))
+        if not cands:
+            return self._heuristic(s, hw, "no legal candidate schedule to score")
         X = _candidate_features()(s, cands, hw)  # (n_candidates, n_features)
         scores = self.model.predict(X)
-        if self.meta.get("selector") == "xgb-ranker":
+        if not np.isfinite(scores).all():  # checked trees cannot give one; a bug or a hand-edited model can
+            self._warn_once(("non-finite",), "the model predicted a non-finite score; using the heuristic")
+            return self._heuristic(s, hw, "model predicted a non-finite score")
+        if self._scope.ranker:
             scores = -scores  # ranker: higher is better; we take the argmin below
         order = np.argsort(scores, kind="stable")
         best = cands[int(order[0])]
         margin = float(scores[order[1]] - scores[order[0]]) if len(cands) > 1 else 1.0
         if margin < self.min_margin:
-            return Decision(choose(s, hw), "heuristic", 0.0, f"model margin {margin:.4f} below {self.min_margin}")
+            return self._heuristic(s, hw, f"model margin {margin:.4f} below {self.min_margin}")
         return Decision(best, "model", float(min(1.0, margin)))
 
     def _warn_once(self, key, message: str) -> None:
@@ -203,9 +336,13 @@ class Selector:
 # Bounds for callers that pass ever-new shapes or objects; decisions are deterministic, so
 # a cache that starts over only costs the misses.
 _CACHE_LIMIT = 1 << 16
-"""Decisions a by-value cache holds before it starts over."""
+"""Decisions (or hardware values) a by-value cache holds before it starts over."""
 _OBJECTS_LIMIT = 1 << 12
 """Scenario objects the by-id cache holds (alive) before it starts over."""
+
+
+_BOOLS = frozenset({bool, np.bool_})
+"""Types equal to numbers in a dict key that a scenario column refuses."""
 
 
 def _bound(limit: int, *caches: dict) -> None:

@@ -212,3 +212,238 @@ def test_model_decisions_match_pair_features_scored_by_xgboost(model_folder):
 @given(records)
 def test_select_with_a_model_never_raises_and_returns_a_legal_schedule(model_selector, record):
     check_decision(model_selector, record)
+
+
+# -- hand-made exported selectors: what load must refuse, where the model must abstain -----------
+from test_trees import model_json, stump  # noqa: E402 - hand-made XGBoost JSON
+
+PRESETS = ["mi300x-8", "h100-nvswitch", "l40s-pcie-8"]
+FULL_RANGES = {"m": [1, 1 << 40], "n": [1, 1 << 40], "k": [1, 1 << 40], "world_size": [2, 8],
+               "hardware": PRESETS, "dtype": ["float32", "bfloat16", "float16"],
+               "op": ["ag_gemm", "gemm_rs", "a2a_gemm"]}
+
+
+def preference_model(**kw) -> dict:
+    """Stumps on schedule axes whose sum has one best candidate wherever these axes vary:
+    degree >= 4 (-1) and >= 8 (-1 more), a2a (-0.5), gemm_per_step (-0.25), dma (-0.125), an
+    m split (-0.0625). Margins of at least 0.0625, so the model decides rather than abstains."""
+    from features import FEATURE_NAMES
+
+    col = FEATURE_NAMES.index
+    trees = [stump(col("degree"), 3.0, 0.0, -1.0), stump(col("degree"), 6.0, 0.0, -1.0),
+             stump(col("pattern_a2a"), 0.5, 0.0, -0.5),
+             stump(col("gemm_per_step"), 0.5, 0.0, -0.25), stump(col("engine_dma"), 0.5, 0.0, -0.125),
+             stump(col("split_n"), 0.5, -0.0625, 0.0)]
+    return model_json(trees, num_feature=kw.pop("num_feature", len(FEATURE_NAMES)), **kw)
+
+
+def write_selector(folder, model: dict | None = None, **meta) -> "Path":
+    """An exported selector folder: model.json and selector.json (`meta` overrides fields)."""
+    from features import FEATURE_SCHEMA_HASH
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.json").write_text(json.dumps(model if model is not None else preference_model()))
+    meta = {"selector": "xgb-regressor", "feature_schema_hash": FEATURE_SCHEMA_HASH,
+            "training_ranges": FULL_RANGES, **meta}
+    (folder / "selector.json").write_text(json.dumps(meta))
+    return folder
+
+
+def spec_dict(name: str, **fields) -> dict:
+    """Every HardwareSpec field: mi300x-8's numbers under another name."""
+    import dataclasses
+
+    return {**dataclasses.asdict(load_hardware("mi300x-8")), "name": name, **fields}
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "ficco_select.selector" and r.levelname == "WARNING"]
+
+
+def test_a_hand_made_selector_decides_with_its_model(tmp_path):
+    sel = Selector.load(write_selector(tmp_path / "sel"))
+    d = sel.select(RECORD)
+    assert d.source == "model" and d.schedule.name == "ficco.d8.a2a.gemm_per_step.m.dma"
+    assert d.confidence == 0.125  # ag_gemm splits m only: the next best differs in its engine
+
+
+def test_a_model_with_another_feature_count_is_refused_at_load(tmp_path, caplog):
+    # Today's trees would index past the row with take(mode="wrap") and answer source=model.
+    folder = write_selector(tmp_path / "sel", preference_model(num_feature=46))
+    sel = Selector.load(folder)
+    assert sel.model is None and sel.select(RECORD).source == "heuristic"
+    [message] = warnings_of(caplog)
+    assert "num_feature is 46, but the runtime builds 47 features" in message
+
+
+def test_a_corrupt_tree_is_refused_at_load(tmp_path, caplog):
+    model = preference_model()
+    model["learner"]["gradient_booster"]["model"]["trees"][2]["split_indices"][0] = 47
+    sel = Selector.load(write_selector(tmp_path / "sel", model))
+    assert sel.model is None and sel.select(RECORD).source == "heuristic"
+    [message] = warnings_of(caplog)
+    assert "model.json: tree 2, node 0: split index 47 outside [0, num_feature=47)" in message
+
+
+def test_a_nan_base_score_is_refused_at_load(tmp_path, caplog):
+    # Today: every score NaN, the margin NaN, and source=model with confidence 1.0.
+    sel = Selector.load(write_selector(tmp_path / "sel", preference_model(base_score="NaN")))
+    assert sel.model is None
+    [message] = warnings_of(caplog)
+    assert "base_score is 'NaN', not a finite number" in message
+    d = sel.select(RECORD)
+    assert (d.source, d.reason, d.confidence) == ("heuristic", "no model", 0.0)
+
+
+def test_a_non_finite_prediction_goes_to_the_heuristic(tmp_path):
+    sel = Selector.load(write_selector(tmp_path / "sel"))
+    sel.model.base_score = float("nan")  # what load refuses; a bug or a hand-edited model in memory
+    d = sel.select(RECORD)
+    assert d.source == "heuristic" and "non-finite" in d.reason and d.confidence == 0.0
+    assert d.schedule == Selector().select(RECORD).schedule
+
+
+MALFORMED_META = {  # name: (selector.json text, what the one warning must name)
+    "invalid JSON": ('{"selector": "xgb-regressor",', "selector.json: not valid JSON"),
+    "not an object": ("[1, 2]", "selector.json: expected a JSON object, got list"),
+    "unknown selector": ({"selector": "xgb-classifier"}, "field 'selector' is 'xgb-classifier'"),
+    "no selector": ({"selector": None}, "field 'selector' is None"),
+    "ranges not an object": ({"training_ranges": [1, 2]}, "field 'training_ranges' must be an object"),
+    "a range of one number": ({"training_ranges": {**FULL_RANGES, "m": [1]}}, "field 'training_ranges.m'"),
+    "a range of strings": ({"training_ranges": {**FULL_RANGES, "k": ["1", "9"]}}, "field 'training_ranges.k'"),
+    "a NaN bound": ({"training_ranges": {**FULL_RANGES, "n": [1, float("nan")]}}, "field 'training_ranges.n'"),
+    "a bool bound": ({"training_ranges": {**FULL_RANGES, "world_size": [True, 8]}},
+                     "field 'training_ranges.world_size'"),
+    "low above high": ({"training_ranges": {**FULL_RANGES, "m": [9, 1]}}, "field 'training_ranges.m'"),
+    "hardware a string": ({"training_ranges": {**FULL_RANGES, "hardware": "mi300x-8"}},
+                          "field 'training_ranges.hardware' must be a non-empty list of strings"),
+    "dtype not strings": ({"training_ranges": {**FULL_RANGES, "dtype": [2, 4]}}, "field 'training_ranges.dtype'"),
+    "op empty": ({"training_ranges": {**FULL_RANGES, "op": []}}, "field 'training_ranges.op'"),
+    "an unknown column": ({"training_ranges": {**FULL_RANGES, "tokens": [1, 2]}}, "field 'training_ranges.tokens'"),
+    "hardware_specs a list": ({"hardware_specs": [spec_dict("node-a")]}, "field 'hardware_specs' must be an object"),
+    "a spec missing a field": ({"hardware_specs": {"node-a": {k: v for k, v in spec_dict("node-a").items()
+                                                              if k != "devices"}}},
+                               "hardware_specs['node-a']: field 'devices' is missing"),
+    "a spec under another key": ({"hardware_specs": {"node-b": spec_dict("node-a")}},
+                                 "hardware_specs['node-b']: field 'name' is 'node-a'"),
+    "another feature schema": ({"feature_schema_hash": "0123456789ab"}, "field 'feature_schema_hash'"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED_META))
+def test_a_malformed_selector_json_gives_a_heuristic_only_selector(case, tmp_path, caplog):
+    # Today most of these load, and the exception inside the abstention check turns every
+    # decision into the baseline (source fallback).
+    meta, field = MALFORMED_META[case]
+    folder = write_selector(tmp_path / "sel")
+    if isinstance(meta, str):
+        (folder / "selector.json").write_text(meta)
+    else:
+        write_selector(folder, **meta)
+    sel = Selector.load(folder)
+    assert sel.model is None
+    [message] = warnings_of(caplog)
+    assert field in message and "using the heuristic" in message
+    d = sel.select(RECORD)
+    assert d.source == "heuristic" and d.schedule == Selector().select(RECORD).schedule
+
+
+def test_errors_while_checking_or_scoring_give_the_heuristic_not_the_baseline(tmp_path, monkeypatch, caplog):
+    record = {"group": "gpt3", "op": "gemm_rs", "m": 16384, "n": 12288, "k": 49152, "dtype": "bfloat16",
+              "world_size": 8, "hardware": "h100-nvswitch"}
+    heuristic = Selector().select(record).schedule
+    assert not heuristic.is_baseline, "the heuristic picks the baseline here: nothing tested"
+    sel = Selector.load(write_selector(tmp_path / "sel"))
+    monkeypatch.setattr(sel, "_abstain_reason", lambda s, hw: 1 / 0)
+    d = sel.select(record)
+    assert (d.schedule, d.source) == (heuristic, "heuristic") and "abstention check failed" in d.reason
+    sel = Selector.load(write_selector(tmp_path / "sel"))
+
+    def broken(X):
+        raise IndexError("index 99 is out of bounds")
+
+    monkeypatch.setattr(sel.model, "predict", broken)
+    for m in (16384, 8192):
+        d = sel.select({**record, "m": m})
+        assert d.source == "heuristic" and "model failed" in d.reason and "out of bounds" in d.reason
+        assert d.schedule == Selector().select({**record, "m": m}).schedule
+    assert sum("model failed" in w for w in warnings_of(caplog)) == 1  # once per kind of error
+
+
+def test_an_op_or_dtype_outside_training_goes_to_the_heuristic(tmp_path):
+    # training_ranges records them; today only hardware and the numeric ranges were checked.
+    ranges = {**FULL_RANGES, "dtype": ["float32"], "op": ["ag_gemm"]}
+    sel = Selector.load(write_selector(tmp_path / "sel", training_ranges=ranges))
+    assert sel.select({**RECORD, "dtype": "float32"}).source == "model"
+    d = sel.select(RECORD)  # bfloat16
+    assert d.source == "heuristic" and d.reason == "dtype bfloat16 not seen in training"
+    d = sel.select({**RECORD, "dtype": "float32", "op": "gemm_rs"})
+    assert d.source == "heuristic" and d.reason == "op gemm_rs not seen in training"
+
+
+def test_a_world_size_above_the_spec_s_devices_runs_the_baseline(tmp_path, caplog):
+    sel = Selector.load(write_selector(tmp_path / "sel", training_ranges={**FULL_RANGES, "world_size": [2, 64]}))
+    for m in (4096, 8192, 16384):
+        d = sel.select({**RECORD, "world_size": 16, "m": m})  # mi300x-8: 8 devices in one node
+        assert d.schedule.is_baseline and d.source == "fallback"
+        assert d.reason == "world_size=16 exceeds the 8 devices of hardware mi300x-8 (a spec describes one node)"
+    d = Selector().select({**RECORD, "world_size": 16, "hardware": "h100-nvswitch"})
+    assert d.source == "fallback" and "8 devices of hardware h100-nvswitch" in d.reason
+    assert sum("exceeds" in w for w in warnings_of(caplog)) == 2  # once per hardware
+    assert sel.select(RECORD).source == "model"
+    # cpu ranks are processes, not devices (the datasets' rule too: schedule.hardware_problem)
+    cpu = {**RECORD, "m": 64, "n": 64, "k": 64, "dtype": "float32", "world_size": 4, "hardware": "cpu"}
+    assert load_hardware("cpu").devices < 4 and Selector().select(cpu).source == "heuristic"
+
+
+def test_a_bool_in_a_record_does_not_share_a_cache_entry_with_the_number():
+    # True == 1 == 1.0 as dict keys, but a scenario column refuses True: the two records
+    # must not find each other's decision, in either order.
+    for first, then in (({**RECORD, "imbalance": True}, RECORD), (RECORD, {**RECORD, "imbalance": True})):
+        sel = Selector()
+        sel.select(first)
+        d = sel.select(then)
+        want = "fallback" if then["imbalance"] is True else "heuristic"
+        assert d.source == want, d.reason
+    sel = Selector()
+    a2a = {**RECORD, "op": "a2a_gemm", "m": 1}  # m = 1 is a valid a2a_gemm (no divisibility)
+    assert sel.select({**a2a, "m": True}).source == "fallback" and sel.select(a2a).source == "heuristic"
+
+
+def test_hardware_specs_in_selector_json_name_machines_for_this_selector_only(tmp_path):
+    from ficco_select.hardware import HardwareError
+
+    name = f"node-{tmp_path.name[-12:]}"
+    ranges = {**FULL_RANGES, "hardware": [name]}
+    sel = Selector.load(write_selector(tmp_path / "sel", training_ranges=ranges,
+                                       hardware_specs={name: spec_dict(name, devices=4)}))
+    assert sel.model is not None
+    d = sel.select({**RECORD, "hardware": name, "world_size": 4})
+    assert d.source == "model" and d.schedule in candidates(Scenario.from_record({**RECORD, "world_size": 4}), "sim")
+    d = sel.select({**RECORD, "hardware": name, "world_size": 8})  # its spec says 4 devices
+    assert d.source == "fallback" and "the 4 devices of hardware " + name in d.reason
+    with pytest.raises(HardwareError, match="unknown hardware"):
+        load_hardware(name)  # not registered for the rest of the process
+    assert Selector().select({**RECORD, "hardware": name}).reason == f"unknown hardware {name!r}"
+
+
+def test_a_spec_file_is_decided_under_the_machine_s_name(tmp_path):
+    import yaml
+
+    name = f"box-{tmp_path.name[-12:]}"
+    path = tmp_path / "box.yaml"
+    path.write_text(yaml.safe_dump(spec_dict(name)))
+    trained = Selector.load(write_selector(tmp_path / "trained", training_ranges={**FULL_RANGES,
+                                                                                  "hardware": [*PRESETS, name]}))
+    d = trained.select({**RECORD, "hardware": str(path)})
+    assert d.source == "model", d.reason  # today: "hardware /.../box.yaml not seen in training"
+    assert d == trained.select({**RECORD, "hardware": name})  # the file registered the name
+    other = Selector.load(write_selector(tmp_path / "other"))
+    d = other.select(Scenario.from_record({**RECORD, "hardware": str(path)}))
+    assert d.source == "heuristic" and d.reason == f"hardware {name} not seen in training"
+    # the model carries a spec of that name with other numbers: not the machine it was trained on
+    ranges = {**FULL_RANGES, "hardware": [name]}
+    differs = Selector.load(write_selector(tmp_path / "differs", training_ranges=ranges,
+                                           hardware_specs={name: spec_dict(name, link_bw_gbps=1)}))
+    d = differs.select({**RECORD, "hardware": str(path)})
+    assert d.source == "heuristic" and "differs from the one seen in training" in d.reason
