@@ -3,7 +3,9 @@
 Columns (schema version ``SCHEMA_VERSION``):
 - scenario: ``group, op, m, n, k, dtype, world_size, hardware, imbalance, scenario_id``
 - label: ``schedule, status`` (``ok`` | ``failed``), ``error`` (reason when failed),
-  ``time_s`` (median of ``times_s``, each the slowest rank's), ``time_spread``
+  ``time_s`` (median of ``times_s``, each the slowest rank's), ``time_model_s`` (sim rows:
+  the model's noise-free time, which metrics score against; NaN for measured rows),
+  ``time_spread``
   (interquartile range / median), ``times_s``, ``attempts`` (timing rounds),
   ``noisy`` (spread still above the limit after re-measuring), ``verified`` (output
   equals the reference on every rank), ``rel_error``, ``is_best`` (fastest verified),
@@ -11,7 +13,8 @@ Columns (schema version ``SCHEMA_VERSION``):
 - signature (per scenario, repeated on its rows): see
   ``ficco_select.executor.harness.SIGNATURE_COLUMNS``
 - provenance: ``backend, hardware_fingerprint, host, torch_version, ficco_version,
-  schema_version, created_at``, and ``threads_per_rank``. A cuda fingerprint ends with the
+  schema_version, created_at``, ``threads_per_rank`` and ``runs_per_rep`` (runs timed
+  back to back per repetition; ``times_s`` holds their means; 0 for failed and sim rows). A cuda fingerprint ends with the
   mode that measured it (``-loopback`` or ``-node``).
 A file's schema version is also in its Parquet metadata; reading another version is an
 error, never a silent mix. So are the hardware specs of its machines that are not presets
@@ -42,14 +45,15 @@ from ficco_select.hardware import (HardwareError, load_hardware, preset_names, r
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario, ScenarioError
 from ficco_select.schedule import BACKENDS, ScheduleError, candidates, engines_on, hardware_problem, parse
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of the dataset columns; readers refuse other versions."""
 
-LABEL_COLUMNS = ("scenario_id", "schedule", "status", "error", "time_s", "time_spread", "times_s",
+LABEL_COLUMNS = ("scenario_id", "schedule", "status", "error", "time_s", "time_model_s", "time_spread", "times_s",
                  "attempts", "noisy", "verified", "rel_error", "is_best", "near_best")
 PROVENANCE_COLUMNS = ("backend", "hardware_fingerprint", "host", "torch_version", "ficco_version",
                       "schema_version", "created_at")
-COLUMNS = (*SCENARIO_COLUMNS, *LABEL_COLUMNS, *SIGNATURE_COLUMNS, "threads_per_rank", *PROVENANCE_COLUMNS)
+COLUMNS = (*SCENARIO_COLUMNS, *LABEL_COLUMNS, *SIGNATURE_COLUMNS, "threads_per_rank", "runs_per_rep",
+           *PROVENANCE_COLUMNS)
 METADATA_KEY = b"ficco_schema_version"
 HARDWARE_KEY = b"ficco_hardware"
 """Parquet metadata: JSON {name: spec fields} of the file's machines that are not presets."""
@@ -113,6 +117,19 @@ def user_specs(df: pd.DataFrame) -> dict[str, dict]:
         except HardwareError:
             pass  # unknown here: `validate` names it; nothing to carry
     return specs
+
+
+def attach_repeat(df: pd.DataFrame, repeat: pd.DataFrame) -> pd.DataFrame:
+    """`df` with ``time_repeat_s``: each row's time in `repeat`, an independent second sweep
+    of some of its scenarios (NaN where `repeat` has no usable row for it). Metrics score a
+    measured row on it (``train.metrics.true_times``): a selector is then judged on times
+    it never learned from, and the ceiling is the repeat oracle."""
+    ok = repeat[(repeat["status"] == "ok") & repeat["verified"].eq(True)]
+    times = ok.set_index(["scenario_id", "schedule"])["time_s"]
+    if times.index.has_duplicates:
+        raise DatasetError("the repeat sweep has a (scenario_id, schedule) twice; one sweep per file")
+    key = pd.MultiIndex.from_frame(df[["scenario_id", "schedule"]])
+    return df.assign(time_repeat_s=times.reindex(key).to_numpy(float))
 
 
 def read_dataset(path: str | Path) -> pd.DataFrame:
@@ -235,6 +252,10 @@ def _check_labels(g: pd.DataFrame) -> list[str]:
         if not (isinstance(t, float) and math.isfinite(t) and t > 0):
             out.append(f"row {i}, column 'time_s': {t!r} is not a positive time")
             continue
+        truth = r["time_model_s"]
+        if (r["backend"] == "sim") != (isinstance(truth, float) and math.isfinite(truth) and truth > 0):
+            out.append(f"row {i}, column 'time_model_s': {truth!r}; a positive time on sim rows (the model's "
+                       "noise-free time), NaN on measured rows")
         times = np.asarray(r["times_s"], dtype=float)
         if len(times) < 5:
             out.append(f"row {i}, column 'times_s': {len(times)} repetitions, need at least 5")

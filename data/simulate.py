@@ -194,6 +194,7 @@ def simulate(scenarios: Sequence[Scenario], hw: HardwareSpec, *, noise: float = 
     reps_t = base[:, None] * (rng.lognormal(0.0, noise, size=(len(out), reps)) if noise > 0 else 1.0)
     reps_t = np.broadcast_to(reps_t, (len(out), reps)) if noise == 0 else reps_t
     q1, med, q3 = np.percentile(reps_t, [25, 50, 75], axis=1)
+    out["time_model_s"] = base  # the truth metrics score against; time_s is what a noisy sweep would see
     out["time_s"] = med
     out["time_spread"] = (q3 - q1) / med
     out["times_s"] = [list(r) for r in reps_t]
@@ -207,6 +208,7 @@ def simulate(scenarios: Sequence[Scenario], hw: HardwareSpec, *, noise: float = 
     out["is_best"] = out["time_s"] == best
     out["near_best"] = out["time_s"] <= best * (1 + tie)
     out["threads_per_rank"] = 0
+    out["runs_per_rep"] = 0
     prov = provenance("sim")
     prov["hardware_fingerprint"] = f"sim:{hw.name}"
     out = out.assign(**prov)

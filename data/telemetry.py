@@ -197,12 +197,12 @@ def _row(g: pd.DataFrame, times: list[float]) -> dict:
     return {
         **{c: first[c] for c in SCENARIO_COLUMNS}, "scenario_id": first["scenario_id"],
         "schedule": first["schedule"], "status": "failed" if len(failed) else "ok", "error": error,
-        "time_s": float(median), "time_spread": float(spread), "times_s": times, "attempts": len(times),
+        "time_s": float(median), "time_model_s": math.nan, "time_spread": float(spread), "times_s": times, "attempts": len(times),
         "noisy": bool(spread > POLICY.noisy_spread),
         "verified": bool(g["verified"].eq(True).any() and not len(failed)),
         "rel_error": float(g["rel_error"].max()) if g["rel_error"].notna().any() else math.nan,
         "is_best": False, "near_best": False,
-        **{c: math.nan for c in SIGNATURE_COLUMNS}, "threads_per_rank": 0,
+        **{c: math.nan for c in SIGNATURE_COLUMNS}, "threads_per_rank": 0, "runs_per_rep": 1,
         "backend": first["backend"], "hardware_fingerprint": f"telemetry:{first['hardware']}", "host": "",
         "torch_version": "", "ficco_version": "", "schema_version": SCHEMA_VERSION, "created_at": max(g["ts"]),
     }

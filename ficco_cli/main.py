@@ -33,11 +33,14 @@ def main() -> None:
               show_default=True, help="Parquet file to write (atomically).")
 @click.option("--reps", type=int, default=5, show_default=True, help="Timed repetitions per schedule (>= 5).")
 @click.option("--warmup", type=int, default=2, show_default=True, help="Untimed runs before timing.")
+@click.option("--min-rep-s", type=float, default=0.0, show_default=True,
+              help="cpu backend: shortest timed repetition in seconds; a repetition runs each schedule back "
+                   "to back as often as the scenario's baseline needs to last this long (0: one run).")
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
               help="Abort when no schedule finishes for this many seconds (hung rank).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of the table.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def measure(scenarios_path, backend, ranks, out, reps, warmup, timeout_s, as_json, no_progress) -> None:
+def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeout_s, as_json, no_progress) -> None:
     """Time every legal schedule of every scenario on real ranks and verify each result.
 
     cpu: under torchrun (`torchrun --nproc-per-node P --no-python ficco measure ...`) this
@@ -52,7 +55,7 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, timeout_s, as_jso
 
     path = scenarios_path or packaged(DEFAULT_SCENARIOS)
     try:
-        config = MeasureConfig(reps=reps, warmup=warmup, timeout_s=timeout_s)
+        config = MeasureConfig(reps=reps, warmup=warmup, timeout_s=timeout_s, min_rep_s=min_rep_s)
         scenarios = read_scenarios(path, backend=backend)
         if ranks == "node" and backend != "cuda":
             raise ValueError("--ranks node: a process per GPU is the cuda backend's mode; add --backend cuda")
@@ -513,6 +516,34 @@ def info(path, as_json) -> None:
                 click.echo(f"  {k}: {v}")
         else:
             click.echo(f"{key}: {value}")
+
+
+@dataset.command("compare")
+@click.argument("a", type=click.Path(dir_okay=False))
+@click.argument("b", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary and every scenario as JSON.")
+def compare_cmd(a, b, as_json) -> None:
+    """Two independent sweeps of the same scenarios: do the labels repeat?
+
+    Per scenario both measured: Kendall tau of the schedule times, whether each sweep's best
+    is a tie of the other's, the repeat capture (B's best / B's time of A's best), median
+    spreads, and whether the best speedup exceeds the ideal beyond its spread.
+    """
+    from data.compare import compare
+    from data.dataset import DatasetError, read_dataset
+
+    try:
+        summary, per = compare(read_dataset(a), read_dataset(b))
+    except (DatasetError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        _echo_json({"a": a, "b": b, **summary, "per_scenario": per.to_dict("records")})
+        return
+    for key, value in summary.items():
+        if key != "by_world_size":
+            click.echo(f"{key}: {value}")
+    for P, block in summary["by_world_size"].items():
+        click.echo(f"P={P}: " + ", ".join(f"{k} {v}" for k, v in block.items()))
 
 
 def _training_data(datasets):

@@ -10,6 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from data.dataset import SCHEMA_VERSION
+
 REQUIRED = ["scenario_id", "group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "schedule",
             "time_s", "time_spread", "verified", "backend"]
 FICCO = [sys.executable, "-m", "ficco_cli.main"]
@@ -38,7 +40,7 @@ def test_measure_p2_and_p3_writes_every_schedule_verified(tmp_path):
     assert df["verified"].all() and (df["backend"] == "cpu").all()
     assert set(df["world_size"]) == {2, 3} and df["scenario_id"].nunique() == 3
     assert df.groupby("scenario_id")["schedule"].apply(lambda s: s.is_unique).all()
-    assert (df["schema_version"] == 2).all()
+    assert (df["schema_version"] == SCHEMA_VERSION).all()
 
 
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
@@ -54,3 +56,13 @@ def test_measure_runs_under_torchrun(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     df = pd.read_parquet(out)
     assert df["verified"].all() and df["scenario_id"].nunique() == 2
+
+
+def test_min_rep_s_times_several_runs_per_repetition(tmp_path):
+    path = scenario_file(tmp_path, ["mlp,ag_gemm,64,32,48,float32,2,cpu,"])
+    out = tmp_path / "m.parquet"
+    res = subprocess.run(FICCO + ["measure", "--scenarios", str(path), "--out", str(out), "--no-progress",
+                                  "--warmup", "0", "--min-rep-s", "0.05"], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    df = pd.read_parquet(out)
+    assert df["verified"].all() and (df["runs_per_rep"] > 1).all() and df["runs_per_rep"].nunique() == 1

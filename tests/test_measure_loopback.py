@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import data.measure as measure_mod
-from data.dataset import read_dataset, validate
+from data.dataset import SCHEMA_VERSION, read_dataset, validate
 from data.measure import loopback_rows, measure, parts_dir
 from ficco_select.executor.cpu import MeasureConfig
 from ficco_select.executor.harness import SIGNATURE_COLUMNS
@@ -47,7 +47,7 @@ def check_dataset(df: pd.DataFrame, scenarios: list[Scenario], backend: str) -> 
     assert not df.duplicated(["scenario_id", "schedule"]).any()
     assert (df["status"] == "ok").all() and df["verified"].all()
     assert (df.groupby("scenario_id")["is_best"].sum() == 1).all()
-    assert (df["backend"] == backend).all() and (df["schema_version"] == 2).all()
+    assert (df["backend"] == backend).all() and (df["schema_version"] == SCHEMA_VERSION).all()
     for s in scenarios:
         g = df[df["scenario_id"] == s.scenario_id]
         assert set(g["schedule"]) == {c.name for c in candidates(s, backend)}

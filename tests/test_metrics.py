@@ -187,3 +187,43 @@ def test_comparison_table_keeps_order_and_formats(df):
     assert text.splitlines()[0].split()[:2] == ["n", "top1"]
     assert "0.625" in text and "1.581" in text  # baseline mean_regret, oracle_speedup sqrt(2.5)
     assert "0.6250" not in text
+
+
+def truth_rows(scenario_id, *specs, backend="sim"):
+    """specs: (schedule, label time_s, true time, near_best) -> rows whose truth is the model
+    time (sim) or a repeat sweep's time (measured)."""
+    column = "time_model_s" if backend == "sim" else "time_repeat_s"
+    return [{**rows(scenario_id, (s, t, True, nb))[0], "backend": backend, column: truth,
+             **({"time_model_s": float("nan")} if backend != "sim" else {})}
+            for s, t, truth, nb in specs]
+
+
+def test_sim_rows_are_scored_on_the_noise_free_time_and_have_no_noise_ties():
+    from train.metrics import ceiling_choices
+
+    # Labels (noisy) say b is best; the model's truth says a (0.80) beats b (0.82, 2.5% slower).
+    d = pd.DataFrame(truth_rows("S", ("none.sm", 1.00, 1.00, False), ("a", 0.84, 0.80, True),
+                                ("b", 0.79, 0.82, True)))
+    assert oracle_choices(d) == {"S": "b"}  # what a label-follower picks
+    m = score(d, {"S": "b"})
+    assert m["near_opt_2"] == 0.0 and m["near_opt_5"] == 1.0
+    assert m["top1"] == 0.0  # b's near_best flag is a noise tie; the truth has none
+    assert m["oracle_capture"] == pytest.approx(0.80 / 0.82)
+    assert ceiling_choices(d) == {"S": "a"}
+    assert score(d, ceiling_choices(d))["oracle_capture"] == 1.0  # the sim ceiling is 1
+
+
+def test_measured_rows_with_a_repeat_sweep_are_scored_on_it_and_the_ceiling_is_the_repeat_oracle():
+    from train.metrics import ceiling_choices
+
+    # Sweep A (labels): a 0.80 best; sweep B (truth): b 0.84 beats a 0.90.
+    d = pd.DataFrame(truth_rows("M", ("none.sm", 1.00, 1.00, False), ("a", 0.80, 0.90, True),
+                                ("b", 0.85, 0.84, False), backend="cpu"))
+    assert ceiling_choices(d) == {"M": "a"}
+    m = score(d, ceiling_choices(d))
+    assert m["oracle_capture"] == pytest.approx(0.84 / 0.90)  # below 1: the measurement's own noise
+    assert m["top1"] == 1.0  # a is a near_best tie of its measured scenario
+    assert m["speedup"] == pytest.approx(1.00 / 0.90)
+    # without the repeat column the truth is the sweep itself: the ceiling is 1
+    plain = d.drop(columns=["time_repeat_s"])
+    assert score(plain, ceiling_choices(plain))["oracle_capture"] == 1.0

@@ -66,6 +66,8 @@ class P2PComm(Comm):
         return works
 
     def wait(self, works: Sequence[dist.Work]) -> None:
+        # Blocking, not polling: gloo's send/recv handles report completion only from
+        # inside wait() (a poll on is_completed() never ends; tried for the label issue).
         for w in works:
             w.wait()
 

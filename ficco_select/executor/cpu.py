@@ -65,6 +65,10 @@ class MeasureConfig:
     """Relative spread (IQR / median) above which a schedule is re-measured."""
     max_remeasure: int = 2
     """Re-measurement rounds before a noisy schedule is kept with its `noisy` flag."""
+    min_rep_s: float = 0.0
+    """Shortest timed repetition, s: each repetition runs a function back to back as often
+    as the scenario's baseline needs to last this long (``harness.runs_per_rep``); 0: one
+    run per repetition."""
     fault: str | None = None
     """For tests only: ``exit@R[/GROUP]`` (rank R dies), ``hang@R[/GROUP]`` (rank R
     hangs; at the first scenario, or at the first of that group),
@@ -77,10 +81,12 @@ class MeasureConfig:
             raise ValueError(f"warmup: must be >= 0, got {self.warmup}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
+        if not self.min_rep_s >= 0:
+            raise ValueError(f"min_rep_s: must be >= 0 seconds, got {self.min_rep_s}")
 
     def policy(self) -> TimingPolicy:
         return TimingPolicy(warmup=self.warmup, reps=self.reps, noisy_spread=self.noisy_spread,
-                            max_remeasure=self.max_remeasure)
+                            max_remeasure=self.max_remeasure, min_rep_s=self.min_rep_s)
 
     def threads(self, world_size: int) -> int:
         if self.threads_per_rank is not None:

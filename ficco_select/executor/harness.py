@@ -25,13 +25,14 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from ficco_select.executor.cuda import make_timer
 from ficco_select.executor.ops import TOLERANCE, Operator, relative_error
 from ficco_select.scenario import Scenario
-from ficco_select.schedule import SHARD, Schedule, candidates, is_legal
+from ficco_select.schedule import BASELINE, SHARD, Schedule, candidates, is_legal
 
 SIGNATURE_GRANULARITIES = ("shard", "d2", "d4", "dP")
 SIGNATURE_COLUMNS = (
@@ -54,7 +55,14 @@ class TimingPolicy:
     """Re-measurement rounds (each adds `reps` pooled repetitions) before a schedule is
     kept with its `noisy` flag set."""
     tie_floor: float = 0.02
-    """Schedules within max(this, the best's spread, their own spread) of the best are near-ties."""
+    """A schedule is a near-tie of the best unless its repetitions show it more than this
+    much slower (``best_labels``)."""
+    min_rep_s: float = 0.0
+    """Shortest timed repetition: a repetition runs a function back to back as many times as
+    the scenario's baseline needs to last this long (the same count for every function of
+    the scenario), and its time is the total over that count. 0: one run per repetition."""
+    max_runs: int = 64
+    """At most this many runs per repetition."""
 
 
 def summarize(times: Sequence[float]) -> tuple[float, float]:
@@ -72,12 +80,14 @@ def slowest_rank(values: list[float]) -> list[float]:
 
 
 def timed_interleaved(fns: Sequence[Callable[[], Any]], warmup: int, reps: int,
-                      device: str | torch.device = "cpu", heartbeat: Callable[[], None] = lambda: None
-                      ) -> tuple[list[list[float]], list[list[float]]]:
+                      device: str | torch.device = "cpu", heartbeat: Callable[[], None] = lambda: None,
+                      runs: int = 1) -> tuple[list[list[float]], list[list[float]]]:
     """(times[i][rep], returned[i][rep]) of fns[i], slowest rank's, functions interleaved.
 
     Each pass runs every function once, in an order rotated per pass, so that a noisy
     phase of the machine slows all of them alike instead of one schedule's repetitions.
+    A repetition runs the function `runs` times back to back and keeps the mean: runs of
+    a few ms against a scheduler tick of ms are timed as one longer span.
     A function may return a float (a time it measured inside); it is reduced likewise.
     On CUDA a run is timed by events on the caller's stream, after the device is idle.
     heartbeat: called after every pass (the launcher's sign that the ranks progress).
@@ -92,11 +102,14 @@ def timed_interleaved(fns: Sequence[Callable[[], Any]], warmup: int, reps: int,
                 torch.cuda.synchronize(device)  # nothing of the previous run still in flight
             dist.barrier()
             timer = make_timer(device)
+            inner_sum = 0.0
             timer.start()
-            ret = fns[i]()
+            for _ in range(runs):
+                ret = fns[i]()
+                inner_sum += float(ret) if isinstance(ret, float) else 0.0
             timer.stop()
-            times[i][p] = timer.seconds()
-            inner[i][p] = float(ret) if isinstance(ret, float) else 0.0
+            times[i][p] = timer.seconds() / runs
+            inner[i][p] = inner_sum / runs
         heartbeat()
     flat = slowest_rank([t for row in times + inner for t in row])
     rows = [flat[i * width + warmup:(i + 1) * width] for i in range(2 * n)]
@@ -114,20 +127,45 @@ def ring_at(granularity: str, scenario: Scenario, backend: str = "cpu") -> Sched
     return s if is_legal(s, scenario, backend) else None
 
 
-def best_labels(stats: Sequence[tuple[float, float]], verified: Sequence[bool],
-                tie_floor: float) -> list[tuple[bool, bool]]:
-    """(is_best, near_best) of each schedule of one scenario, from its (median, spread).
+TIE_RESAMPLES = 2000
+"""Bootstrap resamples behind each tie decision."""
+TIE_CONFIDENCE = 0.95
+"""One-sided confidence that a schedule is more than ``tie_floor`` slower than the best."""
+
+
+def best_labels(pooled: Sequence[Sequence[float]], verified: Sequence[bool], tie_floor: float,
+                *, seed: int = 0) -> list[tuple[bool, bool]]:
+    """(is_best, near_best) of each schedule of one scenario, from its repetitions.
 
     is_best: verified with the smallest verified median (every such one, should medians be
-    equal); near_best: verified and median <= best * (1 + max(tie_floor, the best's
-    spread, its own spread)), i.e. within measurement noise of the best: a tie.
+    equal). near_best (a tie) by evidence: verified, and the repetitions cannot show it
+    more than `tie_floor` slower than the best: the lower end of a one-sided
+    ``TIE_CONFIDENCE`` bootstrap interval of median(its reps) / median(best's reps) is
+    within 1 + tie_floor. More repetitions narrow the interval; a noisy pair stays a tie,
+    a clearly slower schedule does not. Deterministic (seeded).
     """
-    verified_medians = [m for (m, _), good in zip(stats, verified) if good]
-    best = min(verified_medians) if verified_medians else math.nan
-    best_spread = min((sp for (m, sp), good in zip(stats, verified) if good and m == best), default=0.0)
-    return [(bool(good and median == best),
-             bool(good and median <= best * (1 + max(tie_floor, best_spread, spread))))
-            for (median, spread), good in zip(stats, verified)]
+    medians = [statistics.median(t) for t in pooled]
+    verified_medians = [m for m, good in zip(medians, verified) if good]
+    if not verified_medians:
+        return [(False, False)] * len(pooled)
+    best = min(verified_medians)
+    b = next(i for i, (m, good) in enumerate(zip(medians, verified)) if good and m == best)
+    rng = np.random.default_rng(seed)
+    best_boot = _bootstrap_medians(pooled[b], rng)
+    labels = []
+    for i, (times, median, good) in enumerate(zip(pooled, medians, verified)):
+        if not good or median == best:
+            labels.append((bool(good), bool(good)))
+            continue
+        lower = np.quantile(_bootstrap_medians(times, rng) / best_boot, 1 - TIE_CONFIDENCE)
+        labels.append((False, bool(lower <= 1 + tie_floor)))
+    return labels
+
+
+def _bootstrap_medians(times: Sequence[float], rng: np.random.Generator) -> np.ndarray:
+    """(TIE_RESAMPLES,) medians of resamples (with replacement) of `times`."""
+    t = np.asarray(times, dtype=float)
+    return np.median(t[rng.integers(0, len(t), size=(TIE_RESAMPLES, len(t)))], axis=1)
 
 
 def run_schedule(op: Operator, schedule: Schedule) -> Any:
@@ -171,12 +209,13 @@ def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
     select = getattr(op.comm, "select", None)
     if select is not None:
         select("sm")  # the signature columns are the sm engine's (cil_*_sm)
+    runs = runs_per_rep(op, policy)
 
     fns: list[Callable[[], Any]] = [op.compute_alone, op.comm_alone, op.contended]
     fns += [skeleton_run(s, comm=False) for s in skeletons]
     fns += [skeleton_run(s, compute=False) for s in skeletons]
     fns += [(lambda s=s: run_schedule(op, s)) for s in schedules]
-    times, inner = timed_interleaved(fns, policy.warmup, policy.reps, op.device, heartbeat)
+    times, inner = timed_interleaved(fns, policy.warmup, policy.reps, op.device, heartbeat, runs)
     med = [statistics.median(t) for t in times]
     t_comp, t_comm, t_pair = med[:3]
     k = len(skeletons)
@@ -196,12 +235,30 @@ def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
     }
 
     sched_times = times[3 + 2 * k:]
-    pooled, attempts = _remeasure_noisy(op, schedules, sched_times, policy, heartbeat)
-    return schedule_rows(scenario, schedules, errors, pooled, attempts, policy, sig, torch.get_num_threads())
+    pooled, attempts = _remeasure_noisy(op, schedules, sched_times, policy, heartbeat, runs)
+    return schedule_rows(scenario, schedules, errors, pooled, attempts, policy, sig, torch.get_num_threads(),
+                         runs)
+
+
+def runs_per_rep(op: Operator, policy: TimingPolicy) -> int:
+    """Runs per timed repetition so that the scenario's baseline lasts ``policy.min_rep_s``
+    (the slowest rank's median of three runs; every rank gets the same count)."""
+    if policy.min_rep_s <= 0:
+        return 1
+    samples = []
+    for _ in range(3):
+        dist.barrier()
+        timer = make_timer(op.device)
+        timer.start()
+        run_schedule(op, BASELINE)
+        timer.stop()
+        samples.append(timer.seconds())
+    t0 = max(slowest_rank([statistics.median(samples)])[0], 1e-6)
+    return max(1, min(policy.max_runs, math.ceil(policy.min_rep_s / t0)))
 
 
 def _remeasure_noisy(op: Operator, schedules: list[Schedule], times: list[list[float]],
-                     policy: TimingPolicy, heartbeat: Callable[[], None] = lambda: None
+                     policy: TimingPolicy, heartbeat: Callable[[], None] = lambda: None, runs: int = 1
                      ) -> tuple[list[list[float]], list[int]]:
     """Re-time schedules whose spread is above the limit, pooling the new repetitions.
 
@@ -216,7 +273,7 @@ def _remeasure_noisy(op: Operator, schedules: list[Schedule], times: list[list[f
         if not noisy:
             break
         retimed, _ = timed_interleaved([(lambda s=schedules[i]: run_schedule(op, s)) for i in noisy],
-                                       1, policy.reps, op.device, heartbeat)
+                                       1, policy.reps, op.device, heartbeat, runs)
         for i, t in zip(noisy, retimed):
             attempts[i] += 1
             pooled[i] += t
@@ -227,20 +284,20 @@ def failed_rows(scenario: Scenario, reason: str, backend: str = "cpu") -> list[d
     """Rows recording that `scenario` could not be measured (kept so a rerun does not retry it)."""
     return [{
         **scenario.as_record(), "scenario_id": scenario.scenario_id, "schedule": s.name,
-        "status": "failed", "error": reason, "time_s": math.nan, "time_spread": math.nan,
+        "status": "failed", "error": reason, "time_s": math.nan, "time_model_s": math.nan, "time_spread": math.nan,
         "times_s": [], "attempts": 0, "noisy": False, "verified": False, "rel_error": math.nan,
         "is_best": False, "near_best": False, **{c: math.nan for c in SIGNATURE_COLUMNS},
-        "threads_per_rank": 0,
+        "threads_per_rank": 0, "runs_per_rep": 0,
     } for s in candidates(scenario, backend)]
 
 
 def schedule_rows(scenario: Scenario, schedules: Sequence[Schedule], errors: Sequence[float],
                   pooled: Sequence[list[float]], attempts: Sequence[int], policy: TimingPolicy,
-                  signature: dict, threads_per_rank: int) -> list[dict]:
+                  signature: dict, threads_per_rank: int, runs_per_rep: int = 1) -> list[dict]:
     """One dataset row per measured schedule: median, spread, verification, best labels."""
     stats = [summarize(t) for t in pooled]
     ok = [e <= TOLERANCE[scenario.dtype] for e in errors]
-    labels = best_labels(stats, ok, policy.tie_floor)
+    labels = best_labels(pooled, ok, policy.tie_floor)
     rows = []
     for schedule, err, good, ts, (median, spread), tries, (is_best, near_best) in zip(
             schedules, errors, ok, pooled, stats, attempts, labels):
@@ -251,6 +308,7 @@ def schedule_rows(scenario: Scenario, schedules: Sequence[Schedule], errors: Seq
             "status": "ok",
             "error": "",
             "time_s": median,
+            "time_model_s": math.nan,  # measured: no model behind it
             "time_spread": spread,
             "times_s": ts,
             "attempts": tries,
@@ -261,5 +319,6 @@ def schedule_rows(scenario: Scenario, schedules: Sequence[Schedule], errors: Seq
             "near_best": near_best,
             **signature,
             "threads_per_rank": threads_per_rank,
+            "runs_per_rep": runs_per_rep,
         })
     return rows
