@@ -101,6 +101,15 @@ def launcher_log(tmp_path: Path) -> str:
     return (tmp_path / "launcher.log").read_text()[-3000:]
 
 
+def assert_killing_it_leaves_nothing(launcher, ranks, tmpdir: Path, tmp_path: Path, timeout_s: float) -> None:
+    """kill -9 the launcher: its ranks must be gone within timeout_s, its TMPDIR empty."""
+    kill_launcher(launcher)
+    gone = wait_for(lambda: not any(map(running, ranks)), timeout_s=timeout_s)
+    kill_leftovers(ranks)
+    assert gone, f"ranks outlived their launcher by {timeout_s} s\n{launcher_log(tmp_path)}"
+    assert list(tmpdir.iterdir()) == [], "the killed launcher left files in TMPDIR"
+
+
 def test_ranks_of_a_launcher_killed_while_measuring_die_and_nothing_is_left_on_disk(tmp_path):
     launcher, tmpdir = start_launcher(tmp_path)
     try:
@@ -114,11 +123,7 @@ def test_ranks_of_a_launcher_killed_while_measuring_die_and_nothing_is_left_on_d
         launcher.kill()
         launcher.wait()
         raise
-    kill_launcher(launcher)
-    gone = wait_for(lambda: not any(map(running, ranks)), timeout_s=5)
-    kill_leftovers(ranks)
-    assert gone, f"ranks outlived their launcher by 5 s\n{launcher_log(tmp_path)}"
-    assert list(tmpdir.iterdir()) == [], "the killed launcher left files in TMPDIR"
+    assert_killing_it_leaves_nothing(launcher, ranks, tmpdir, tmp_path, timeout_s=5)
 
 
 def test_ranks_of_a_launcher_killed_while_they_start_die_once_started(tmp_path):
@@ -133,10 +138,6 @@ def test_ranks_of_a_launcher_killed_while_they_start_die_once_started(tmp_path):
         launcher.kill()
         launcher.wait()
         raise
-    kill_launcher(launcher)
     # Importing torch takes a few seconds on a busy 2-core machine; a rank left behind
     # would wait for its dead launcher's rendezvous or its hung peer for minutes.
-    gone = wait_for(lambda: not any(map(running, ranks)), timeout_s=20)
-    kill_leftovers(ranks)
-    assert gone, f"ranks outlived their launcher by 20 s\n{launcher_log(tmp_path)}"
-    assert list(tmpdir.iterdir()) == [], "the killed launcher left files in TMPDIR"
+    assert_killing_it_leaves_nothing(launcher, ranks, tmpdir, tmp_path, timeout_s=20)
