@@ -120,16 +120,18 @@ def user_specs(df: pd.DataFrame) -> dict[str, dict]:
 
 
 def attach_repeat(df: pd.DataFrame, repeat: pd.DataFrame) -> pd.DataFrame:
-    """`df` with ``time_repeat_s``: each row's time in `repeat`, an independent second sweep
-    of some of its scenarios (NaN where `repeat` has no usable row for it). Metrics score a
-    measured row on it (``train.metrics.true_times``): a selector is then judged on times
-    it never learned from, and the ceiling is the repeat oracle."""
+    """`df` with ``time_repeat_s`` and ``near_best_repeat``: each row's time and tie label in
+    `repeat`, an independent second sweep of some of its scenarios (NaN / False where
+    `repeat` has no usable row for it). Metrics score a measured row on them
+    (``train.metrics``): a selector is then judged on times it never learned from, and the
+    ceiling is the repeat oracle."""
     ok = repeat[(repeat["status"] == "ok") & repeat["verified"].eq(True)]
-    times = ok.set_index(["scenario_id", "schedule"])["time_s"]
-    if times.index.has_duplicates:
+    by_row = ok.set_index(["scenario_id", "schedule"])
+    if by_row.index.has_duplicates:
         raise DatasetError("the repeat sweep has a (scenario_id, schedule) twice; one sweep per file")
     key = pd.MultiIndex.from_frame(df[["scenario_id", "schedule"]])
-    return df.assign(time_repeat_s=times.reindex(key).to_numpy(float))
+    return df.assign(time_repeat_s=by_row["time_s"].reindex(key).to_numpy(float),
+                     near_best_repeat=by_row["near_best"].reindex(key).eq(True).to_numpy())
 
 
 def read_dataset(path: str | Path) -> pd.DataFrame:

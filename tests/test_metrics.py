@@ -223,6 +223,8 @@ def test_measured_rows_with_a_repeat_sweep_are_scored_on_it_and_the_ceiling_is_t
     m = score(d, ceiling_choices(d))
     assert m["oracle_capture"] == pytest.approx(0.84 / 0.90)  # below 1: the measurement's own noise
     assert m["top1"] == 1.0  # a is a near_best tie of its measured scenario
+    d["near_best_repeat"] = [False, False, True]  # the repeat sweep's own ties decide on its times
+    assert score(d, ceiling_choices(d))["top1"] == 0.0
     assert m["speedup"] == pytest.approx(1.00 / 0.90)
     # without the repeat column the truth is the sweep itself: the ceiling is 1
     plain = d.drop(columns=["time_repeat_s"])
