@@ -13,6 +13,7 @@ carry the specs of their non-preset machines in their Parquet metadata and model
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -165,7 +166,7 @@ def register_hardware(spec: HardwareSpec, where: str = "") -> HardwareSpec:
     the latest spec wins, with a warning when its numbers changed.
     """
     if spec.name in preset_names():
-        if _read_spec(presets_dir() / f"{spec.name}.yaml") != spec:
+        if _preset(spec.name) != spec:
             raise HardwareError(f"{where or 'spec'}: name {spec.name!r} is a preset's, with other numbers; "
                                 "give this machine its own name (field 'name')")
         return spec
@@ -186,13 +187,17 @@ def load_hardware(name_or_path: str | Path) -> HardwareSpec:
         name = str(name_or_path)
         if name in _REGISTERED:
             return _REGISTERED[name]
-        path = presets_dir() / f"{name}.yaml"
-        if not name or not path.is_file():
+        if not name or not (presets_dir() / f"{name}.yaml").is_file():
             raise HardwareError(f"unknown hardware {name!r}; presets: {', '.join(preset_names())} "
                                 "(or pass a spec file: ./my-node.yaml)")
-        return _read_spec(path)
+        return _preset(name)
     path = Path(name_or_path)
     return register_hardware(_read_spec(path), str(path))
+
+
+@functools.cache  # the package's files: read once per process, not once per table row
+def _preset(name: str) -> HardwareSpec:
+    return _read_spec(presets_dir() / f"{name}.yaml")
 
 
 def hardware_name(value: str) -> str:
