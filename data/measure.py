@@ -205,8 +205,7 @@ def _check_machines(scenarios: Sequence[Scenario], backend: str) -> None:
         except HardwareError as e:
             problem = f"column 'hardware': {e}"
         if problem:
-            raise ValueError(f"row {i} (scenario {s.scenario_id}: {s.group} {s.op} m={s.m} n={s.n} k={s.k} "
-                             f"P={s.world_size}), {problem}")
+            raise ValueError(f"row {i} (scenario {s.scenario_id}: {_what(s)}), {problem}")
 
 
 MEMORY_SHARE = 0.8
@@ -225,17 +224,23 @@ def _check_memory(scenarios: Sequence[Scenario], backend: str, device: str | Non
     on_gpu = backend == "cuda" and device is not None or node is not None
     if on_gpu and not torch.cuda.is_available():
         return  # refused elsewhere with its own message
+    free = torch.cuda.mem_get_info(device or 0)[0] if on_gpu else _host_available_bytes()
+    if free is None:
+        return
     for i, s in enumerate(scenarios, start=1):
         ranks_here = 1 if node is not None else local_ranks or s.world_size
         need = ranks_here * rank_buffer_bytes(s)
-        free = torch.cuda.mem_get_info(device or 0)[0] if on_gpu else _host_available_bytes()
-        if free is not None and need > MEMORY_SHARE * free:
+        if need > MEMORY_SHARE * free:
             col = max(("m", "n", "k"), key=lambda c: getattr(s, c))
             where = "the GPU" if on_gpu else "this machine"
-            raise ValueError(f"row {i} (scenario {s.scenario_id}: {s.group} {s.op} m={s.m} n={s.n} k={s.k} "
-                             f"P={s.world_size}), column '{col}': its buffers need {_size(need)} "
+            raise ValueError(f"row {i} (scenario {s.scenario_id}: {_what(s)}), column '{col}': its buffers need {_size(need)} "
                              f"({ranks_here} rank(s) x {_size(need // ranks_here)}), {where} has "
                              f"{_size(free)} free; shrink {col}")
+
+
+def _what(s: Scenario) -> str:
+    """What a scenario is, as messages say it beside its id."""
+    return f"{s.group} {s.op} m={s.m} n={s.n} k={s.k} P={s.world_size}"
 
 
 def _host_available_bytes() -> int | None:
@@ -316,8 +321,7 @@ def _measure_loopback(scenarios: list[Scenario], config: MeasureConfig, backend:
         except (LoopbackError, torch.OutOfMemoryError) as e:
             reason = str(e).splitlines()[0]
             rows = failed_rows(s, reason, backend)
-            failures.append(f"{s.scenario_id} ({s.group} {s.op} m={s.m} n={s.n} k={s.k} "
-                            f"P={s.world_size}): {reason}")
+            failures.append(f"{s.scenario_id} ({_what(s)}): {reason}")
             _check_device(device, after=s)
         on_scenario(rows)
         bar.update(len(rows))
@@ -471,8 +475,7 @@ def _measure_surviving_failures(scenarios: list[Scenario], config: MeasureConfig
             reason = str(e).splitlines()[0]
             on_scenario(failed_rows(culprit, reason, backend))
             bar.update(len(candidates(culprit, backend)))
-            failures.append(f"{culprit.scenario_id} ({culprit.group} {culprit.op} m={culprit.m} "
-                            f"n={culprit.n} k={culprit.k} P={culprit.world_size}): {reason}")
+            failures.append(f"{culprit.scenario_id} ({_what(culprit)}): {reason}")
     return failures
 
 

@@ -242,18 +242,11 @@ def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
 
 def runs_per_rep(op: Operator, policy: TimingPolicy) -> int:
     """Runs per timed repetition so that the scenario's baseline lasts ``policy.min_rep_s``
-    (the slowest rank's median of three runs; every rank gets the same count)."""
+    (the median of three runs, each the slowest rank's; every rank gets the same count)."""
     if policy.min_rep_s <= 0:
         return 1
-    samples = []
-    for _ in range(3):
-        dist.barrier()
-        timer = make_timer(op.device)
-        timer.start()
-        run_schedule(op, BASELINE)
-        timer.stop()
-        samples.append(timer.seconds())
-    t0 = max(slowest_rank([statistics.median(samples)])[0], 1e-6)
+    times, _ = timed_interleaved([lambda: run_schedule(op, BASELINE)], 0, 3, op.device)
+    t0 = max(statistics.median(times[0]), 1e-6)
     return max(1, min(policy.max_runs, math.ceil(policy.min_rep_s / t0)))
 
 
