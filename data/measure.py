@@ -348,8 +348,8 @@ def loopback_rows(scenario: Scenario, config: MeasureConfig, *, backend: str = "
     executor on `device`; one dataset row per schedule (without provenance columns).
 
     Times: ``run_loopback``'s, each repetition the slowest virtual rank's (CUDA events on
-    CUDA); a schedule whose spread exceeds ``config.noisy_spread`` is re-run (fresh
-    virtual ranks, verified again) up to ``config.max_remeasure`` times, pooling its
+    CUDA); while a schedule's spread exceeds ``config.noisy_spread``, every schedule is re-run (fresh
+    virtual ranks, verified again) up to ``config.max_remeasure`` times, pooling the
     repetitions, as the harness does. Labels by ``harness.best_labels``. Signatures from
     skeleton and contended runs (``loopback_signature``).
     Raises ``LoopbackError`` (or ``LoopbackTimeout``) naming the scenario, schedule and rank.
@@ -362,11 +362,10 @@ def loopback_rows(scenario: Scenario, config: MeasureConfig, *, backend: str = "
     pooled = [list(r.times_s) for r in results]
     errors = [r.rel_error for r in results]
     attempts = [1] * len(schedules)
-    for _ in range(policy.max_remeasure):
-        noisy = [i for i, t in enumerate(pooled) if summarize(t)[1] > policy.noisy_spread]
-        if not noisy:
+    for _ in range(policy.max_remeasure):  # every schedule again, as the harness does
+        if not any(summarize(t)[1] > policy.noisy_spread for t in pooled):
             break
-        for i, r in zip(noisy, run([schedules[i] for i in noisy])):
+        for i, r in enumerate(run(schedules)):
             pooled[i] += r.times_s
             attempts[i] += 1
             errors[i] = max(errors[i], r.rel_error)  # verified only if every verification run was

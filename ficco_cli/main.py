@@ -31,10 +31,10 @@ def main() -> None:
                    "NCCL for sm, copy engines for dma; needs P GPUs).")
 @click.option("--out", type=click.Path(dir_okay=False), default="out/measured.parquet",
               show_default=True, help="Parquet file to write (atomically).")
-@click.option("--reps", type=int, default=5, show_default=True, help="Timed repetitions per schedule (>= 5).")
+@click.option("--reps", type=int, default=None, help="Timed repetitions per schedule (>= 5; default 10).")
 @click.option("--warmup", type=int, default=2, show_default=True, help="Untimed runs before timing.")
-@click.option("--min-rep-s", type=float, default=0.0, show_default=True,
-              help="cpu backend: shortest timed repetition in seconds; a repetition runs each schedule back "
+@click.option("--min-rep-s", type=float, default=None,
+              help="Shortest timed repetition in seconds (default 0.01); a repetition runs each schedule back "
                    "to back as often as the scenario's baseline needs to last this long (0: one run).")
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
               help="Abort when no schedule finishes for this many seconds (hung rank).")
@@ -55,7 +55,8 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeou
 
     path = scenarios_path or packaged(DEFAULT_SCENARIOS)
     try:
-        config = MeasureConfig(reps=reps, warmup=warmup, timeout_s=timeout_s, min_rep_s=min_rep_s)
+        given = {"reps": reps, "min_rep_s": min_rep_s}  # None: MeasureConfig's default
+        config = MeasureConfig(warmup=warmup, timeout_s=timeout_s, **{k: v for k, v in given.items() if v is not None})
         scenarios = read_scenarios(path, backend=backend)
         if ranks == "node" and backend != "cuda":
             raise ValueError("--ranks node: a process per GPU is the cuda backend's mode; add --backend cuda")
@@ -162,7 +163,7 @@ def simulate(scenarios_path, hardware, out, noise, seed, as_json) -> None:
 @click.option("--dataset", "datasets", multiple=True, type=click.Path(dir_okay=False),
               help="Dataset(s) to evaluate on (default: the committed cpu dataset + the catalog "
                    "simulated on every GPU preset).")
-@click.option("--splits", default="random,family,hardware,world_size", show_default=True,
+@click.option("--splits", default="random,family,hardware,topology,world_size", show_default=True,
               help="Comma-separated: random, family (leave one model family out), hardware "
                    "(leave one hardware out), world_size (train on smaller, test on the largest).")
 @click.option("--json", "as_json", is_flag=True, help="Print every split's metrics as JSON.")
@@ -190,7 +191,7 @@ def evaluate(datasets, splits, as_json, no_progress) -> None:
 @main.command("train")
 @click.option("--dataset", "datasets", multiple=True, type=click.Path(dir_okay=False),
               help="Dataset(s) to train on (default: committed cpu dataset + simulated GPU presets).")
-@click.option("--splits", default="random,family,hardware,world_size", show_default=True)
+@click.option("--splits", default="random,family,hardware,topology,world_size", show_default=True)
 @click.option("--out", "out_dir", default="out/train", show_default=True, type=click.Path(file_okay=False),
               help="Folder for the comparison tables (also logged to MLflow).")
 @click.option("--telemetry", "telemetry", multiple=True, type=click.Path(dir_okay=False),

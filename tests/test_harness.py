@@ -75,6 +75,15 @@ def test_noisy_schedules_are_remeasured_then_flagged():
     assert (never["attempts"] == 1).all() and not never["noisy"].any()
 
 
+def test_a_remeasure_round_times_every_schedule_of_the_scenario(sweep):
+    # The labels compare schedules: a round that re-timed only the noisy ones would compare
+    # times taken in different phases of the machine.
+    _, df = sweep
+    for sid, g in df[df["status"] == "ok"].groupby("scenario_id"):
+        assert g["attempts"].nunique() == 1 and g["times_s"].map(len).nunique() == 1, sid
+    assert (df.loc[df["status"] == "ok", "attempts"] > 1).any()  # the sweep did re-measure
+
+
 def test_the_measured_dataset_validates_and_summarises(sweep):
     out, _ = sweep
     df = read_dataset(out)

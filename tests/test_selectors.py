@@ -70,6 +70,10 @@ def test_folds_never_leak_a_test_scenario_into_training(small, split):
         if split == "hardware":
             held = name.split("=", 1)[1]
             assert held not in set(small.loc[train, "hardware"])
+        if split == "topology":  # mi300x-8 is fully connected, h100-nvswitch a switch
+            held = {"topology=fully_connected": "mi300x-8", "topology=switch": "h100-nvswitch"}[name]
+            assert set(small.loc[test, "hardware"]) == {held} and held not in set(small.loc[train, "hardware"])
+    assert split not in ("family", "hardware", "topology") or len(folds(small, split)) >= 2
 
 
 def test_every_selector_fits_predicts_legal_schedules_deterministically(small):

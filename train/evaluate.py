@@ -4,6 +4,8 @@ Splits (each a list of folds; a fold is (name, train mask, test mask) over scena
 - ``random``: 20% of scenarios by id hash.
 - ``family``: leave one model family out (the ``group`` column).
 - ``hardware``: leave one hardware out.
+- ``topology``: leave one interconnect topology out (``fully_connected``, ``switch``,
+  ``ring``: the spec's), every machine of it at once.
 - ``world_size``: train on world sizes below the largest, test on the largest.
 No scenario of a fold's test side is in its training side (tested).
 """
@@ -18,11 +20,12 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from ficco_select.hardware import load_hardware
 from train.metrics import METRICS, comparison_table, score, true_times
 from train.selectors import Selector, all_selectors, usable
 
 Fold = tuple[str, pd.Series, pd.Series]
-SPLITS = ("random", "family", "hardware", "world_size")
+SPLITS = ("random", "family", "hardware", "topology", "world_size")
 
 
 def folds(df: pd.DataFrame, split: str) -> list[Fold]:
@@ -36,6 +39,12 @@ def folds(df: pd.DataFrame, split: str) -> list[Fold]:
         if len(values) < 2:
             return []
         return [(f"{split}={v}", df[col] != v, df[col] == v) for v in values]
+    if split == "topology":
+        topology = df["hardware"].map({h: load_hardware(h).topology for h in set(df["hardware"])})
+        values = sorted(set(topology))
+        if len(values) < 2:
+            return []
+        return [(f"topology={v}", topology != v, topology == v) for v in values]
     if split == "world_size":
         largest = df["world_size"].max()
         return [(f"world_size={largest}", df["world_size"] < largest, df["world_size"] == largest)]

@@ -53,7 +53,7 @@ def training_ranges(df: pd.DataFrame) -> dict:
             "op": sorted(set(ok["op"]))}
 
 
-def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLITS, "world_size"),
+def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLITS, "topology", "world_size"),
           selectors=all_selectors, out_dir: str | Path = "out/train", progress: bool = True,
           extra: pd.DataFrame | None = None) -> dict:
     """Evaluate, log, register, maybe promote. Returns a summary (tables, run id, version, promoted).
