@@ -1,10 +1,13 @@
 """Features, the heuristic, every selector (one shared check), grouped evaluation without leakage."""
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from data.catalog import catalog
+from data.dataset import read_dataset
 from data.simulate import simulate
 from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, pair_features
 from ficco_select import Scenario, candidates
@@ -12,7 +15,8 @@ from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import HeuristicParams, choose
 from train.evaluate import SPLITS, evaluate, folds
 from train.metrics import score
-from train.selectors import AlwaysBaseline, Heuristic, Oracle, XGBRanker, XGBTimeRegressor, all_selectors, usable
+from train.selectors import (AlwaysBaseline, Heuristic, Oracle, SimulatorSelector, XGBRanker, XGBTimeRegressor,
+                             all_selectors, usable)
 
 MODELS = ["llama3-8b", "mixtral-8x7b", "gpt3-175b"]
 
@@ -107,3 +111,22 @@ def test_evaluate_reports_every_selector_per_split(small):
         assert set(mean) == {"xgb-regressor", "heuristic", "always-baseline", "ceiling"}
         assert mean["ceiling"]["oracle_capture"] == 1.0 and mean["always-baseline"]["speedup"] == 1.0
     assert len(res["splits"]["hardware"]["folds"]) == 2
+
+
+def test_the_simulator_selector_is_the_ceiling_on_sim_rows_and_calibrates_on_the_training_fold(small):
+    # Sim rows: the model is their truth, so its argmin is the noise-free best.
+    train, test = small[small["hardware"] == "mi300x-8"], small[small["hardware"] == "h100-nvswitch"]
+    sim = SimulatorSelector().fit(train)
+    assert sim.specs_ == {}  # nothing measured: the specs as given
+    assert score(test, sim.predict(test))["near_opt_2"] == 1.0
+    # Measured rows: calibrated on the training fold only; the test fold's times are never read.
+    cpu = read_dataset(Path(__file__).parents[1] / "data" / "measured" / "cpu_catalog.parquet")
+    ids = sorted(set(usable(cpu)["scenario_id"]))[:80]
+    train, test = cpu[cpu["scenario_id"].isin(ids[:60])], cpu[cpu["scenario_id"].isin(ids[60:])]
+    sim = SimulatorSelector().fit(train)
+    assert set(sim.specs_) == {"cpu"} and sim.specs_["cpu"].description == "calibrated on the training fold"
+    chosen = sim.predict(test)
+    legal = usable(test).groupby("scenario_id")["schedule"].agg(set)
+    assert set(chosen) == set(legal.index) and all(chosen[sid] in legal[sid] for sid in chosen)
+    shuffled = test.assign(time_s=np.random.default_rng(0).permutation(test["time_s"].to_numpy()))
+    assert sim.predict(shuffled) == chosen
