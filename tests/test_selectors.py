@@ -15,8 +15,8 @@ from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import HeuristicParams, choose
 from train.evaluate import SPLITS, evaluate, folds
 from train.metrics import score
-from train.selectors import (AlwaysBaseline, Heuristic, Oracle, SimulatorSelector, XGBRanker, XGBTimeRegressor,
-                             all_selectors, usable)
+from train.selectors import (AlwaysBaseline, Heuristic, Oracle, ShippedPolicy, SimulatorSelector, XGBRanker,
+                             XGBTimeRegressor, all_selectors, usable)
 
 MODELS = ["llama3-8b", "mixtral-8x7b", "gpt3-175b"]
 
@@ -130,3 +130,20 @@ def test_the_simulator_selector_is_the_ceiling_on_sim_rows_and_calibrates_on_the
     assert set(chosen) == set(legal.index) and all(chosen[sid] in legal[sid] for sid in chosen)
     shuffled = test.assign(time_s=np.random.default_rng(0).permutation(test["time_s"].to_numpy()))
     assert sim.predict(shuffled) == chosen
+
+
+def test_the_shipped_row_scores_the_runtime_policy_not_the_bare_model(small):
+    rows = usable(small)
+    ids = sorted(set(rows["scenario_id"]))
+    train, test = rows[rows["scenario_id"].isin(ids[::2])], rows[rows["scenario_id"].isin(ids[1::2])]
+    bare = XGBRanker(n_estimators=40).fit(train).predict(test)
+    shipped = ShippedPolicy(XGBRanker, n_estimators=40).fit(train)
+    chosen = shipped.predict(test)
+    assert set(chosen) == set(bare) and set(shipped.sources_.values()) <= {"model", "heuristic"}
+    by_model = [sid for sid, src in shipped.sources_.items() if src == "model"]
+    assert by_model and all(chosen[sid] == bare[sid] for sid in by_model)  # the same trees, as shipped
+    # Unseen hardware: the runtime abstains to its heuristic (untuned, as shipped), the bare model does not.
+    unseen = ShippedPolicy(XGBRanker, n_estimators=40).fit(train[train["hardware"] == "mi300x-8"])
+    held = test[test["hardware"] == "h100-nvswitch"]
+    heuristic = Heuristic(tune=False).fit(held).predict(held)
+    assert unseen.predict(held) == heuristic and set(unseen.sources_.values()) == {"heuristic"}

@@ -22,13 +22,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from data.dataset import user_specs
 from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from ficco_select import __version__
 from train.evaluate import choices_table, evaluate, tables
 from train.metrics import format_table
 from train.report import write_report
-from train.selectors import Selector, XGBRanker, XGBTimeRegressor, all_selectors, usable
+from train.selectors import Selector, XGBRanker, XGBTimeRegressor, all_selectors, runtime_meta, usable
 
 EXPERIMENT = "ficco-select"
 REGISTERED_MODEL = "ficco-selector"
@@ -41,16 +40,6 @@ LEARNED = {"xgb-regressor": XGBTimeRegressor, "xgb-ranker": XGBRanker}
 def dataset_digest(df: pd.DataFrame) -> str:
     cols = ["scenario_id", "schedule", "time_s", "verified", "backend"]
     return hashlib.sha1(pd.util.hash_pandas_object(df[cols], index=False).values.tobytes()).hexdigest()[:16]
-
-
-def training_ranges(df: pd.DataFrame) -> dict:
-    """Per scenario column, the range seen in training: the runtime abstains outside it."""
-    ok = usable(df)
-    return {"m": [int(ok["m"].min()), int(ok["m"].max())], "n": [int(ok["n"].min()), int(ok["n"].max())],
-            "k": [int(ok["k"].min()), int(ok["k"].max())],
-            "world_size": [int(ok["world_size"].min()), int(ok["world_size"].max())],
-            "hardware": sorted(set(ok["hardware"])), "dtype": sorted(set(ok["dtype"])),
-            "op": sorted(set(ok["op"]))}
 
 
 def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLITS, "topology", "world_size"),
@@ -126,11 +115,8 @@ def _register(model: Selector, name: str, df: pd.DataFrame, digest: str, by_spli
               grouped: Sequence[str], run_id: str) -> str:
     import mlflow
 
-    meta = {"selector": name, "feature_schema_version": FEATURE_SCHEMA_VERSION,
-            "feature_schema_hash": FEATURE_SCHEMA_HASH, "feature_names": list(FEATURE_NAMES),
-            "target": "log(time / baseline time)" if name == "xgb-regressor" else "rank score (higher is better)",
-            "training_ranges": training_ranges(df), "hardware_specs": user_specs(df),
-            "dataset_digest": digest, "mlflow_run_id": run_id, "ficco_version": __version__}
+    meta = {**runtime_meta(name, df), "dataset_digest": digest, "mlflow_run_id": run_id,
+            "ficco_version": __version__}
     with tempfile.TemporaryDirectory() as tmp:
         meta_path = Path(tmp) / "selector.json"
         meta_path.write_text(json.dumps(meta, indent=2))

@@ -9,13 +9,16 @@ in ``_``; constructors only store arguments (scikit-learn style).
 from __future__ import annotations
 
 import itertools
+import json
 import zlib
+
 import numpy as np
 import pandas as pd
 
 from data.calibrate import calibrate
+from data.dataset import user_specs
 from data.simulate import simulate_rows
-from features import pair_features
+from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION, pair_features
 from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.heuristic import HeuristicParams, choose, estimates
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
@@ -161,6 +164,60 @@ class SimulatorSelector(Selector):
         return out
 
 
+def training_ranges(df: pd.DataFrame) -> dict:
+    """Per scenario column, the range seen in training: the runtime abstains outside it."""
+    ok = usable(df)
+    return {"m": [int(ok["m"].min()), int(ok["m"].max())], "n": [int(ok["n"].min()), int(ok["n"].max())],
+            "k": [int(ok["k"].min()), int(ok["k"].max())],
+            "world_size": [int(ok["world_size"].min()), int(ok["world_size"].max())],
+            "hardware": sorted(set(ok["hardware"])), "dtype": sorted(set(ok["dtype"])),
+            "op": sorted(set(ok["op"]))}
+
+
+def runtime_meta(name: str, df: pd.DataFrame) -> dict:
+    """The fields of an export's ``selector.json`` that the runtime reads, for a model
+    named `name` trained on `df` (``train.run`` adds provenance)."""
+    return {"selector": name, "feature_schema_version": FEATURE_SCHEMA_VERSION,
+            "feature_schema_hash": FEATURE_SCHEMA_HASH, "feature_names": list(FEATURE_NAMES),
+            "target": "log(time / baseline time)" if name == "xgb-regressor" else "rank score (higher is better)",
+            "training_ranges": training_ranges(df), "hardware_specs": user_specs(df)}
+
+
+class ShippedPolicy(Selector):
+    """What a framework hook runs: the runtime ``ficco_select.selector.Selector`` around a
+    learned model fitted on the training side, with its abstention rules and heuristic
+    fallback, exactly as ``ficco export`` ships it. The tables score the decisions users
+    get beside the bare argmin of each model. ``sources_``: each test scenario's
+    decision source (model, heuristic, fallback) after ``predict``."""
+
+    name = "shipped"
+
+    def __init__(self, learned: type[Selector] | None = None, **params) -> None:
+        self.learned, self.params = learned, params
+
+    def fit(self, df):
+        from ficco_select.selector import Selector as Runtime
+        from ficco_select.trees import TreeEnsemble
+
+        inner = (self.learned or XGBRanker)(**self.params).fit(df)
+        model = TreeEnsemble.from_json(json.loads(inner.model_.get_booster().save_raw("json")),
+                                       expected_features=len(FEATURE_NAMES))
+        self.runtime_ = Runtime(model, runtime_meta(inner.name, df))
+        return self
+
+    def predict(self, df):
+        ok = usable(df)
+        legal = ok.groupby("scenario_id")["schedule"].agg(set)
+        out, self.sources_ = {}, {}
+        for rec in scenario_records(ok):
+            sid = rec.pop("scenario_id")
+            decision = self.runtime_.select(rec)
+            name = decision.schedule.name
+            out[sid] = name if name in legal[sid] else BASELINE.name
+            self.sources_[sid] = decision.source
+        return out
+
+
 def _pairs(df: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     ok = usable(df).reset_index(drop=True)
     recs = ok[list(SCENARIO_COLUMNS)].to_dict("records")
@@ -303,13 +360,14 @@ class HGBClassifier(Selector):
 
 def all_selectors() -> list[Selector]:
     """Every selector, learned ones first; reference points last."""
-    return [XGBTimeRegressor(), XGBRanker(), HGBClassifier(), RandomForestTime(), Heuristic(),
+    return [XGBTimeRegressor(), XGBRanker(), ShippedPolicy(), HGBClassifier(), RandomForestTime(), Heuristic(),
             SimulatorSelector(), AlwaysBaseline(), AlwaysShard(), Oracle()]
 
 
 def fast_selectors() -> list[Selector]:
     """The same selectors, smaller: for the one-command pipeline's many folds on 2 cores."""
-    return [XGBTimeRegressor(n_estimators=150), XGBRanker(n_estimators=150), HGBClassifier(max_iter=50),
+    return [XGBTimeRegressor(n_estimators=150), XGBRanker(n_estimators=150),
+            ShippedPolicy(XGBRanker, n_estimators=150), HGBClassifier(max_iter=50),
             RandomForestTime(n_estimators=25, min_samples_leaf=5, max_samples=0.4), Heuristic(tune_scenarios=150),
             SimulatorSelector(), AlwaysBaseline(), AlwaysShard(), Oracle()]
 
