@@ -10,7 +10,8 @@ ranges, a margin between the two best predictions below ``min_margin``, a non-fi
 prediction, or an error while checking or scoring: the reason says which), ``fallback``
 (the baseline, with one warning per key: the scenario is invalid, its hardware is
 unknown, or its world_size exceeds the spec's ``devices``, since a spec describes one
-node; not on the cpu backend, whose ranks are processes). Decisions are cached: a
+node; not on the cpu backend, whose ranks are processes; and, without a warning, where
+the export's fitted abstention rule sends a low-margin decision to the baseline). Decisions are cached: a
 Scenario object seen before costs one dict lookup by its id; an equal scenario built
 again, or a mapping, is found by value. A miss scores every candidate schedule with the
 model (one feature row each, ``features.build.candidate_features``).
@@ -24,7 +25,10 @@ An exported selector is a folder with ``model.json`` (XGBoost JSON, evaluated by
 ``ficco_select.trees``) and ``selector.json``: ``selector`` (``xgb-regressor`` or
 ``xgb-ranker``), ``feature_schema_hash``, ``training_ranges`` ([low, high] for m, n, k,
 world_size; the values seen for hardware, dtype and op) and optional ``hardware_specs``
-({name: every HardwareSpec field}). Both files are checked at load; anything missing,
+({name: every HardwareSpec field}), and optional ``abstention`` ({"min_margin": number >= 0
+or null, "fallback": "heuristic" | "baseline"}: the rule fitted on validation folds at
+training, ``train.selectors.fit_abstention``; null: the model never decides; without it,
+a margin below 0.01 goes to the heuristic). Both files are checked at load; anything missing,
 malformed or inconsistent (another feature schema, a model whose ``num_feature`` is not
 ``len(features.FEATURE_NAMES)``, a tree that ``trees`` refuses) gives a heuristic-only
 selector and one warning naming the file and field. ``ficco export`` writes the folder
@@ -61,6 +65,10 @@ RANGE_COLUMNS = ("m", "n", "k", "world_size")
 """training_ranges columns given as [low, high]."""
 SEEN_COLUMNS = ("hardware", "dtype", "op")
 """training_ranges columns given as the list of values seen."""
+DEFAULT_MIN_MARGIN = 0.01
+"""The margin below which a model without a fitted ``abstention`` rule abstains."""
+FALLBACKS = ("heuristic", "baseline")
+"""Where a fitted abstention rule may send a low-margin decision."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +94,8 @@ class _Scope:
     """(column, low, high) for the RANGE_COLUMNS the file gives."""
     specs: Mapping[str, HardwareSpec] = dataclasses.field(default_factory=dict)
     """``hardware_specs``: the training data's non-preset machines, by name."""
+    abstention: tuple[float | None, str] | None = None
+    """``abstention``: (min_margin or None for never, fallback), if the export has one."""
 
     @classmethod
     def from_meta(cls, meta: Any, where: str = "selector.json") -> "_Scope":
@@ -130,7 +140,22 @@ class _Scope:
             if spec.name != key:
                 raise ValueError(f"{where}, hardware_specs[{key!r}]: field 'name' is {spec.name!r}, not the key")
             checked[key] = spec
-        return cls(ranker=name == "xgb-ranker", seen=tuple(seen), ranges=tuple(bounds), specs=checked)
+        rule = meta.get("abstention")
+        abstention = None
+        if rule is not None:
+            if not isinstance(rule, dict):
+                raise ValueError(f"{where}: field 'abstention' must be an object (min_margin, fallback), "
+                                 f"got {type(rule).__name__}")
+            threshold, fallback = rule.get("min_margin"), rule.get("fallback")
+            if threshold is not None and not (_is_number(threshold) and threshold >= 0):
+                raise ValueError(f"{where}: field 'abstention.min_margin' must be a finite number >= 0 or null, "
+                                 f"got {threshold!r}")
+            if fallback not in FALLBACKS:
+                raise ValueError(f"{where}: field 'abstention.fallback' must be one of {', '.join(FALLBACKS)}, "
+                                 f"got {fallback!r}")
+            abstention = (threshold, fallback)
+        return cls(ranker=name == "xgb-ranker", seen=tuple(seen), ranges=tuple(bounds), specs=checked,
+                   abstention=abstention)
 
 
 def _is_number(value: Any) -> bool:
@@ -139,12 +164,15 @@ def _is_number(value: Any) -> bool:
 
 class Selector:
     def __init__(self, model: TreeEnsemble | None = None, meta: Mapping[str, Any] | None = None, *,
-                 min_margin: float = 0.01) -> None:
+                 min_margin: float | None = None) -> None:
         # meta is selector.json's contents: checked here, so that every decision can trust it.
         self._scope = _Scope.from_meta(meta) if meta is not None else _Scope()
         self.model = model
         self.meta = dict(meta or {})
-        self.min_margin = min_margin
+        # A margin given here wins over the export's fitted rule (its fallback: the heuristic).
+        rule = self._scope.abstention if min_margin is None else None
+        self.min_margin = rule[0] if rule else (DEFAULT_MIN_MARGIN if min_margin is None else min_margin)
+        self.margin_fallback = rule[1] if rule else "heuristic"
         # Decisions, found three ways: by the id of a Scenario object seen before (the hot
         # path; `_alive` holds those objects so that no other object can take their id), by
         # scenario value (an equal Scenario built again), by a mapping's scenario columns.
@@ -323,8 +351,12 @@ class Selector:
         order = np.argsort(scores, kind="stable")
         best = cands[int(order[0])]
         margin = float(scores[order[1]] - scores[order[0]]) if len(cands) > 1 else 1.0
-        if margin < self.min_margin:
-            return self._heuristic(s, hw, f"model margin {margin:.4f} below {self.min_margin}")
+        if self.min_margin is None or margin < self.min_margin:
+            why = (f"model margin {margin:.4f} below {self.min_margin}" if self.min_margin is not None
+                   else "the export's abstention rule never trusts the model")
+            if self.margin_fallback == "baseline":
+                return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback is the baseline")
+            return self._heuristic(s, hw, why)
         return Decision(best, "model", float(min(1.0, margin)))
 
     def _warn_once(self, key, message: str) -> None:

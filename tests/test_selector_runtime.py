@@ -13,7 +13,7 @@ from ficco_select import Scenario, candidates
 from ficco_select import selector as selector_module
 from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import backend_for
-from ficco_select.schedule import BACKENDS
+from ficco_select.schedule import BACKENDS, BASELINE
 from ficco_select.selector import Selector
 
 SEL = Selector.load("/nonexistent/selector/folder")  # heuristic only, after one warning
@@ -327,6 +327,11 @@ MALFORMED_META = {  # name: (selector.json text, what the one warning must name)
     "a spec under another key": ({"hardware_specs": {"node-b": spec_dict("node-a")}},
                                  "hardware_specs['node-b']: field 'name' is 'node-a'"),
     "another feature schema": ({"feature_schema_hash": "0123456789ab"}, "field 'feature_schema_hash'"),
+    "abstention a number": ({"abstention": 0.01}, "field 'abstention' must be an object"),
+    "a negative margin": ({"abstention": {"min_margin": -1, "fallback": "heuristic"}}, "field 'abstention.min_margin'"),
+    "a string margin": ({"abstention": {"min_margin": "0.1", "fallback": "heuristic"}},
+                        "field 'abstention.min_margin'"),
+    "an unknown fallback": ({"abstention": {"min_margin": 0.1, "fallback": "oracle"}}, "field 'abstention.fallback'"),
 }
 
 
@@ -447,3 +452,18 @@ def test_a_spec_file_is_decided_under_the_machine_s_name(tmp_path):
                                            hardware_specs={name: spec_dict(name, link_bw_gbps=1)}))
     d = differs.select({**RECORD, "hardware": str(path)})
     assert d.source == "heuristic" and "differs from the one seen in training" in d.reason
+
+
+def test_the_exports_fitted_abstention_rule_decides_where_the_model_abstains(tmp_path):
+    # The rule fitted at training (train.selectors.fit_abstention) travels in selector.json.
+    trusted = Selector.load(write_selector(tmp_path / "a", abstention={"min_margin": 0.0, "fallback": "baseline"}))
+    d = trusted.select(RECORD)
+    assert d.source == "model" and trusted.min_margin == 0.0
+    never = Selector.load(write_selector(tmp_path / "b", abstention={"min_margin": None, "fallback": "baseline"}))
+    d = never.select(RECORD)
+    assert d.source == "fallback" and d.schedule == BASELINE and "never trusts the model" in d.reason
+    high = Selector.load(write_selector(tmp_path / "c", abstention={"min_margin": 1e9, "fallback": "heuristic"}))
+    d = high.select(RECORD)
+    assert d.source == "heuristic" and "below 1000000000" in d.reason
+    # A margin given by the caller wins over the export's rule.
+    assert Selector.load(tmp_path / "b", min_margin=0.0).select(RECORD).source == "model"

@@ -27,7 +27,8 @@ from ficco_select import __version__
 from train.evaluate import choices_table, evaluate, tables
 from train.metrics import format_table
 from train.report import write_report
-from train.selectors import Selector, XGBRanker, XGBTimeRegressor, all_selectors, runtime_meta, usable
+from train.selectors import (Selector, XGBRanker, XGBTimeRegressor, all_selectors, fit_abstention, runtime_meta,
+                             usable)
 
 EXPERIMENT = "ficco-select"
 REGISTERED_MODEL = "ficco-selector"
@@ -115,8 +116,10 @@ def _register(model: Selector, name: str, df: pd.DataFrame, digest: str, by_spli
               grouped: Sequence[str], run_id: str) -> str:
     import mlflow
 
-    meta = {**runtime_meta(name, df), "dataset_digest": digest, "mlflow_run_id": run_id,
-            "ficco_version": __version__}
+    # The export ships the margin rule fitted on validation folds of this training data.
+    abstention = fit_abstention(LEARNED[name], df)
+    meta = {**runtime_meta(name, df), "abstention": abstention, "dataset_digest": digest,
+            "mlflow_run_id": run_id, "ficco_version": __version__}
     with tempfile.TemporaryDirectory() as tmp:
         meta_path = Path(tmp) / "selector.json"
         meta_path.write_text(json.dumps(meta, indent=2))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -23,7 +24,7 @@ from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.heuristic import HeuristicParams, choose, estimates
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
 from ficco_select.schedule import BASELINE, SHARD
-from train.metrics import ceiling_choices, oracle_choices, score
+from train.metrics import ceiling_choices, oracle_choices, score, true_times
 
 SEED = 0
 
@@ -183,12 +184,87 @@ def runtime_meta(name: str, df: pd.DataFrame) -> dict:
             "training_ranges": training_ranges(df), "hardware_specs": user_specs(df)}
 
 
+SLOWER_BY = 0.02
+"""A choice is a slowdown when its true time exceeds the baseline's by more than this."""
+SLOWDOWN_CAP = 0.01
+"""The fitted abstention rule allows slowdowns in at most this share of validation scenarios."""
+
+
+def fit_abstention(make: Callable[[], Selector], df: pd.DataFrame, folds: int = 2) -> dict:
+    """The runtime's abstention rule for models built by ``make()`` (an XGBoost selector),
+    fitted on validation folds of `df`, the training side (never a test fold).
+
+    The data are split into `folds` by model family (the ``group`` column; by scenario when
+    there are fewer families); a model fitted on the other folds decides each held-out
+    scenario as the runtime would: its pick and the margin between its two best candidates
+    (the runtime's ``min_margin`` unit, the model's own). The rule is the margin threshold
+    and fallback (``heuristic``, untuned as it ships, or ``baseline``) with the most
+    validation scenarios within 2% of their best among those whose slowdowns (more than
+    ``SLOWER_BY`` slower than the baseline, on the truth) stay within ``SLOWDOWN_CAP``. The
+    threshold is in each model's units, but what it guarantees is the same for every
+    model. Returns selector.json's ``abstention`` plus the validation figures.
+    """
+    ok = usable(df)
+    key = ok["group"] if ok["group"].nunique() >= folds else ok["scenario_id"]
+    fold_of = key.map(lambda v: zlib.crc32(str(v).encode()) % folds)
+    parts = [_validation_outcomes(make().fit(ok[fold_of != f]), ok[fold_of == f])
+             for f in range(folds) if (fold_of != f).any() and (fold_of == f).any()]
+    if not parts:
+        return {"min_margin": DEFAULT_RULE[0], "fallback": DEFAULT_RULE[1], "validation_scenarios": 0}
+    v = pd.concat(parts, ignore_index=True)
+    finite = np.sort(v["margin"].unique())
+    thresholds = [0.0, *np.quantile(finite, np.linspace(0, 1, 101)).tolist(), None]  # None: never trust it
+    best = None
+    for fallback in ("heuristic", "baseline"):
+        for threshold in thresholds:
+            trust = v["margin"] >= threshold if threshold is not None else np.zeros(len(v), bool)
+            t = np.where(trust, v["t_model"], v[f"t_{fallback}"])
+            slow = float(np.mean(t > (1 + SLOWER_BY) * v["t_baseline"]))
+            near = float(np.mean(t <= 1.02 * v["t_best"]))
+            if slow <= SLOWDOWN_CAP:
+                rank = (near, -(np.inf if threshold is None else threshold), fallback == "heuristic")
+                if best is None or rank > best[0]:
+                    best = (rank, threshold, fallback, near, slow, float(np.mean(trust)))
+    _, threshold, fallback, near, slow, trusted = best
+    return {"min_margin": threshold, "fallback": fallback, "validation_scenarios": len(v),
+            "validation_near_opt_2": near, "validation_slowdowns": slow, "validation_model_share": trusted}
+
+
+DEFAULT_RULE = (0.01, "heuristic")
+"""The runtime's rule without a fitted one (``ficco_select.selector.DEFAULT_MIN_MARGIN``)."""
+
+
+def _validation_outcomes(model: Selector, val: pd.DataFrame) -> pd.DataFrame:
+    """Per scenario of `val`: the model's pick's true time and margin, and the true times of
+    the runtime's heuristic, the baseline and the best."""
+    ok, X = _pairs(val)
+    raw = model.model_.predict(X)
+    lower_is_better = -raw if isinstance(model, XGBRanker) else raw
+    truth = true_times(ok).to_numpy(float)
+    frame = pd.DataFrame({"sid": ok["scenario_id"].to_numpy(), "schedule": ok["schedule"].to_numpy(),
+                          "p": lower_is_better, "t": truth}).sort_values(["sid", "p", "schedule"], kind="mergesort")
+    first = frame.groupby("sid", sort=False).nth(0).set_index("sid")
+    second = frame.groupby("sid", sort=False).nth(1).set_index("sid")["p"]
+    margin = (second.reindex(first.index) - first["p"]).fillna(1.0)  # one candidate: the runtime's 1.0
+    t_of = dict(zip(zip(frame["sid"], frame["schedule"]), frame["t"]))
+    heuristic = Heuristic(tune=False).predict(val)
+    baseline = AlwaysBaseline().predict(val)
+    return pd.DataFrame({
+        "margin": margin.to_numpy(float),
+        "t_model": first["t"].to_numpy(float),
+        "t_heuristic": [t_of[(sid, heuristic[sid])] for sid in first.index],
+        "t_baseline": [t_of[(sid, baseline[sid])] for sid in first.index],
+        "t_best": frame.groupby("sid", sort=False)["t"].min().reindex(first.index).to_numpy(float),
+    })
+
+
 class ShippedPolicy(Selector):
     """What a framework hook runs: the runtime ``ficco_select.selector.Selector`` around a
-    learned model fitted on the training side, with its abstention rules and heuristic
-    fallback, exactly as ``ficco export`` ships it. The tables score the decisions users
-    get beside the bare argmin of each model. ``sources_``: each test scenario's
-    decision source (model, heuristic, fallback) after ``predict``."""
+    learned model fitted on the training side, with its abstention rules and the margin
+    rule fitted on validation folds of that side (``fit_abstention``), as ``ficco export``
+    ships it. The tables score the decisions users
+    get beside the bare argmin of each model. ``decisions_``: the runtime's decision (with
+    its source: model, heuristic, fallback) for each scenario of the last ``predict``."""
 
     name = "shipped"
 
@@ -199,22 +275,22 @@ class ShippedPolicy(Selector):
         from ficco_select.selector import Selector as Runtime
         from ficco_select.trees import TreeEnsemble
 
-        inner = (self.learned or XGBRanker)(**self.params).fit(df)
+        make = lambda: (self.learned or XGBRanker)(**self.params)  # noqa: E731
+        self.abstention_ = fit_abstention(make, df)
+        inner = make().fit(df)
         model = TreeEnsemble.from_json(json.loads(inner.model_.get_booster().save_raw("json")),
                                        expected_features=len(FEATURE_NAMES))
-        self.runtime_ = Runtime(model, runtime_meta(inner.name, df))
+        self.runtime_ = Runtime(model, {**runtime_meta(inner.name, df), "abstention": self.abstention_})
         return self
 
     def predict(self, df):
         ok = usable(df)
         legal = ok.groupby("scenario_id")["schedule"].agg(set)
-        out, self.sources_ = {}, {}
+        out, self.decisions_ = {}, {}
         for rec in scenario_records(ok):
             sid = rec.pop("scenario_id")
-            decision = self.runtime_.select(rec)
-            name = decision.schedule.name
-            out[sid] = name if name in legal[sid] else BASELINE.name
-            self.sources_[sid] = decision.source
+            decision = self.decisions_[sid] = self.runtime_.select(rec)
+            out[sid] = decision.schedule.name if decision.schedule.name in legal[sid] else BASELINE.name
         return out
 
 
