@@ -1,9 +1,9 @@
 """The default training data: the committed cpu measurements plus the catalog simulated
 on every GPU preset (with measurement-like noise), one dataset schema for all.
 
-The cpu rows that an independent second sweep re-timed (``MEASURED_REPEAT``) carry its
-times as ``time_repeat_s``: metrics judge choices on them, and the ceiling there is the
-repeat oracle (``train.metrics``)."""
+The cpu rows that an independent second sweep re-timed (``MEASURED_REPEAT``, when there is
+one for the committed labels) carry its times as ``time_repeat_s``: metrics judge choices
+on them, and the ceiling there is the repeat oracle (``train.metrics``)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,10 @@ log = logging.getLogger("train.training_data")
 
 MEASURED = "cpu_catalog.parquet"
 """The committed measured dataset in data/measured/."""
-MEASURED_REPEAT = "cpu_catalog_repeat.parquet"
-"""An independent second sweep of 120 of its scenarios (data/scenarios/catalog_cpu_repeat.csv)."""
+MEASURED_REPEAT: str | None = None
+"""An independent second sweep of 120 of its scenarios (data/scenarios/catalog_cpu_repeat.csv),
+measured with the same harness; None until the re-measured dataset has one (a repeat taken
+with another harness would judge these labels on other labels' noise)."""
 SIM_NOISE = 0.03
 """Log-normal sigma of the simulated repetitions: a few percent, like a quiet GPU."""
 
@@ -44,7 +46,10 @@ def simulated(hardware: str, *, world_sizes=(2, 4, 8), noise: float = SIM_NOISE,
 
 def default_training_data(*, noise: float = SIM_NOISE, seed: int = 0, extra: list[pd.DataFrame] = ()) -> pd.DataFrame:
     """Measured cpu rows + simulated rows on every GPU preset (+ any extra datasets)."""
-    frames = [attach_repeat(read_dataset(measured_path()), read_dataset(measured_path(MEASURED_REPEAT)))]
+    measured = read_dataset(measured_path())
+    if MEASURED_REPEAT is not None:
+        measured = attach_repeat(measured, read_dataset(measured_path(MEASURED_REPEAT)))
+    frames = [measured]
     frames += [simulated(name, noise=noise, seed=seed) for name in preset_names() if name != "cpu"]
     frames += list(extra)
     return pd.concat(frames, ignore_index=True)
