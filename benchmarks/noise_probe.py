@@ -9,7 +9,9 @@ A setting is NAME=JSON with any of: ``runs`` (back-to-back runs per repetition, 
 one span), ``reps``, ``barrier`` (a barrier before each repetition, as the harness does),
 ``gloo_threads`` (gloo's transport threads per rank), ``shared_clock`` (a repetition is
 last end - first start on the host's monotonic clock instead of the slowest rank's own
-span). Each line: median per-run time, IQR / median, min / median, p90 / median (the
+span), ``pin_main_thread`` (after the process group is up, pin only the rank's own thread,
+which runs its GEMMs, to core rank % cores; gloo's threads, already started, stay free:
+the P=2 suspect, a rank's GEMM sharing a core with its peer's transport thread). Each line: median per-run time, IQR / median, min / median, p90 / median (the
 harness's ``summarize`` spread is the IQR / median). Run nothing else beside it.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import time
 
@@ -36,6 +39,7 @@ SETTINGS = {
     "no-barrier": {"barrier": False},
     "gloo-1-thread": {"gloo_threads": 1},
     "shared-clock": {"shared_clock": True},
+    "pin-main-thread": {"pin_main_thread": True},
 }
 SCHEDULES = ("none.sm", "shard.ring.sm", "ficco.d4.ring.gemm_per_piece.m.sm")
 
@@ -49,6 +53,9 @@ def rank_main(rank: int, world: int, port: int, scenario: dict, setting: dict, r
         options._devices = [dist.ProcessGroupGloo.create_device(interface="lo")]
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=120))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, pg_options=options)
+    if setting.get("pin_main_thread"):
+        # Linux: pid 0 is the calling thread only; threads gloo started before keep their mask.
+        os.sched_setaffinity(0, {rank % os.cpu_count()})
     op = build_operator(Scenario(**scenario), P2PComm())
     runs, out = setting.get("runs", 1), {}
     for name in SCHEDULES:

@@ -162,7 +162,7 @@ class SimulatorSelector(Selector):
             model["sid"] = model["scenario_id"].map({s.scenario_id: sid for s, sid in zip(scenarios, ids)})
             model = model[[name in legal[sid] for sid, name in zip(model["sid"], model["schedule"])]]
             out.update(_argmin_choice(model.assign(scenario_id=model["sid"]), model["time_s"].to_numpy()))
-        return out
+        return {sid: out.get(sid, BASELINE.name) for sid in legal.index}  # (no candidate the model knows)
 
 
 def training_ranges(df: pd.DataFrame) -> dict:
