@@ -24,6 +24,9 @@ from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.heuristic import HeuristicParams, choose, estimates
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
 from ficco_select.schedule import BASELINE, SHARD
+from ficco_select.selector import DEFAULT_MIN_MARGIN
+from ficco_select.selector import Selector as Runtime
+from ficco_select.trees import TreeEnsemble
 from train.metrics import ceiling_choices, oracle_choices, score, true_times
 
 SEED = 0
@@ -209,11 +212,11 @@ def fit_abstention(make: Callable[[], Selector], df: pd.DataFrame, folds: int = 
     fold_of = key.map(lambda v: zlib.crc32(str(v).encode()) % folds)
     parts = [_validation_outcomes(make().fit(ok[fold_of != f]), ok[fold_of == f])
              for f in range(folds) if (fold_of != f).any() and (fold_of == f).any()]
-    if not parts:
-        return {"min_margin": DEFAULT_RULE[0], "fallback": DEFAULT_RULE[1], "validation_scenarios": 0}
+    if not parts:  # nothing to validate on: the runtime's own default
+        return {"min_margin": DEFAULT_MIN_MARGIN, "fallback": "heuristic", "validation_scenarios": 0}
     v = pd.concat(parts, ignore_index=True)
-    finite = np.sort(v["margin"].unique())
-    thresholds = [0.0, *np.quantile(finite, np.linspace(0, 1, 101)).tolist(), None]  # None: never trust it
+    margins = v["margin"].unique()
+    thresholds = [0.0, *np.quantile(margins, np.linspace(0, 1, 101)).tolist(), None]  # None: never trust it
     best = None
     for fallback in ("heuristic", "baseline"):
         for threshold in thresholds:
@@ -228,10 +231,6 @@ def fit_abstention(make: Callable[[], Selector], df: pd.DataFrame, folds: int = 
     _, threshold, fallback, near, slow, trusted = best
     return {"min_margin": threshold, "fallback": fallback, "validation_scenarios": len(v),
             "validation_near_opt_2": near, "validation_slowdowns": slow, "validation_model_share": trusted}
-
-
-DEFAULT_RULE = (0.01, "heuristic")
-"""The runtime's rule without a fitted one (``ficco_select.selector.DEFAULT_MIN_MARGIN``)."""
 
 
 def _validation_outcomes(model: Selector, val: pd.DataFrame) -> pd.DataFrame:
@@ -272,9 +271,6 @@ class ShippedPolicy(Selector):
         self.learned, self.params = learned, params
 
     def fit(self, df):
-        from ficco_select.selector import Selector as Runtime
-        from ficco_select.trees import TreeEnsemble
-
         make = lambda: (self.learned or XGBRanker)(**self.params)  # noqa: E731
         self.abstention_ = fit_abstention(make, df)
         inner = make().fit(df)
