@@ -32,7 +32,8 @@ import pandas as pd
 
 from data.dataset import provenance
 from ficco_select.executor.harness import SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES
-from ficco_select.costs import GB, contended as _contended, gemm_time, transfer_time
+from ficco_select.costs import (GRANULARITY_CODES, OP_CODES, contended as _contended, gemm_time, schedule_times,
+                                transfer_time)
 from ficco_select.hardware import HardwareSpec
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import candidates
@@ -56,10 +57,6 @@ def _schedule_table(op: str, P: int, extent_m: int, extent_n: int, dtype: str, d
             np.array([c.compute == "gemm_per_step" for c in schedules]),
             np.array([c.split == "n" for c in schedules]),
             np.array([c.engine == "dma" for c in schedules]))
-
-
-OP_CODES = {"ag_gemm": 0, "gemm_rs": 1, "a2a_gemm": 2}
-GRANULARITY_CODES = {"none": 0, "shard": 1, "ficco": 2}
 
 
 def build_rows(scenarios: Sequence[Scenario], hw: HardwareSpec) -> dict[str, np.ndarray]:
@@ -98,64 +95,16 @@ def simulate_rows(scenarios: Sequence[Scenario], hw: HardwareSpec) -> pd.DataFra
 def predict(cols: dict[str, np.ndarray], hw: HardwareSpec) -> dict[str, np.ndarray]:
     """The model on column arrays (one entry per (scenario, schedule)): time and signatures."""
     P = cols["world_size"].astype(float)
-    m, n, k = (cols[c].astype(float) for c in ("m", "n", "k"))
-    b, d, peak = cols["_bytes"], cols["_d"], cols["_peak"]
-    gran = cols["_gran"]
-    a2a, per_step, split_n, dma = (cols[c] for c in ("_a2a", "_per_step", "_split_n", "_dma"))
-    op = cols["_op"]
-    is_ag, is_rs, is_moe = op == 0, op == 1, op == 2
-
-    # Per-rank whole GEMM (M, N, K) and per-shard transfer bytes.
-    hot = cols["_hot"].astype(float)
-    M_whole = np.select([is_ag, is_rs], [m, m], default=hot)
-    N_whole = np.select([is_ag, is_rs], [n / P, n], default=n)
-    K_whole = np.select([is_ag, is_rs], [k, k / P], default=k)
-    shard_rows = np.select([is_ag, is_rs], [m / P, m / P], default=hot / P)  # rows per shard / chunk
-    shard_cols = np.select([is_ag, is_rs], [k, n], default=k)                 # bytes per row / dtype
-    g_whole = gemm_time(hw, M_whole, N_whole, K_whole, b, peak)
-
-    # Baseline: the whole collective, then the GEMM. The collective uses the better of a
-    # ring and a direct exchange with every peer at once (what a collective library picks:
-    # direct on a fully connected node), A2A always the direct exchange.
-    shard_bytes = shard_rows * shard_cols * b
-    ring_coll = (P - 1) * transfer_time(hw, shard_bytes, 1, False, P)
-    a2a_coll = transfer_time(hw, shard_bytes, P - 1, False, P)
-    t_comm_whole = np.where(is_moe, a2a_coll, np.minimum(ring_coll, a2a_coll))
-    rs_adds = np.where(is_rs, (P - 1) * 3 * shard_bytes / (hw.mem_bw_gbps * GB), 0.0)
-    t_comm_whole = t_comm_whole + rs_adds
-
-    # Overlapped schedules: pieces of shard_rows / d rows (or n / d columns for gemm_rs split n).
-    dd = np.where(gran == GRANULARITY_CODES["ficco"], d, 1.0)
-    piece_rows = np.where(split_n, shard_rows, shard_rows / dd)
-    piece_N = np.where(split_n, N_whole / dd, N_whole)
-    piece_bytes = np.where(split_n, shard_bytes / dd, piece_rows * shard_cols * b)
-    concurrent = np.where(a2a, P - 1, 1)
-    c_piece = transfer_time(hw, piece_bytes, concurrent, dma, P)
-    g_piece = gemm_time(hw, piece_rows, piece_N, K_whole, b, peak)
-    g_shard = gemm_time(hw, shard_rows, N_whole, K_whole, b, peak)
-    # a2a pattern, per step: one batched GEMM over the P pieces of the step.
-    g_step_batched = gemm_time(hw, piece_rows * P, piece_N, K_whole, b, peak)
-
-    # Steps of the pipeline: ring: (P-1) hops x d pieces; a2a: d steps of P-1 peers at once.
-    steps = np.where(a2a, dd, (P - 1) * dd)
-    # GEMM work per step and transfer time per step.
-    g_step = np.where(a2a, np.where(per_step, g_step_batched, P * g_piece),
-                      np.where(per_step, g_shard / dd, g_piece))
-    c_step = c_piece
-    g_step_c = _contended(hw, g_step, c_step, dma)
-    # Local work that overlaps the first transfer: the local shard (ring), or the first
-    # local piece (a2a pattern, GEMM per piece); a per-step a2a GEMM waits for its step.
-    g_local = np.where(a2a, np.where(per_step, 0.0, g_piece), np.where(per_step, g_shard, dd * g_piece))
-    first = np.maximum(_contended(hw, g_local, c_step, dma), c_step)
-    middle = (steps - 1) * np.maximum(g_step_c, c_step)
-    t_over = first + middle + g_step + rs_adds / np.maximum(steps, 1)
-    time = np.where(gran == GRANULARITY_CODES["none"], t_comm_whole + g_whole, t_over)
-
-    sig = _signatures(hw, M_whole, N_whole, K_whole, shard_rows, shard_cols, b, peak, P, g_whole,
-                      t_comm_whole)  # ratios: computed before the time-sharing factor below
+    t = schedule_times(hw, op=cols["_op"], m=cols["m"].astype(float), n=cols["n"].astype(float),
+                       k=cols["k"].astype(float), P=P, hot=cols["_hot"].astype(float), dtype_bytes=cols["_bytes"],
+                       peak=cols["_peak"], gran=cols["_gran"], degree=cols["_d"], a2a=cols["_a2a"],
+                       per_step=cols["_per_step"], split_n=cols["_split_n"], dma=cols["_dma"])
+    g_whole, t_comm_whole = t["t_comp_s"], t["t_comm_s"]
+    sig = _signatures(hw, t["M"], t["N"], t["K"], t["shard_rows"], t["shard_cols"], cols["_bytes"], cols["_peak"],
+                      P, g_whole, t_comm_whole)  # ratios: computed before the time-sharing factor below
     # More ranks than devices (the cpu backend's 4 ranks on 2 cores) time-share them.
     share = np.maximum(1.0, P / hw.devices)
-    time, g_whole, t_comm_whole = time * share, g_whole * share, t_comm_whole * share
+    time, g_whole, t_comm_whole = t["time_s"] * share, g_whole * share, t_comm_whole * share
     return {
         "time_s": time,
         "t_comp_s": g_whole,

@@ -7,7 +7,10 @@ communication time, their ratio, ideal overlap speedup, decomposition loss (DIL)
 chunking loss at d = 2 and 4. Measured signatures are not used: the runtime never has
 them, and a model must see the same features in training and at runtime.
 
-Schedule features: the schedule's axes and its piece sizes and estimated piece costs.
+Schedule features: the schedule's axes, its piece sizes and estimated piece costs, and the
+whole schedule's analytic time along its pipeline (``costs.schedule_times``, the
+simulator's model on the machine's spec) over the baseline's and over the bound of a
+perfect overlap, max(T_comp, T_comm).
 
 Shapes: ``pair_features(records, schedules, hardware)`` -> (n_pairs, n_features) float64,
 NaN where a value does not apply. ``candidate_features(scenario, schedules, hw)`` gives the
@@ -23,12 +26,12 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ficco_select.costs import GB, US, gemm_time, transfer_time
+from ficco_select.costs import GB, GRANULARITY_CODES, OP_CODES, US, gemm_time, schedule_times, transfer_time
 from ficco_select.hardware import TOPOLOGIES, HardwareSpec
 from ficco_select.scenario import DTYPES, OPS, Scenario
 from ficco_select.schedule import GRANULARITIES, Schedule, parse
 
-FEATURE_SCHEMA_VERSION = 1
+FEATURE_SCHEMA_VERSION = 2
 
 SCENARIO_FEATURES = (
     *[f"op_{op}" for op in OPS],
@@ -45,6 +48,7 @@ SCHEDULE_FEATURES = (
     *[f"gran_{g}" for g in GRANULARITIES],
     "degree", "pattern_a2a", "gemm_per_step", "split_n", "engine_dma",
     "log2_pieces", "log2_piece_rows", "log2_piece_bytes", "log2_piece_gemm_est", "log2_piece_comm_est",
+    "log2_over_baseline_est", "log2_over_bound_est",
 )
 FEATURE_NAMES = (*SCENARIO_FEATURES, *SCHEDULE_FEATURES)
 FEATURE_SCHEMA_HASH = hashlib.sha1(
@@ -146,13 +150,36 @@ def pair_features(records: Sequence[Mapping], schedules: Sequence[str | Schedule
         piece_gemm[sel] = gemm_time(spec, piece_rows[sel], piece_N, K[sel], b[sel], peak[sel])
         concurrent = np.where(axes["pattern_a2a"][sel] > 0, P[sel] - 1, 1)
         piece_comm[sel] = transfer_time(spec, piece_bytes[sel], concurrent, axes["engine_dma"][sel] > 0, P[sel])
+    over_base, over_bound = np.empty(n), np.empty(n)
+    op_code = np.array([OP_CODES[o] for o in op])
+    gran = np.select([axes[f"gran_{g}"] > 0 for g in GRANULARITY_CODES], list(GRANULARITY_CODES.values()))
+    for spec in {id(s): s for s in specs}.values():
+        sel = np.array([s is spec for s in specs])
+        over_base[sel], over_bound[sel] = _whole_schedule(
+            spec, op_code[sel], m[sel], nn[sel], k[sel], P[sel], np.where(op_code[sel] == OP_CODES["a2a_gemm"],
+                                                                          hot[sel], 0.0),
+            b[sel], peak[sel], gran[sel], axes["degree"][sel], axes["pattern_a2a"][sel] > 0,
+            axes["gemm_per_step"][sel] > 0, axes["split_n"][sel] > 0, axes["engine_dma"][sel] > 0)
     cols.update(axes)
     cols.update({
         "log2_pieces": _log2(P * d), "log2_piece_rows": _log2(piece_rows),
         "log2_piece_bytes": _log2(piece_bytes), "log2_piece_gemm_est": _log2(piece_gemm),
         "log2_piece_comm_est": _log2(piece_comm),
+        "log2_over_baseline_est": over_base, "log2_over_bound_est": over_bound,
     })
     return np.column_stack([cols[name] for name in FEATURE_NAMES]) if n else np.empty((0, len(FEATURE_NAMES)))
+
+
+def _whole_schedule(spec: HardwareSpec, *args) -> tuple[np.ndarray, np.ndarray]:
+    """log2 of each schedule's analytic time over the baseline's (the whole collective, then
+    the GEMM) and over max(T_comp, T_comm); `args` are ``schedule_times``'s, in its order."""
+    names = ("op", "m", "n", "k", "P", "hot", "dtype_bytes", "peak", "gran", "degree", "a2a", "per_step",
+             "split_n", "dma")
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        t = schedule_times(spec, **dict(zip(names, args)))
+        baseline = t["t_comp_s"] + t["t_comm_s"]
+        bound = np.maximum(t["t_comp_s"], t["t_comm_s"])
+        return _log2(t["time_s"] / baseline), _log2(t["time_s"] / bound)
 
 
 # -- one scenario and its candidates: the runtime's fast path -----------------------------
@@ -160,7 +187,9 @@ _LOG2_SCENARIO = np.array([name.startswith("log2_") for name in SCENARIO_FEATURE
 """Scenario columns that are log2 of a raw value (``_log2`` is applied to them at once)."""
 _PIECE_COLUMNS = ["log2_piece_rows", "log2_piece_bytes", "log2_piece_gemm_est", "log2_piece_comm_est"]
 """Schedule columns that depend on the scenario too, in the order candidate_features fills them."""
-_AXIS_COLUMNS = [name for name in SCHEDULE_FEATURES if name not in _PIECE_COLUMNS]
+_WHOLE_COLUMNS = ["log2_over_baseline_est", "log2_over_bound_est"]
+"""The whole-schedule columns (``_whole_schedule``)."""
+_AXIS_COLUMNS = [name for name in SCHEDULE_FEATURES if name not in _PIECE_COLUMNS + _WHOLE_COLUMNS]
 """Schedule columns that depend on the schedule and the world size alone."""
 
 
@@ -171,8 +200,8 @@ def _columns_at(names) -> slice | np.ndarray:
     return slice(int(at[0]), int(at[-1]) + 1) if (np.diff(at) == 1).all() else at
 
 
-_SCENARIO_AT, _AXES_AT, _PIECES_AT = (_columns_at(names) for names in (SCENARIO_FEATURES, _AXIS_COLUMNS,
-                                                                         _PIECE_COLUMNS))
+_SCENARIO_AT, _AXES_AT, _PIECES_AT, _WHOLE_AT = (_columns_at(names) for names in (
+    SCENARIO_FEATURES, _AXIS_COLUMNS, _PIECE_COLUMNS, _WHOLE_COLUMNS))
 _OP_COLUMNS = [(f"op_{o}", o) for o in OPS]
 _TOPOLOGY_COLUMNS = [(f"topo_{t}", t) for t in TOPOLOGIES]
 _LAYOUTS: dict[tuple, "_CandidateLayout"] = {}
@@ -254,6 +283,11 @@ def candidate_features(scenario: Scenario, schedules: Sequence[str | Schedule], 
         # (len(_PIECE_COLUMNS), n): the raw values of _PIECE_COLUMNS, then their log2 in place
         pieces = np.concatenate((gemm_M[3:], comm_bytes[4:], gemm[3:], comm[4:])).reshape(len(_PIECE_COLUMNS), n)
         X[:, _PIECES_AT] = np.log2(np.maximum(pieces, 1e-30, out=pieces), out=pieces).T  # _log2
+    full = lambda v: np.full(n, v, dtype=float)  # noqa: E731 - the batch path's per-row arrays
+    over_base, over_bound = _whole_schedule(
+        hw, np.full(n, OP_CODES[op]), full(m), full(nn), full(k), full(P), full(hot if op == "a2a_gemm" else 0.0),
+        full(b), full(peak), layout.gran, layout.degree, layout.a2a, layout.per_step, layout.split_n, layout.dma[4:])
+    X[:, _WHOLE_AT] = np.column_stack((over_base, over_bound))
     return X
 
 
@@ -282,6 +316,16 @@ class _CandidateLayout:
     """(4 + n,): peers sent to at once: 1, P - 1, 1, 1, then P - 1 for a2a, else 1."""
     dma: np.ndarray
     """(4 + n,) bool: the transfer runs on copy engines."""
+    gran: np.ndarray
+    """(n,): each candidate's ``GRANULARITY_CODES`` (for ``_whole_schedule``)."""
+    degree: np.ndarray
+    """(n,): each candidate's degree."""
+    a2a: np.ndarray
+    """(n,) bool: the a2a pattern."""
+    per_step: np.ndarray
+    """(n,) bool: one GEMM per step."""
+    split_n: np.ndarray
+    """(n,) bool: pieces split n."""
 
 
 def _layout(world_size: int, schedules: tuple, remember: bool = False) -> _CandidateLayout:
@@ -311,7 +355,9 @@ def _layout(world_size: int, schedules: tuple, remember: bool = False) -> _Candi
             gemm_N_div=np.concatenate([[1.0, 1.0, 1.0], np.where(split_n, d, 1.0)]),
             comm_bytes_div=np.concatenate([[1.0, 1.0, 2.0, 4.0], d]),
             concurrent=np.concatenate([[1.0, P - 1, 1.0, 1.0], np.where(a2a, P - 1, 1.0)]),
-            dma=np.concatenate([[False] * 4, cols["engine_dma"] > 0]))
+            dma=np.concatenate([[False] * 4, cols["engine_dma"] > 0]),
+            gran=np.select([cols[f"gran_{g}"] > 0 for g in GRANULARITY_CODES], list(GRANULARITY_CODES.values())),
+            degree=cols["degree"], a2a=a2a, per_step=cols["gemm_per_step"] > 0, split_n=split_n)
         for array in dataclasses.astuple(layout):
             array.flags.writeable = False  # shared between calls
         _LAYOUTS[key] = layout

@@ -101,4 +101,71 @@ def contended(hw: HardwareSpec, g, c, dma):
     return g * (1 + factor * overlap)
 
 
-# -- per-row shapes ------------------------------------------------------------------------
+# -- whole schedules -----------------------------------------------------------------------
+OP_CODES = {"ag_gemm": 0, "gemm_rs": 1, "a2a_gemm": 2}
+GRANULARITY_CODES = {"none": 0, "shard": 1, "ficco": 2}
+
+
+def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, hot, dtype_bytes, peak, gran, degree, a2a, per_step,
+                   split_n, dma) -> dict[str, np.ndarray]:
+    """The analytic time of whole schedules along their pipelines, one entry per
+    (scenario, schedule); every argument an array (or a scalar) of that length.
+
+    `op`, `gran`: ``OP_CODES``, ``GRANULARITY_CODES``; `hot`: the busiest expert's rows
+    (a2a_gemm); `a2a`, `per_step`, `split_n`, `dma`: the schedule's axes as booleans.
+    Returns ``time_s`` (the schedule), ``t_comp_s`` and ``t_comm_s`` (the whole GEMM and
+    the whole collective, each alone), and the per-rank GEMM (``M``, ``N``, ``K``) and
+    shard (``shard_rows``, ``shard_cols``). One device per rank: the simulator scales for
+    ranks sharing devices. The model is ``data.simulate``'s (its docstring has the pipeline);
+    the features use it too, so that a model sees each candidate's whole physics.
+    """
+    b = dtype_bytes
+    d = degree
+    is_ag, is_rs, is_moe = op == 0, op == 1, op == 2
+    # Per-rank whole GEMM (M, N, K) and per-shard transfer bytes.
+    M_whole = np.select([is_ag, is_rs], [m, m], default=hot)
+    N_whole = np.select([is_ag, is_rs], [n / P, n], default=n)
+    K_whole = np.select([is_ag, is_rs], [k, k / P], default=k)
+    shard_rows = np.select([is_ag, is_rs], [m / P, m / P], default=hot / P)  # rows per shard / chunk
+    shard_cols = np.select([is_ag, is_rs], [k, n], default=k)                 # bytes per row / dtype
+    g_whole = gemm_time(hw, M_whole, N_whole, K_whole, b, peak)
+
+    # Baseline: the whole collective, then the GEMM. The collective uses the better of a
+    # ring and a direct exchange with every peer at once (what a collective library picks:
+    # direct on a fully connected node), A2A always the direct exchange.
+    shard_bytes = shard_rows * shard_cols * b
+    ring_coll = (P - 1) * transfer_time(hw, shard_bytes, 1, False, P)
+    a2a_coll = transfer_time(hw, shard_bytes, P - 1, False, P)
+    t_comm_whole = np.where(is_moe, a2a_coll, np.minimum(ring_coll, a2a_coll))
+    rs_adds = np.where(is_rs, (P - 1) * 3 * shard_bytes / (hw.mem_bw_gbps * GB), 0.0)
+    t_comm_whole = t_comm_whole + rs_adds
+
+    # Overlapped schedules: pieces of shard_rows / d rows (or n / d columns for gemm_rs split n).
+    dd = np.where(gran == GRANULARITY_CODES["ficco"], d, 1.0)
+    piece_rows = np.where(split_n, shard_rows, shard_rows / dd)
+    piece_N = np.where(split_n, N_whole / dd, N_whole)
+    piece_bytes = np.where(split_n, shard_bytes / dd, piece_rows * shard_cols * b)
+    concurrent = np.where(a2a, P - 1, 1)
+    c_piece = transfer_time(hw, piece_bytes, concurrent, dma, P)
+    g_piece = gemm_time(hw, piece_rows, piece_N, K_whole, b, peak)
+    g_shard = gemm_time(hw, shard_rows, N_whole, K_whole, b, peak)
+    # a2a pattern, per step: one batched GEMM over the P pieces of the step.
+    g_step_batched = gemm_time(hw, piece_rows * P, piece_N, K_whole, b, peak)
+
+    # Steps of the pipeline: ring: (P-1) hops x d pieces; a2a: d steps of P-1 peers at once.
+    steps = np.where(a2a, dd, (P - 1) * dd)
+    # GEMM work per step and transfer time per step.
+    g_step = np.where(a2a, np.where(per_step, g_step_batched, P * g_piece),
+                      np.where(per_step, g_shard / dd, g_piece))
+    c_step = c_piece
+    g_step_c = contended(hw, g_step, c_step, dma)
+    # Local work that overlaps the first transfer: the local shard (ring), or the first
+    # local piece (a2a pattern, GEMM per piece); a per-step a2a GEMM waits for its step.
+    g_local = np.where(a2a, np.where(per_step, 0.0, g_piece), np.where(per_step, g_shard, dd * g_piece))
+    first = np.maximum(contended(hw, g_local, c_step, dma), c_step)
+    middle = (steps - 1) * np.maximum(g_step_c, c_step)
+    t_over = first + middle + g_step + rs_adds / np.maximum(steps, 1)
+    time = np.where(gran == GRANULARITY_CODES["none"], t_comm_whole + g_whole, t_over)
+
+    return {"time_s": time, "t_comp_s": g_whole, "t_comm_s": t_comm_whole, "M": M_whole, "N": N_whole, "K": K_whole,
+            "shard_rows": shard_rows, "shard_cols": shard_cols}

@@ -27,8 +27,14 @@ An exported selector is a folder with ``model.json`` (XGBoost JSON, evaluated by
 world_size; the values seen for hardware, dtype and op) and optional ``hardware_specs``
 ({name: every HardwareSpec field}), and optional ``abstention`` ({"min_margin": number >= 0
 or null, "fallback": "heuristic" | "baseline"}: the rule fitted on validation folds at
-training, ``train.selectors.fit_abstention``; null: the model never decides; without it,
-a margin below 0.01 goes to the heuristic). Both files are checked at load; anything missing,
+training, ``train.selectors.fit_abstention``; null: the model never decides; an optional
+``by_kind`` {"gpu" | "cpu": the same two fields} overrides it for that kind of machine;
+without it, a margin below 0.01 goes to the heuristic), and optional ``unseen_hardware`` ({"decide":
+"model" | "heuristic", "kinds": {"gpu" | "cpu": {"topologies": [...], "spec_ranges": {field:
+[low, high]}}}}: fitted at training on machines held out of the fit. With "model", a
+machine not seen in training is decided by the model when the trained machines of its kind
+know its topology and its spec numbers lie inside their ranges; the decision's reason
+says so. Without it, unseen machines go to the heuristic). Both files are checked at load; anything missing,
 malformed or inconsistent (another feature schema, a model whose ``num_feature`` is not
 ``len(features.FEATURE_NAMES)``, a tree that ``trees`` refuses) gives a heuristic-only
 selector and one warning naming the file and field. ``ficco export`` writes the folder
@@ -69,6 +75,12 @@ DEFAULT_MIN_MARGIN = 0.01
 """The margin below which a model without a fitted ``abstention`` rule abstains."""
 FALLBACKS = ("heuristic", "baseline")
 """Where a fitted abstention rule may send a low-margin decision."""
+SPEC_RANGE_FIELDS = ("mem_bw_gbps", "compute_units", "link_bw_gbps", "sm_comm_latency_us", "dma_latency_us",
+                     "copy_engines")
+"""Spec fields (the features' hardware numbers, with ``peak_tflops.<dtype>``) whose trained
+ranges bound the machines an ``unseen_hardware`` rule lets the model decide."""
+MACHINE_KINDS = ("gpu", "cpu")
+"""``unseen_hardware`` ranges are per kind of machine (``machine_kind``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +108,14 @@ class _Scope:
     """``hardware_specs``: the training data's non-preset machines, by name."""
     abstention: tuple[float | None, str] | None = None
     """``abstention``: (min_margin or None for never, fallback), if the export has one."""
+    abstention_by_kind: Mapping[str, tuple[float | None, str]] = dataclasses.field(default_factory=dict)
+    """``abstention.by_kind``: the same rule fitted per kind of machine (``machine_kind``):
+    a model's margins mean more on one kind than on another."""
+    unseen: Mapping[str, tuple[frozenset, tuple[tuple[str, float, float], ...]]] = \
+        dataclasses.field(default_factory=dict)
+    """``unseen_hardware`` when its rule lets the model decide machines it never saw: per
+    kind of machine (``machine_kind``), (topologies seen, (spec field, low, high) ranges of
+    the trained machines)."""
 
     @classmethod
     def from_meta(cls, meta: Any, where: str = "selector.json") -> "_Scope":
@@ -141,21 +161,79 @@ class _Scope:
                 raise ValueError(f"{where}, hardware_specs[{key!r}]: field 'name' is {spec.name!r}, not the key")
             checked[key] = spec
         rule = meta.get("abstention")
-        abstention = None
+        abstention, by_kind = None, {}
         if rule is not None:
-            if not isinstance(rule, dict):
-                raise ValueError(f"{where}: field 'abstention' must be an object (min_margin, fallback), "
-                                 f"got {type(rule).__name__}")
-            threshold, fallback = rule.get("min_margin"), rule.get("fallback")
-            if threshold is not None and not (_is_number(threshold) and threshold >= 0):
-                raise ValueError(f"{where}: field 'abstention.min_margin' must be a finite number >= 0 or null, "
-                                 f"got {threshold!r}")
-            if fallback not in FALLBACKS:
-                raise ValueError(f"{where}: field 'abstention.fallback' must be one of {', '.join(FALLBACKS)}, "
-                                 f"got {fallback!r}")
-            abstention = (threshold, fallback)
+            abstention = _margin_rule(rule, f"{where}: field 'abstention")
+            kinds = rule.get("by_kind", {})
+            if not isinstance(kinds, dict) or not set(kinds) <= set(MACHINE_KINDS):
+                raise ValueError(f"{where}: field 'abstention.by_kind' must be an object keyed by "
+                                 f"{' or '.join(MACHINE_KINDS)}, got {kinds!r}")
+            by_kind = {kind: _margin_rule(r, f"{where}: field 'abstention.by_kind.{kind}") for kind, r in kinds.items()}
         return cls(ranker=name == "xgb-ranker", seen=tuple(seen), ranges=tuple(bounds), specs=checked,
-                   abstention=abstention)
+                   abstention=abstention, abstention_by_kind=by_kind,
+                   unseen=_unseen_rule(meta.get("unseen_hardware"), where))
+
+
+def _margin_rule(rule: Any, at: str) -> tuple[float | None, str]:
+    """(min_margin, fallback) of an abstention rule; ValueError naming the field (`at` + "...")."""
+    if not isinstance(rule, dict):
+        raise ValueError(f"{at}' must be an object (min_margin, fallback), got {type(rule).__name__}")
+    threshold, fallback = rule.get("min_margin"), rule.get("fallback")
+    if threshold is not None and not (_is_number(threshold) and threshold >= 0):
+        raise ValueError(f"{at}.min_margin' must be a finite number >= 0 or null, got {threshold!r}")
+    if fallback not in FALLBACKS:
+        raise ValueError(f"{at}.fallback' must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
+    return threshold, fallback
+
+
+def _unseen_rule(rule: Any, where: str) -> dict:
+    """``unseen_hardware``: {"decide": "model" | "heuristic", "kinds": {kind: {"topologies":
+    [...], "spec_ranges": {field: [low, high]}}}, ...evidence}; {} unless the model decides."""
+    if rule is None:
+        return {}
+    if not isinstance(rule, dict) or rule.get("decide") not in ("model", "heuristic"):
+        raise ValueError(f"{where}: field 'unseen_hardware' must be an object whose 'decide' is model or "
+                         f"heuristic, got {rule!r}")
+    if rule["decide"] == "heuristic":
+        return {}
+    kinds = rule.get("kinds")
+    if not isinstance(kinds, dict) or not kinds or not set(kinds) <= set(MACHINE_KINDS):
+        raise ValueError(f"{where}: field 'unseen_hardware.kinds' must be a non-empty object keyed by "
+                         f"{' or '.join(MACHINE_KINDS)} (-> topologies and spec_ranges), got {kinds!r}")
+    out = {}
+    for kind, block in kinds.items():
+        at = f"{where}: field 'unseen_hardware.kinds.{kind}"
+        if not isinstance(block, dict):
+            raise ValueError(f"{at}' must be an object, got {type(block).__name__}")
+        topologies, ranges = block.get("topologies"), block.get("spec_ranges")
+        if not (isinstance(topologies, list) and topologies and all(isinstance(t, str) for t in topologies)):
+            raise ValueError(f"{at}.topologies' must be a non-empty list of strings, got {topologies!r}")
+        if not isinstance(ranges, dict):
+            raise ValueError(f"{at}.spec_ranges' must be an object (field -> [low, high]), got {ranges!r}")
+        bounds = []
+        for field, pair in ranges.items():
+            if not (field in SPEC_RANGE_FIELDS or field.startswith("peak_tflops.")):
+                raise ValueError(f"{at}.spec_ranges.{field}' is not a spec field this runtime checks "
+                                 f"({', '.join(SPEC_RANGE_FIELDS)}, peak_tflops.<dtype>)")
+            if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(_is_number(v) for v in pair)
+                    and pair[0] <= pair[1]):
+                raise ValueError(f"{at}.spec_ranges.{field}' must be [low, high], two finite numbers with "
+                                 f"low <= high, got {pair!r}")
+            bounds.append((field, float(pair[0]), float(pair[1])))
+        out[kind] = (frozenset(topologies), tuple(bounds))
+    return out
+
+
+def machine_kind(hw: HardwareSpec) -> str:
+    """``cpu`` or ``gpu``: machines of one kind share candidate sets and feature scales."""
+    return "cpu" if backend_for(hw) == "cpu" else "gpu"
+
+
+def spec_value(hw: HardwareSpec, field: str) -> float | None:
+    """A SPEC_RANGE_FIELDS value of `hw`, or ``peak_tflops.<dtype>`` (None if the spec has no such dtype)."""
+    if field.startswith("peak_tflops."):
+        return hw.peak_tflops.get(field.split(".", 1)[1])
+    return float(getattr(hw, field))
 
 
 def _is_number(value: Any) -> bool:
@@ -169,10 +247,11 @@ class Selector:
         self._scope = _Scope.from_meta(meta) if meta is not None else _Scope()
         self.model = model
         self.meta = dict(meta or {})
-        # A margin given here wins over the export's fitted rule (its fallback: the heuristic).
+        # A margin given here wins over the export's fitted rules (its fallback: the heuristic).
         rule = self._scope.abstention if min_margin is None else None
         self.min_margin = rule[0] if rule else (DEFAULT_MIN_MARGIN if min_margin is None else min_margin)
         self.margin_fallback = rule[1] if rule else "heuristic"
+        self._margin_by_kind = dict(self._scope.abstention_by_kind) if min_margin is None else {}
         # Decisions, found three ways: by the id of a Scenario object seen before (the hot
         # path; `_alive` holds those objects so that no other object can take their id), by
         # scenario value (an equal Scenario built again), by a mapping's scenario columns.
@@ -327,6 +406,11 @@ class Selector:
         scope = self._scope
         for col, seen in scope.seen:  # hardware first: its message is the one users look for
             if getattr(s, col) not in seen:
+                if col == "hardware" and scope.unseen:
+                    why = self._unseen_hardware_problem(hw)
+                    if not why:
+                        continue  # the model decides it (its decision says so)
+                    return f"hardware {s.hardware} not seen in training ({why})"
                 return f"{col} {getattr(s, col)} not seen in training"
         trained = scope.specs.get(s.hardware)
         if trained is not None and trained != hw:
@@ -335,6 +419,22 @@ class Selector:
             value = getattr(s, col)
             if not lo <= value <= hi:
                 return f"{col}={value} outside the training range [{lo}, {hi}]"
+        return ""
+
+    def _unseen_hardware_problem(self, hw: HardwareSpec) -> str:
+        """Why the model may not decide a machine it never saw, or "" if its export's
+        ``unseen_hardware`` rule lets it (validated on held-out machines at training) and
+        the machine lies inside the trained machines' spec ranges."""
+        rule = self._scope.unseen.get(machine_kind(hw))
+        if rule is None:
+            return f"no trained {machine_kind(hw)} machine"
+        topologies, ranges = rule
+        if hw.topology not in topologies:
+            return f"topology {hw.topology} not seen in training"
+        for field, lo, hi in ranges:
+            value = spec_value(hw, field)
+            if value is not None and not lo <= value <= hi:
+                return f"{field}={value:g} outside the trained machines' range [{lo:g}, {hi:g}]"
         return ""
 
     def _model_decision(self, s: Scenario, hw: HardwareSpec) -> Decision:
@@ -351,13 +451,18 @@ class Selector:
         order = np.argsort(scores, kind="stable")
         best = cands[int(order[0])]
         margin = float(scores[order[1]] - scores[order[0]]) if len(cands) > 1 else 1.0
-        if self.min_margin is None or margin < self.min_margin:
-            why = (f"model margin {margin:.4f} below {self.min_margin}" if self.min_margin is not None
+        min_margin, fallback = self._margin_by_kind.get(machine_kind(hw), (self.min_margin, self.margin_fallback))
+        if min_margin is None or margin < min_margin:
+            why = (f"model margin {margin:.4f} below {min_margin}" if min_margin is not None
                    else "the export's abstention rule never trusts the model")
-            if self.margin_fallback == "baseline":
+            if fallback == "baseline":
                 return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback is the baseline")
             return self._heuristic(s, hw, why)
-        return Decision(best, "model", float(min(1.0, margin)))
+        seen = dict(self._scope.seen).get("hardware")
+        note = ("" if seen is None or s.hardware in seen else
+                f"hardware {s.hardware} not seen in training: inside the trained machines' spec ranges, "
+                "where held-out machines showed the model ahead of the heuristic")
+        return Decision(best, "model", float(min(1.0, margin)), note)
 
     def _warn_once(self, key, message: str) -> None:
         if key not in self._warned:

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from train.metrics import METRICS, comparison_table, format_table, oracle_choices, score
+from train.metrics import METRICS, capture_scorer, comparison_table, format_table, oracle_choices, score
 
 
 def rows(scenario_id, *specs, status="ok"):
@@ -229,3 +229,13 @@ def test_measured_rows_with_a_repeat_sweep_are_scored_on_it_and_the_ceiling_is_t
     # without the repeat column the truth is the sweep itself: the ceiling is 1
     plain = d.drop(columns=["time_repeat_s"])
     assert score(plain, ceiling_choices(plain))["oracle_capture"] == 1.0
+
+
+def test_the_capture_scorer_equals_score_for_every_choice_set(df):
+    # capture_scorer (the heuristic's grid search) computes the truths once; invalid or
+    # missing picks count as the baseline, as in score. A: t* 0.8, B: t* 0.6.
+    capture = capture_scorer(df)
+    for chosen in ({"A": "x.fast", "B": "x.fast"}, {"A": "shard.ring.sm", "B": "shard.ring.sm"},
+                   {"A": "x.bad", "B": "nope"}, {"A": "none.sm", "B": "x.fast"}):
+        assert capture(chosen) == pytest.approx(score(df, chosen)["oracle_capture"]), chosen
+    assert capture({"A": "x.bad", "B": "nope"}) == pytest.approx(math.sqrt(0.8 / 1.0 * 0.6 / 1.2))

@@ -23,6 +23,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from features import FEATURE_NAMES
 from ficco_select import Scenario
 from ficco_select.hardware import HardwareSpec, is_spec_path, load_hardware, spec_from_dict
 from ficco_select.heuristic import backend_for
@@ -223,7 +224,7 @@ def _meta(key, value):
 
 
 REFUSED = {  # mutations of a valid export that load must refuse (heuristic-only selector)
-    "split index out of range": _tree_field("split_indices", 0, 47),
+    "split index out of range": _tree_field("split_indices", 0, len(FEATURE_NAMES)),
     "split index negative": _tree_field("split_indices", 0, -2, tree=3),
     "NaN leaf": _tree_field("split_conditions", 1, float("nan")),
     "inf threshold": _tree_field("split_conditions", 0, float("-inf"), tree=2),
@@ -231,7 +232,7 @@ REFUSED = {  # mutations of a valid export that load must refuse (heuristic-only
     "cycle": _tree_field("left_children", 0, 0, tree=1),
     "child out of range": _tree_field("right_children", 0, 3),
     "one child missing": _tree_field("right_children", 0, -1),
-    "wrong num_feature": _model_param("num_feature", "46"),
+    "wrong num_feature": _model_param("num_feature", str(len(FEATURE_NAMES) - 1)),
     "num_feature not a number": _model_param("num_feature", [47]),
     "trees not a list": lambda model, meta: model["learner"]["gradient_booster"]["model"].__setitem__("trees", "x"),
     "a tree not an object": lambda model, meta: trees_of(model).__setitem__(0, None),

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from features import FEATURE_NAMES
 from ficco_select import Scenario, candidates
 from ficco_select import selector as selector_module
 from ficco_select.hardware import load_hardware
@@ -269,20 +270,22 @@ def test_a_hand_made_selector_decides_with_its_model(tmp_path):
 
 def test_a_model_with_another_feature_count_is_refused_at_load(tmp_path, caplog):
     # Today's trees would index past the row with take(mode="wrap") and answer source=model.
-    folder = write_selector(tmp_path / "sel", preference_model(num_feature=46))
+    n = len(FEATURE_NAMES)
+    folder = write_selector(tmp_path / "sel", preference_model(num_feature=n - 1))
     sel = Selector.load(folder)
     assert sel.model is None and sel.select(RECORD).source == "heuristic"
     [message] = warnings_of(caplog)
-    assert "num_feature is 46, but the runtime builds 47 features" in message
+    assert f"num_feature is {n - 1}, but the runtime builds {n} features" in message
 
 
 def test_a_corrupt_tree_is_refused_at_load(tmp_path, caplog):
     model = preference_model()
-    model["learner"]["gradient_booster"]["model"]["trees"][2]["split_indices"][0] = 47
+    n = len(FEATURE_NAMES)
+    model["learner"]["gradient_booster"]["model"]["trees"][2]["split_indices"][0] = n
     sel = Selector.load(write_selector(tmp_path / "sel", model))
     assert sel.model is None and sel.select(RECORD).source == "heuristic"
     [message] = warnings_of(caplog)
-    assert "model.json: tree 2, node 0: split index 47 outside [0, num_feature=47)" in message
+    assert f"model.json: tree 2, node 0: split index {n} outside [0, num_feature={n})" in message
 
 
 def test_a_nan_base_score_is_refused_at_load(tmp_path, caplog):
@@ -332,6 +335,24 @@ MALFORMED_META = {  # name: (selector.json text, what the one warning must name)
     "a string margin": ({"abstention": {"min_margin": "0.1", "fallback": "heuristic"}},
                         "field 'abstention.min_margin'"),
     "an unknown fallback": ({"abstention": {"min_margin": 0.1, "fallback": "oracle"}}, "field 'abstention.fallback'"),
+    "abstention for an unknown kind": ({"abstention": {"min_margin": 0.1, "fallback": "heuristic",
+                                                       "by_kind": {"tpu": {"min_margin": 0, "fallback": "heuristic"}}}},
+                                       "field 'abstention.by_kind'"),
+    "a kind's rule without a fallback": ({"abstention": {"min_margin": 0.1, "fallback": "heuristic",
+                                                         "by_kind": {"gpu": {"min_margin": 0}}}},
+                                         "field 'abstention.by_kind.gpu.fallback'"),
+    "unseen hardware decided by nobody": ({"unseen_hardware": {"decide": "oracle"}}, "field 'unseen_hardware'"),
+    "unseen hardware without kinds": ({"unseen_hardware": {"decide": "model"}}, "field 'unseen_hardware.kinds'"),
+    "unseen hardware of an unknown kind": ({"unseen_hardware": {"decide": "model", "kinds": {"tpu": {}}}},
+                                           "field 'unseen_hardware.kinds'"),
+    "an unseen hardware range upside down": (
+        {"unseen_hardware": {"decide": "model", "kinds": {"gpu": {
+            "topologies": ["switch"], "spec_ranges": {"link_bw_gbps": [900, 100]}}}}},
+        "field 'unseen_hardware.kinds.gpu.spec_ranges.link_bw_gbps'"),
+    "an unseen hardware range of a field not checked": (
+        {"unseen_hardware": {"decide": "model", "kinds": {"gpu": {
+            "topologies": ["switch"], "spec_ranges": {"tile_m": [1, 2]}}}}},
+        "spec_ranges.tile_m' is not a spec field"),
 }
 
 
@@ -467,3 +488,47 @@ def test_the_exports_fitted_abstention_rule_decides_where_the_model_abstains(tmp
     assert d.source == "heuristic" and "below 1000000000" in d.reason
     # A margin given by the caller wins over the export's rule.
     assert Selector.load(tmp_path / "b", min_margin=0.0).select(RECORD).source == "model"
+    # A rule per kind of machine wins over the pooled one for that kind.
+    by_kind = {"min_margin": None, "fallback": "baseline",
+               "by_kind": {"gpu": {"min_margin": 0.0, "fallback": "heuristic"}}}
+    sel = Selector.load(write_selector(tmp_path / "d", abstention=by_kind,
+                                       training_ranges={**FULL_RANGES, "hardware": [*PRESETS, "cpu"]}))
+    assert sel.select(RECORD).source == "model"  # mi300x-8: a gpu, its own rule trusts the model
+    cpu = {**RECORD, "m": 64, "n": 64, "k": 64, "dtype": "float32", "world_size": 2, "hardware": "cpu"}
+    d = sel.select(cpu)  # the pooled rule: never trust, run the baseline
+    assert d.source == "fallback" and d.schedule == BASELINE and "never trusts the model" in d.reason
+    assert Selector.load(tmp_path / "d", min_margin=0.0).select(cpu).source == "model"
+
+
+def test_an_unseen_machine_inside_the_trained_spec_ranges_is_decided_by_the_model(tmp_path):
+    # The export's unseen_hardware rule (train.selectors.fit_unseen_hardware): fitted on
+    # machines held out at training; mi300x-8 was not trained on, but its numbers lie
+    # inside the trained machines' ranges (here: exactly on them).
+    import yaml
+
+    from ficco_select.selector import SPEC_RANGE_FIELDS, spec_value
+
+    mi300x = load_hardware("mi300x-8")
+    ranges = {f: [spec_value(mi300x, f)] * 2 for f in SPEC_RANGE_FIELDS}
+    rule = {"decide": "model", "kinds": {"gpu": {"topologies": [mi300x.topology], "spec_ranges": ranges}}}
+    trained_on = {**FULL_RANGES, "hardware": ["h100-nvswitch"]}
+    sel = Selector.load(write_selector(tmp_path / "sel", training_ranges=trained_on, unseen_hardware=rule))
+    d = sel.select(RECORD)
+    assert d.source == "model" and "mi300x-8 not seen in training: inside the trained machines' spec ranges" in d.reason
+    assert d.schedule == Selector.load(tmp_path / "sel", min_margin=0.0).select(RECORD).schedule
+    assert sel.select({**RECORD, "hardware": "h100-nvswitch"}).reason == ""  # a trained machine: no note
+    # Outside a range, another topology, another backend: the heuristic, saying which.
+    faster = tmp_path / "faster.yaml"
+    faster.write_text(yaml.safe_dump(spec_dict(f"fast-{tmp_path.name[-8:]}", link_bw_gbps=2 * mi300x.link_bw_gbps)))
+    d = sel.select({**RECORD, "hardware": str(faster)})
+    assert d.source == "heuristic" and f"link_bw_gbps={2 * mi300x.link_bw_gbps:g} outside the trained" in d.reason
+    d = sel.select({**RECORD, "hardware": "h200-nvswitch" if mi300x.topology != "switch" else "l40s-pcie-8"})
+    assert d.source == "heuristic" and "not seen in training (topology" in d.reason
+    cpu = {**RECORD, "m": 64, "n": 64, "k": 64, "dtype": "float32", "world_size": 2, "hardware": "cpu"}
+    d = sel.select(cpu)
+    assert d.source == "heuristic" and "no trained cpu machine" in d.reason
+    # A rule that keeps unseen machines on the heuristic (the held-out machines did not show the model ahead).
+    keep = Selector.load(write_selector(tmp_path / "keep", training_ranges=trained_on,
+                                        unseen_hardware={"decide": "heuristic"}))
+    d = keep.select(RECORD)
+    assert d.source == "heuristic" and d.reason == "hardware mi300x-8 not seen in training"

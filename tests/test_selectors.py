@@ -13,10 +13,11 @@ from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, pair_features
 from ficco_select import Scenario, candidates
 from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import HeuristicParams, choose
-from train.evaluate import SPLITS, evaluate, folds
+from train.evaluate import SPLITS, evaluate, folds, tables
 from train.metrics import score
 from train.selectors import (SLOWDOWN_CAP, AlwaysBaseline, Heuristic, Oracle, ShippedPolicy, SimulatorSelector,
-                             XGBRanker, XGBTimeRegressor, all_selectors, fit_abstention, usable)
+                             XGBRanker, XGBTimeRegressor, all_selectors, fit_abstention, fit_unseen_hardware,
+                             usable)
 
 MODELS = ["llama3-8b", "mixtral-8x7b", "gpt3-175b"]
 
@@ -137,7 +138,7 @@ def test_the_shipped_row_scores_the_runtime_policy_not_the_bare_model(small):
     ids = sorted(set(rows["scenario_id"]))
     train, test = rows[rows["scenario_id"].isin(ids[::2])], rows[rows["scenario_id"].isin(ids[1::2])]
     bare = XGBRanker(n_estimators=40).fit(train).predict(test)
-    shipped = ShippedPolicy(XGBRanker, n_estimators=40).fit(train)
+    shipped = ShippedPolicy(XGBRanker(n_estimators=40)).fit(train)
     assert set(shipped.predict(test)) == set(bare)
     assert {d.source for d in shipped.decisions_.values()} <= {"model", "heuristic", "fallback"}
     shipped.runtime_.min_margin = 0.0  # trust every margin: then it is the bare model, scored by the runtime's trees
@@ -147,7 +148,7 @@ def test_the_shipped_row_scores_the_runtime_policy_not_the_bare_model(small):
     assert len(clear) > len(chosen) / 2  # (a float32 near-tie may go either way)
     assert all(chosen[sid] == bare[sid] for sid in clear)
     # Unseen hardware: the runtime abstains to its heuristic (untuned, as shipped), the bare model does not.
-    unseen = ShippedPolicy(XGBRanker, n_estimators=40).fit(train[train["hardware"] == "mi300x-8"])
+    unseen = ShippedPolicy(XGBRanker(n_estimators=40)).fit(train[train["hardware"] == "mi300x-8"])
     held = test[test["hardware"] == "h100-nvswitch"]
     heuristic = Heuristic(tune=False).fit(held).predict(held)
     assert unseen.predict(held) == heuristic and {d.source for d in unseen.decisions_.values()} == {"heuristic"}
@@ -169,5 +170,69 @@ def test_the_abstention_rule_is_fitted_on_validation_folds_of_the_training_side_
     assert fitted_on[0] | fitted_on[1] == set(train["scenario_id"])  # and never sees the test side
     assert rule["fallback"] in ("heuristic", "baseline") and rule["validation_slowdowns"] <= SLOWDOWN_CAP
     assert rule["validation_scenarios"] == train["scenario_id"].nunique()
-    shipped = ShippedPolicy(XGBRanker, n_estimators=30).fit(train)
+    shipped = ShippedPolicy(XGBRanker(n_estimators=30)).fit(train)
     assert (shipped.runtime_.min_margin, shipped.runtime_.margin_fallback) == (rule["min_margin"], rule["fallback"])
+
+
+def test_the_shipped_policy_reuses_its_inner_fit_and_fits_the_unseen_hardware_rule_only_when_needed(small):
+    rows = usable(small)
+    mi300x, h100 = rows[rows["hardware"] == "mi300x-8"], rows[rows["hardware"] == "h100-nvswitch"]
+    fits = []
+
+    class Spy(XGBRanker):
+        def fit(self, df):
+            fits.append(set(df["hardware"]))
+            return super().fit(df)
+
+    inner = Spy(n_estimators=20).fit(rows)  # as evaluate does: the bare row first, same frame
+    shipped = ShippedPolicy(inner).fit(rows)
+    assert len(fits) == 3  # the bare fit, then two validation fits for the margin rule: no refit
+    shipped.predict(rows)
+    assert len(fits) == 3 and "unseen_hardware" not in shipped.meta_  # every machine was trained on
+    fits.clear()
+    one = ShippedPolicy(Spy(n_estimators=20)).fit(mi300x)
+    assert len(fits) == 3  # another frame: the inner model is fitted
+    one.predict(h100)  # a machine it never saw: now the rule is fitted, on the training side only
+    assert one.unseen_hardware_["decide"] == "heuristic"  # one machine: nothing to hold out
+    assert len(fits) == 3 and all(hw == {"mi300x-8"} for hw in fits)
+    assert {d.source for d in one.decisions_.values()} == {"heuristic"}
+
+
+def test_the_unseen_hardware_rule_holds_machines_out_of_the_fit_and_bounds_the_trained_specs(small):
+    rows = usable(small)
+    fitted_on = []
+
+    class Spy(XGBRanker):
+        def fit(self, df):
+            fitted_on.append(set(df["hardware"]))
+            return super().fit(df)
+
+    abstention = {"min_margin": 0.0, "fallback": "heuristic"}
+    rule = fit_unseen_hardware(lambda: Spy(n_estimators=20), rows, abstention)
+    assert fitted_on == [{"h100-nvswitch"}, {"mi300x-8"}] or fitted_on == [{"mi300x-8"}, {"h100-nvswitch"}]
+    gpu = rule["validation"]["gpu"]
+    assert gpu["scenarios"] == rows["scenario_id"].nunique() and set(gpu["near_opt_2"]) == {"model", "heuristic"}
+    ahead = (gpu["near_opt_2"]["model"] > gpu["near_opt_2"]["heuristic"]
+             and gpu["slowdowns"]["model"] <= max(SLOWDOWN_CAP, gpu["slowdowns"]["heuristic"]))
+    assert gpu["ahead"] == ahead and rule["decide"] == ("model" if ahead else "heuristic")
+    if ahead:
+        gpu = rule["kinds"]["gpu"]
+        specs = [load_hardware(h) for h in ("mi300x-8", "h100-nvswitch")]
+        assert gpu["topologies"] == sorted({s.topology for s in specs})
+        assert gpu["spec_ranges"]["link_bw_gbps"] == [min(s.link_bw_gbps for s in specs),
+                                                      max(s.link_bw_gbps for s in specs)]
+
+
+def test_mixed_backends_get_a_table_of_their_own(small):
+    cpu = read_dataset(Path(__file__).parents[1] / "data" / "measured" / "cpu_catalog.parquet")
+    mixed = pd.concat([small, cpu[cpu["scenario_id"].isin(sorted(set(cpu["scenario_id"]))[:40])]],
+                      ignore_index=True)
+    res = evaluate(mixed, splits=("hardware",), progress=False,
+                   make_selectors=lambda: [Heuristic(tune=False), AlwaysBaseline(), Oracle()])
+    by_backend = res["splits"]["hardware"]["by_backend"]
+    assert set(by_backend) == {"cpu", "sim"}
+    assert by_backend["cpu"]["ceiling"]["n"] == 40
+    assert by_backend["sim"]["ceiling"]["n"] == small["scenario_id"].nunique()
+    assert by_backend["sim"]["ceiling"]["near_opt_2"] == 1.0  # noise-free truth
+    names = set(tables(res))
+    assert names == {"hardware", "hardware.cpu", "hardware.sim"}

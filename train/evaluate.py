@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from ficco_select.hardware import load_hardware
 from train.metrics import METRICS, comparison_table, score, true_times
-from train.selectors import Selector, all_selectors, usable
+from train.selectors import Selector, all_selectors, usable, with_features
 
 Fold = tuple[str, pd.Series, pd.Series]
 SPLITS = ("random", "family", "hardware", "topology", "world_size")
@@ -55,11 +55,12 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
              make_selectors: Callable[[], list[Selector]] = all_selectors, progress: bool = True) -> dict:
     """For each split and fold: fit every selector on train, score on test.
 
-    Returns {"splits": {split: {"mean": {selector: metrics}, "folds": {fold: {selector: metrics}}}},
+    Returns {"splits": {split: {"mean": {selector: metrics}, "folds": {fold: {selector: metrics}},
+    "by_backend": {backend: {selector: metrics}}}},
     "fit_seconds": {selector: total}, "choices": {split: {selector: {scenario_id: schedule}}}}
     (each scenario is in the test side of at most one fold per split).
     """
-    df = usable(df).reset_index(drop=True)
+    df = with_features(df)  # once: every fold's selectors slice them
     plan = [(split, fold) for split in splits for fold in folds(df, split)]
     results: dict = {"splits": {}, "fit_seconds": {}, "choices": {}}
     bar = tqdm(total=len(plan) * len(make_selectors()), desc="evaluate", unit="fit", disable=not progress)
@@ -78,7 +79,24 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
     bar.close()
     for split, block in results["splits"].items():
         block["mean"] = _mean_over_folds(block["folds"])
+        block["by_backend"] = _by_backend(df, results["choices"][split])
     return results
+
+
+def _by_backend(df: pd.DataFrame, choices: dict[str, dict[str, str]]) -> dict:
+    """{backend: {selector: metrics}} over every test scenario of the split (all folds pooled),
+    when the data mix backends: measured and simulated rows answer different questions (and
+    their ceilings differ), so each is also read on its own."""
+    backend_of = df.groupby("scenario_id")["backend"].first()
+    if backend_of.nunique() < 2:
+        return {}
+    out = {}
+    for backend, ids in backend_of.groupby(backend_of).groups.items():
+        ids = set(ids)
+        rows = df[df["scenario_id"].isin(ids)]
+        out[backend] = {name: score(rows, {sid: c for sid, c in chosen.items() if sid in ids})
+                        for name, chosen in choices.items()}
+    return out
 
 
 def choices_table(df: pd.DataFrame, results: dict) -> pd.DataFrame:
@@ -121,5 +139,11 @@ def _mean_over_folds(per_fold: dict) -> dict:
 
 
 def tables(results: dict) -> dict[str, pd.DataFrame]:
-    """One comparison table (selectors x metrics) per split."""
-    return {split: comparison_table(block["mean"]) for split, block in results["splits"].items()}
+    """One comparison table (selectors x metrics) per split; where the data mix backends, one
+    more per split and backend, named ``<split>.<backend>`` (e.g. ``family.cpu``)."""
+    out = {}
+    for split, block in results["splits"].items():
+        out[split] = comparison_table(block["mean"])
+        for backend, by_selector in block.get("by_backend", {}).items():
+            out[f"{split}.{backend}"] = comparison_table(by_selector)
+    return out

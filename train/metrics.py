@@ -39,7 +39,7 @@ on a repeat sweep is the repeat oracle (below 1 by the measurement's own noise).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -101,32 +101,7 @@ def score(df: pd.DataFrame, chosen: Mapping[str, str]) -> dict[str, float]:
     ids = list(chosen.keys())
     if not ids:
         return {m: (0 if m == "n" else float("nan")) for m in METRICS}
-    u = usable_rows(df)
-    u = u.loc[u["scenario_id"].isin(ids)]
-    # Scored on the truth: time_s below is the true time; ties are the truth's own (a repeat
-    # sweep's labels where it timed the row; none for a noise-free model time).
-    near = u["near_best"].eq(True)
-    if {"near_best_repeat", "time_repeat_s"} <= set(u.columns):
-        near = near.where(pd.to_numeric(u["time_repeat_s"], errors="coerce").isna(), u["near_best_repeat"].eq(True))
-    u = pd.DataFrame({"scenario_id": u["scenario_id"], "schedule": u["schedule"], "time_s": true_times(u),
-                      "near_best": near & ~has_model_truth(u)})
-
-    t_star = u.groupby("scenario_id", sort=False)["time_s"].min()
-    missing = [s for s in ids if s not in t_star.index]
-    if missing:
-        raise ValueError(f"no usable (ok and verified) rows for scenario(s) {missing[:5]}"
-                         f"{' ...' if len(missing) > 5 else ''}")
-    # The baseline is what a framework runs: none.sm; the fastest none.* if there is no none.sm.
-    nones = u[u["schedule"].str.startswith(BASELINE_PREFIX)]
-    nones = nones.assign(_rank=(nones["schedule"] != BASELINE_NAME).astype(int))
-    base = (nones.sort_values(["scenario_id", "_rank", "time_s", "schedule"], kind="mergesort")
-            .drop_duplicates(["scenario_id"]).set_index("scenario_id"))
-    missing = [s for s in ids if s not in base.index]
-    if missing:
-        raise ValueError(f"no usable baseline ({BASELINE_PREFIX}*) row for scenario(s) {missing[:5]}"
-                         f"{' ...' if len(missing) > 5 else ''}")
-
-    rows = _fastest(u, ["scenario_id", "schedule"])  # one row per (scenario, schedule)
+    rows, t_star, base = _truths(df, ids)
     picks = pd.DataFrame({"scenario_id": pd.Series(ids, dtype=object),
                           "schedule": pd.Series(list(chosen.values()), dtype=object)})
     picks = picks.merge(rows, on=["scenario_id", "schedule"], how="left")  # keeps picks' order
@@ -152,6 +127,53 @@ def score(df: pd.DataFrame, chosen: Mapping[str, str]) -> dict[str, float]:
         "oracle_speedup": _geomean(tb / ts),
         "invalid": float(np.mean(invalid)),
     }
+
+
+def _truths(df: pd.DataFrame, ids: list[str]) -> tuple[pd.DataFrame, pd.Series, pd.DataFrame]:
+    """For the scenarios `ids`: one row per (scenario, schedule) with its true time and
+    near-tie flag, the oracle time per scenario, and the baseline row per scenario.
+    ValueError naming a scenario without usable rows or without a usable baseline."""
+    u = usable_rows(df)
+    u = u.loc[u["scenario_id"].isin(ids)]
+    # Scored on the truth: time_s below is the true time; ties are the truth's own (a repeat
+    # sweep's labels where it timed the row; none for a noise-free model time).
+    near = u["near_best"].eq(True)
+    if {"near_best_repeat", "time_repeat_s"} <= set(u.columns):
+        near = near.where(pd.to_numeric(u["time_repeat_s"], errors="coerce").isna(), u["near_best_repeat"].eq(True))
+    u = pd.DataFrame({"scenario_id": u["scenario_id"], "schedule": u["schedule"], "time_s": true_times(u),
+                      "near_best": near & ~has_model_truth(u)})
+
+    t_star = u.groupby("scenario_id", sort=False)["time_s"].min()
+    missing = [s for s in ids if s not in t_star.index]
+    if missing:
+        raise ValueError(f"no usable (ok and verified) rows for scenario(s) {missing[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''}")
+    # The baseline is what a framework runs: none.sm; the fastest none.* if there is no none.sm.
+    nones = u[u["schedule"].str.startswith(BASELINE_PREFIX)]
+    nones = nones.assign(_rank=(nones["schedule"] != BASELINE_NAME).astype(int))
+    base = (nones.sort_values(["scenario_id", "_rank", "time_s", "schedule"], kind="mergesort")
+            .drop_duplicates(["scenario_id"]).set_index("scenario_id"))
+    missing = [s for s in ids if s not in base.index]
+    if missing:
+        raise ValueError(f"no usable baseline ({BASELINE_PREFIX}*) row for scenario(s) {missing[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''}")
+    return _fastest(u, ["scenario_id", "schedule"]), t_star, base
+
+
+def capture_scorer(df: pd.DataFrame) -> Callable[[Mapping[str, str]], float]:
+    """``score(df, chosen)["oracle_capture"]`` for many `chosen` over every scenario of `df`
+    (e.g. a grid search), the truths computed once. Raises as ``score`` does."""
+    ids = list(dict.fromkeys(usable_rows(df)["scenario_id"]))
+    rows, t_star, base = _truths(df, ids)
+    time_of = dict(zip(zip(rows["scenario_id"], rows["schedule"]), rows["time_s"].to_numpy(float)))
+    ts = t_star.reindex(ids).to_numpy(float)
+    tb = base["time_s"].reindex(ids).to_numpy(float)
+
+    def capture(chosen: Mapping[str, str]) -> float:
+        t = np.array([time_of.get((sid, chosen.get(sid)), b) for sid, b in zip(ids, tb)])  # invalid: baseline
+        return _geomean(ts / t)
+
+    return capture
 
 
 def oracle_choices(df: pd.DataFrame) -> dict[str, str]:

@@ -27,8 +27,8 @@ from ficco_select import __version__
 from train.evaluate import choices_table, evaluate, tables
 from train.metrics import format_table
 from train.report import write_report
-from train.selectors import (Selector, XGBRanker, XGBTimeRegressor, all_selectors, fit_abstention, runtime_meta,
-                             usable)
+from train.selectors import (Selector, XGBRanker, XGBTimeRegressor, all_selectors, fit_abstention,
+                             fit_unseen_hardware, runtime_meta, with_features)
 
 EXPERIMENT = "ficco-select"
 REGISTERED_MODEL = "ficco-selector"
@@ -92,8 +92,9 @@ def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLIT
         capture = {name: float(np.mean([by_split[s].loc[name, "oracle_capture"] for s in grouped]))
                    for name in LEARNED if name in by_split[grouped[0]].index}
         chosen = max(capture, key=capture.get)
-        model: Selector = LEARNED[chosen]().fit(fit_df)
-        version = _register(model, chosen, fit_df, digest, by_split, grouped, parent.info.run_id)
+        features = with_features(fit_df)
+        model: Selector = LEARNED[chosen]().fit(features)
+        version = _register(model, chosen, features, digest, by_split, grouped, parent.info.run_id)
         promoted = _maybe_promote(MlflowClient(), version, by_split, grouped, chosen)
         mlflow.set_tags({"chosen_selector": chosen, "registered_version": version, "promoted": str(promoted)})
         gain = model.model_.get_booster().get_score(importance_type="gain")
@@ -118,7 +119,8 @@ def _register(model: Selector, name: str, df: pd.DataFrame, digest: str, by_spli
 
     # The export ships the margin rule fitted on validation folds of this training data.
     abstention = fit_abstention(LEARNED[name], df)
-    meta = {**runtime_meta(name, df), "abstention": abstention, "dataset_digest": digest,
+    meta = {**runtime_meta(name, df), "abstention": abstention,
+            "unseen_hardware": fit_unseen_hardware(LEARNED[name], df, abstention), "dataset_digest": digest,
             "mlflow_run_id": run_id, "ficco_version": __version__}
     with tempfile.TemporaryDirectory() as tmp:
         meta_path = Path(tmp) / "selector.json"
