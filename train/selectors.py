@@ -292,7 +292,9 @@ def fit_unseen_hardware(make: Callable[[], Selector], df: pd.DataFrame, abstenti
     unseen machines of that kind only if there it is ahead of the heuristic: more scenarios
     within 2% of their best, and slowdowns within ``SLOWDOWN_CAP`` or the heuristic's own
     share; and only those inside the spec ranges (and topologies) of the trained machines
-    of that kind (``ficco_select.selector.SPEC_RANGE_FIELDS``).
+    of that kind (``ficco_select.selector.SPEC_RANGE_FIELDS``), each range widened by the
+    factor by which the validation's held-out machines lay outside their training half's
+    (``widened_by``): the extrapolation the validation tested, no more.
     """
     ok = usable(df)
     specs = {h: load_hardware(h) for h in sorted(set(ok["hardware"]), key=lambda h: zlib.crc32(h.encode()))}
@@ -316,15 +318,30 @@ def fit_unseen_hardware(make: Callable[[], Selector], df: pd.DataFrame, abstenti
             trained = [specs[h] for h in mine]
             fields = [*SPEC_RANGE_FIELDS, *(f"peak_tflops.{d}" for d in sorted(set.intersection(
                 *(set(hw.peak_tflops) for hw in trained))))]
-            rule["kinds"][kind] = {
-                "topologies": sorted({hw.topology for hw in trained}),
-                "spec_ranges": {f: [min(spec_value(hw, f) for hw in trained),
-                                    max(spec_value(hw, f) for hw in trained)] for f in fields}}
+            # The validation had models decide machines outside their own training half's
+            # ranges: the ranges are widened by as much (a factor per field) as it tested.
+            tested = {f: max(_beyond([specs[h] for h in mine if h not in half], [specs[h] for h in half], f)
+                             for half in halves) for f in fields}
+            ranges = {}
+            for f in fields:
+                lo, hi = min(spec_value(hw, f) for hw in trained), max(spec_value(hw, f) for hw in trained)
+                ranges[f] = [lo / tested[f], hi * tested[f]] if lo > 0 else [lo, hi]
+            rule["kinds"][kind] = {"topologies": sorted({hw.topology for hw in trained}), "spec_ranges": ranges,
+                                   "widened_by": tested}
     if rule["kinds"]:
         rule["decide"] = "model"
     else:
         del rule["kinds"]
     return rule
+
+
+def _beyond(trained: list[HardwareSpec], held: list[HardwareSpec], field: str) -> float:
+    """How far (a factor >= 1) the held-out machines' `field` lies outside the trained ones' range."""
+    values = [spec_value(hw, field) for hw in trained]
+    lo, hi = min(values), max(values)
+    if lo <= 0:
+        return 1.0
+    return max([1.0, *(max(lo / v, v / hi) for hw in held if (v := spec_value(hw, field)) and v > 0)])
 
 
 def _validation_outcomes(model: Selector, val: pd.DataFrame) -> pd.DataFrame:
@@ -587,6 +604,7 @@ def fast_selectors() -> list[Selector]:
     HGB classifier of the best schedule (near-opt@2% 0.38 against the ranker's 0.84 on
     the family hold-out) and the random forest (below the ranker on every split and
     metric, and a sixth of the pipeline's time)."""
-    ranker = XGBRanker(n_estimators=150)
-    return [XGBTimeRegressor(n_estimators=150), ranker, ShippedPolicy(ranker), Heuristic(tune_scenarios=150),
+    ranker = XGBRanker(n_estimators=100, learning_rate=0.12)  # ~ the full one's shrinkage, in a third of the trees
+    return [XGBTimeRegressor(n_estimators=100, learning_rate=0.12), ranker, ShippedPolicy(ranker),
+            Heuristic(tune_scenarios=150),
             SimulatorSelector(), AlwaysBaseline(), AlwaysShard(), Oracle()]
