@@ -165,7 +165,8 @@ def simulate(scenarios_path, hardware, out, noise, seed, as_json) -> None:
                    "simulated on every GPU preset).")
 @click.option("--splits", default="random,family,hardware,topology,world_size", show_default=True,
               help="Comma-separated: random, family (leave one model family out), hardware "
-                   "(leave one hardware out), world_size (train on smaller, test on the largest).")
+                   "(leave one hardware out), topology (leave one interconnect topology out), "
+                   "world_size (train on smaller, test on the largest).")
 @click.option("--json", "as_json", is_flag=True, help="Print every split's metrics as JSON.")
 @click.option("--no-progress", is_flag=True)
 def evaluate(datasets, splits, as_json, no_progress) -> None:
@@ -183,8 +184,11 @@ def evaluate(datasets, splits, as_json, no_progress) -> None:
     if as_json:
         _echo_json(results)
         return
-    for split, table in tables(results).items():
-        click.echo(f"\n== {split} (mean over {len(results['splits'][split]['folds'])} folds) ==")
+    for name, table in tables(results).items():
+        split, _, backend = name.partition(".")
+        folds = len(results["splits"][split]["folds"])
+        how = f"{backend} scenarios, {folds} folds pooled" if backend else f"mean over {folds} folds"
+        click.echo(f"\n== {name} ({how}) ==")
         click.echo(format_table(table))
 
 

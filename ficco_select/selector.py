@@ -30,8 +30,8 @@ or null, "fallback": "heuristic" | "baseline"}: the rule fitted on validation fo
 training, ``train.selectors.fit_abstention``; null: the model never decides; an optional
 ``by_kind`` {"gpu" | "cpu": the same two fields} overrides it for that kind of machine;
 without it, a margin below 0.01 goes to the heuristic), and optional ``unseen_hardware`` ({"decide":
-"model" | "heuristic", "kinds": {"gpu" | "cpu": {"topologies": [...], "spec_ranges": {field:
-[low, high]}}}}: fitted at training on machines held out of the fit. With "model", a
+"model" | "heuristic", "kinds": {"gpu" | "cpu": {"topologies": [...], "any_topology":
+bool, "spec_ranges": {field: [low, high]}}}}: fitted at training on machines held out of the fit. With "model", a
 machine not seen in training is decided by the model when the trained machines of its kind
 know its topology and its spec numbers lie inside their ranges; the decision's reason
 says so. Without it, unseen machines go to the heuristic). Both files are checked at load; anything missing,
@@ -114,8 +114,8 @@ class _Scope:
     unseen: Mapping[str, tuple[frozenset, tuple[tuple[str, float, float], ...]]] = \
         dataclasses.field(default_factory=dict)
     """``unseen_hardware`` when its rule lets the model decide machines it never saw: per
-    kind of machine (``machine_kind``), (topologies seen, (spec field, low, high) ranges of
-    the trained machines)."""
+    kind of machine (``machine_kind``), (topologies seen, or None for any, (spec field, low,
+    high) ranges of the trained machines)."""
 
     @classmethod
     def from_meta(cls, meta: Any, where: str = "selector.json") -> "_Scope":
@@ -208,6 +208,9 @@ def _unseen_rule(rule: Any, where: str) -> dict:
         topologies, ranges = block.get("topologies"), block.get("spec_ranges")
         if not (isinstance(topologies, list) and topologies and all(isinstance(t, str) for t in topologies)):
             raise ValueError(f"{at}.topologies' must be a non-empty list of strings, got {topologies!r}")
+        any_topology = block.get("any_topology", False)
+        if not isinstance(any_topology, bool):
+            raise ValueError(f"{at}.any_topology' must be true or false, got {any_topology!r}")
         if not isinstance(ranges, dict):
             raise ValueError(f"{at}.spec_ranges' must be an object (field -> [low, high]), got {ranges!r}")
         bounds = []
@@ -220,7 +223,7 @@ def _unseen_rule(rule: Any, where: str) -> dict:
                 raise ValueError(f"{at}.spec_ranges.{field}' must be [low, high], two finite numbers with "
                                  f"low <= high, got {pair!r}")
             bounds.append((field, float(pair[0]), float(pair[1])))
-        out[kind] = (frozenset(topologies), tuple(bounds))
+        out[kind] = (None if any_topology else frozenset(topologies), tuple(bounds))
     return out
 
 
@@ -429,7 +432,7 @@ class Selector:
         if rule is None:
             return f"no trained {machine_kind(hw)} machine"
         topologies, ranges = rule
-        if hw.topology not in topologies:
+        if topologies is not None and hw.topology not in topologies:
             return f"topology {hw.topology} not seen in training"
         for field, lo, hi in ranges:
             value = spec_value(hw, field)

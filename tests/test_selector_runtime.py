@@ -349,6 +349,10 @@ MALFORMED_META = {  # name: (selector.json text, what the one warning must name)
         {"unseen_hardware": {"decide": "model", "kinds": {"gpu": {
             "topologies": ["switch"], "spec_ranges": {"link_bw_gbps": [900, 100]}}}}},
         "field 'unseen_hardware.kinds.gpu.spec_ranges.link_bw_gbps'"),
+    "any_topology not a bool": (
+        {"unseen_hardware": {"decide": "model", "kinds": {"gpu": {
+            "topologies": ["switch"], "any_topology": "yes", "spec_ranges": {}}}}},
+        "field 'unseen_hardware.kinds.gpu.any_topology'"),
     "an unseen hardware range of a field not checked": (
         {"unseen_hardware": {"decide": "model", "kinds": {"gpu": {
             "topologies": ["switch"], "spec_ranges": {"tile_m": [1, 2]}}}}},
@@ -522,8 +526,14 @@ def test_an_unseen_machine_inside_the_trained_spec_ranges_is_decided_by_the_mode
     faster.write_text(yaml.safe_dump(spec_dict(f"fast-{tmp_path.name[-8:]}", link_bw_gbps=2 * mi300x.link_bw_gbps)))
     d = sel.select({**RECORD, "hardware": str(faster)})
     assert d.source == "heuristic" and f"link_bw_gbps={2 * mi300x.link_bw_gbps:g} outside the trained" in d.reason
-    d = sel.select({**RECORD, "hardware": "h200-nvswitch" if mi300x.topology != "switch" else "l40s-pcie-8"})
-    assert d.source == "heuristic" and "not seen in training (topology" in d.reason
+    switched = tmp_path / "switched.yaml"
+    switched.write_text(yaml.safe_dump(spec_dict(f"sw-{tmp_path.name[-8:]}", topology="switch")))
+    d = sel.select({**RECORD, "hardware": str(switched)})
+    assert d.source == "heuristic" and "not seen in training (topology switch not seen in training)" in d.reason
+    # ...unless the validation held out a machine whose topology its training half lacked.
+    anywhere = {"decide": "model", "kinds": {"gpu": {**rule["kinds"]["gpu"], "any_topology": True}}}
+    sel_any = Selector.load(write_selector(tmp_path / "any", training_ranges=trained_on, unseen_hardware=anywhere))
+    assert sel_any.select({**RECORD, "hardware": str(switched)}).source == "model"
     cpu = {**RECORD, "m": 64, "n": 64, "k": 64, "dtype": "float32", "world_size": 2, "hardware": "cpu"}
     d = sel.select(cpu)
     assert d.source == "heuristic" and "no trained cpu machine" in d.reason

@@ -219,6 +219,7 @@ def test_the_unseen_hardware_rule_holds_machines_out_of_the_fit_and_bounds_the_t
     gpu = rule["kinds"]["gpu"]
     specs = [load_hardware(h) for h in ("mi300x-8", "h100-nvswitch")]
     assert gpu["topologies"] == sorted({s.topology for s in specs})
+    assert gpu["any_topology"]  # each machine's topology was new to the model that decided it
     # widened by the factor the validation tested: each machine decided by a model
     # trained on the other alone, so the factor is how far apart their links are
     links = sorted(s.link_bw_gbps for s in specs)
@@ -240,3 +241,21 @@ def test_mixed_backends_get_a_table_of_their_own(small):
     assert by_backend["sim"]["ceiling"]["near_opt_2"] == 1.0  # noise-free truth
     names = set(tables(res))
     assert names == {"hardware", "hardware.cpu", "hardware.sim"}
+
+
+def test_ficco_evaluate_prints_a_table_per_split_and_per_backend(small, tmp_path):
+    from click.testing import CliRunner
+
+    from data.dataset import write_parquet_atomic
+    from ficco_cli.main import main
+
+    cpu = read_dataset(Path(__file__).parents[1] / "data" / "measured" / "cpu_catalog.parquet")
+    sim_path, cpu_path = tmp_path / "sim.parquet", tmp_path / "cpu.parquet"
+    write_parquet_atomic(small, sim_path)
+    write_parquet_atomic(cpu[cpu["scenario_id"].isin(sorted(set(cpu["scenario_id"]))[:40])], cpu_path)
+    res = CliRunner().invoke(main, ["evaluate", "--dataset", str(sim_path), "--dataset", str(cpu_path),
+                                    "--splits", "hardware", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    for heading in ("== hardware (mean over 3 folds) ==", "== hardware.cpu (cpu scenarios, 3 folds pooled) ==",
+                    "== hardware.sim (sim scenarios, 3 folds pooled) =="):
+        assert heading in res.output

@@ -294,7 +294,9 @@ def fit_unseen_hardware(make: Callable[[], Selector], df: pd.DataFrame, abstenti
     share; and only those inside the spec ranges (and topologies) of the trained machines
     of that kind (``ficco_select.selector.SPEC_RANGE_FIELDS``), each range widened by the
     factor by which the validation's held-out machines lay outside their training half's
-    (``widened_by``): the extrapolation the validation tested, no more.
+    (``widened_by``): the extrapolation the validation tested, no more. Machines of a
+    topology not trained on are let in (``any_topology``) only if a held-out machine's
+    topology was new to its training half.
     """
     ok = usable(df)
     specs = {h: load_hardware(h) for h in sorted(set(ok["hardware"]), key=lambda h: zlib.crc32(h.encode()))}
@@ -326,8 +328,11 @@ def fit_unseen_hardware(make: Callable[[], Selector], df: pd.DataFrame, abstenti
             for f in fields:
                 lo, hi = min(spec_value(hw, f) for hw in trained), max(spec_value(hw, f) for hw in trained)
                 ranges[f] = [lo / tested[f], hi * tested[f]] if lo > 0 else [lo, hi]
+            # Likewise a topology: any, if a held-out machine's was new to its training half.
+            new_topology = any({specs[h].topology for h in half}
+                               - {specs[h].topology for h in mine if h not in half} for half in halves)
             rule["kinds"][kind] = {"topologies": sorted({hw.topology for hw in trained}), "spec_ranges": ranges,
-                                   "widened_by": tested}
+                                   "widened_by": tested, "any_topology": new_topology}
     if rule["kinds"]:
         rule["decide"] = "model"
     else:
