@@ -156,10 +156,11 @@ def pair_features(records: Sequence[Mapping], schedules: Sequence[str | Schedule
     for spec in {id(s): s for s in specs}.values():
         sel = np.array([s is spec for s in specs])
         over_base[sel], over_bound[sel] = _whole_schedule(
-            spec, op_code[sel], m[sel], nn[sel], k[sel], P[sel], np.where(op_code[sel] == OP_CODES["a2a_gemm"],
-                                                                          hot[sel], 0.0),
-            b[sel], peak[sel], gran[sel], axes["degree"][sel], axes["pattern_a2a"][sel] > 0,
-            axes["gemm_per_step"][sel] > 0, axes["split_n"][sel] > 0, axes["engine_dma"][sel] > 0)
+            spec, op=op_code[sel], m=m[sel], n=nn[sel], k=k[sel], P=P[sel],
+            hot=np.where(op_code[sel] == OP_CODES["a2a_gemm"], hot[sel], 0.0), dtype_bytes=b[sel], peak=peak[sel],
+            gran=gran[sel], degree=axes["degree"][sel], a2a=axes["pattern_a2a"][sel] > 0,
+            per_step=axes["gemm_per_step"][sel] > 0, split_n=axes["split_n"][sel] > 0,
+            dma=axes["engine_dma"][sel] > 0)
     cols.update(axes)
     cols.update({
         "log2_pieces": _log2(P * d), "log2_piece_rows": _log2(piece_rows),
@@ -170,13 +171,11 @@ def pair_features(records: Sequence[Mapping], schedules: Sequence[str | Schedule
     return np.column_stack([cols[name] for name in FEATURE_NAMES]) if n else np.empty((0, len(FEATURE_NAMES)))
 
 
-def _whole_schedule(spec: HardwareSpec, *args) -> tuple[np.ndarray, np.ndarray]:
+def _whole_schedule(spec: HardwareSpec, **arrays) -> tuple[np.ndarray, np.ndarray]:
     """log2 of each schedule's analytic time over the baseline's (the whole collective, then
-    the GEMM) and over max(T_comp, T_comm); `args` are ``schedule_times``'s, in its order."""
-    names = ("op", "m", "n", "k", "P", "hot", "dtype_bytes", "peak", "gran", "degree", "a2a", "per_step",
-             "split_n", "dma")
+    the GEMM) and over max(T_comp, T_comm); `arrays` are ``schedule_times``'s arguments."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        t = schedule_times(spec, **dict(zip(names, args)))
+        t = schedule_times(spec, **arrays)
         baseline = t["t_comp_s"] + t["t_comm_s"]
         bound = np.maximum(t["t_comp_s"], t["t_comm_s"])
         return _log2(t["time_s"] / baseline), _log2(t["time_s"] / bound)
@@ -285,8 +284,9 @@ def candidate_features(scenario: Scenario, schedules: Sequence[str | Schedule], 
         X[:, _PIECES_AT] = np.log2(np.maximum(pieces, 1e-30, out=pieces), out=pieces).T  # _log2
     full = lambda v: np.full(n, v, dtype=float)  # noqa: E731 - the batch path's per-row arrays
     over_base, over_bound = _whole_schedule(
-        hw, np.full(n, OP_CODES[op]), full(m), full(nn), full(k), full(P), full(hot if op == "a2a_gemm" else 0.0),
-        full(b), full(peak), layout.gran, layout.degree, layout.a2a, layout.per_step, layout.split_n, layout.dma[4:])
+        hw, op=np.full(n, OP_CODES[op]), m=full(m), n=full(nn), k=full(k), P=full(P),
+        hot=full(hot if op == "a2a_gemm" else 0.0), dtype_bytes=full(b), peak=full(peak), gran=layout.gran,
+        degree=layout.degree, a2a=layout.a2a, per_step=layout.per_step, split_n=layout.split_n, dma=layout.dma[4:])
     X[:, _WHOLE_AT] = np.column_stack((over_base, over_bound))
     return X
 

@@ -137,8 +137,7 @@ class _Scope:
         for col in RANGE_COLUMNS:
             if col in ranges:
                 pair = ranges[col]
-                if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(_is_number(v) for v in pair)
-                        and pair[0] <= pair[1]):
+                if not _is_range(pair):
                     raise ValueError(f"{where}: field 'training_ranges.{col}' must be [low, high], two finite "
                                      f"numbers with low <= high, got {pair!r}")
                 bounds.append((col, pair[0], pair[1]))
@@ -218,8 +217,7 @@ def _unseen_rule(rule: Any, where: str) -> dict:
             if not (field in SPEC_RANGE_FIELDS or field.startswith("peak_tflops.")):
                 raise ValueError(f"{at}.spec_ranges.{field}' is not a spec field this runtime checks "
                                  f"({', '.join(SPEC_RANGE_FIELDS)}, peak_tflops.<dtype>)")
-            if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(_is_number(v) for v in pair)
-                    and pair[0] <= pair[1]):
+            if not _is_range(pair):
                 raise ValueError(f"{at}.spec_ranges.{field}' must be [low, high], two finite numbers with "
                                  f"low <= high, got {pair!r}")
             bounds.append((field, float(pair[0]), float(pair[1])))
@@ -239,6 +237,12 @@ def spec_value(hw: HardwareSpec, field: str) -> float | None:
     return float(getattr(hw, field))
 
 
+def _is_range(pair: Any) -> bool:
+    """[low, high]: two finite numbers with low <= high."""
+    return (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(_is_number(v) for v in pair)
+            and pair[0] <= pair[1])
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -255,6 +259,7 @@ class Selector:
         self.min_margin = rule[0] if rule else (DEFAULT_MIN_MARGIN if min_margin is None else min_margin)
         self.margin_fallback = rule[1] if rule else "heuristic"
         self._margin_by_kind = dict(self._scope.abstention_by_kind) if min_margin is None else {}
+        self._trained_hardware = dict(self._scope.seen).get("hardware")  # None: not recorded
         # Decisions, found three ways: by the id of a Scenario object seen before (the hot
         # path; `_alive` holds those objects so that no other object can take their id), by
         # scenario value (an equal Scenario built again), by a mapping's scenario columns.
@@ -461,7 +466,7 @@ class Selector:
             if fallback == "baseline":
                 return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback is the baseline")
             return self._heuristic(s, hw, why)
-        seen = dict(self._scope.seen).get("hardware")
+        seen = self._trained_hardware
         note = ("" if seen is None or s.hardware in seen else
                 f"hardware {s.hardware} not seen in training: inside the trained machines' spec ranges, "
                 "where held-out machines showed the model ahead of the heuristic")
