@@ -1,10 +1,10 @@
-"""Training speed: seconds to fit each learned selector on about 100k (scenario, schedule) rows.
+"""Training speed: seconds to fit each learned selector on the default training data (~146k (scenario, schedule) rows).
 
     python benchmarks/train_speed.py [--json]
 
-Rows: the committed cpu dataset plus the full catalog simulated on every GPU preset
-(the default training data, ~93k rows), topped up with a second simulated copy (other
-noise seed) to pass 100k. One run; times are wall-clock on this machine.
+Rows: the default training data (the committed cpu dataset, the full catalog simulated on
+every GPU preset and part of it on machines sampled around them: ~146k rows). One run;
+times are wall-clock on this machine.
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ import argparse
 import json
 import time
 
-import pandas as pd
-
 from train.selectors import HGBClassifier, RandomForestTime, XGBRanker, XGBTimeRegressor
-from train.training_data import default_training_data, simulated
+from train.training_data import default_training_data
 
 
 def main() -> None:
@@ -24,9 +22,6 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     df = default_training_data()
-    extra = simulated("mi300x-8", seed=7)
-    extra["scenario_id"] = extra["scenario_id"] + "-copy"  # distinct scenarios, same shapes
-    df = pd.concat([df, extra], ignore_index=True)
     out = {"rows": len(df)}
     for make in (XGBTimeRegressor, XGBRanker, HGBClassifier, RandomForestTime):
         t0 = time.perf_counter()

@@ -162,7 +162,7 @@ def simulate(scenarios_path, hardware, out, noise, seed, as_json) -> None:
 @main.command()
 @click.option("--dataset", "datasets", multiple=True, type=click.Path(dir_okay=False),
               help="Dataset(s) to evaluate on (default: the committed cpu dataset + the catalog "
-                   "simulated on every GPU preset).")
+                   "simulated on every GPU preset and, for training only, on machines sampled around them).")
 @click.option("--splits", default="random,family,hardware,topology,world_size", show_default=True,
               help="Comma-separated: random, family (leave one model family out), hardware "
                    "(leave one hardware out), topology (leave one interconnect topology out), "
@@ -194,7 +194,8 @@ def evaluate(datasets, splits, as_json, no_progress) -> None:
 
 @main.command("train")
 @click.option("--dataset", "datasets", multiple=True, type=click.Path(dir_okay=False),
-              help="Dataset(s) to train on (default: committed cpu dataset + simulated GPU presets).")
+              help="Dataset(s) to train on (default: committed cpu dataset + simulated GPU presets and "
+                   "machines sampled around them).")
 @click.option("--splits", default="random,family,hardware,topology,world_size", show_default=True)
 @click.option("--out", "out_dir", default="out/train", show_default=True, type=click.Path(file_okay=False),
               help="Folder for the comparison tables (also logged to MLflow).")

@@ -415,7 +415,7 @@ class Selector:
         for col, seen in scope.seen:  # hardware first: its message is the one users look for
             if getattr(s, col) not in seen:
                 if col == "hardware" and scope.unseen:
-                    why = self._unseen_hardware_problem(hw)
+                    why = self._unseen_hardware_problem(hw, s.dtype)
                     if not why:
                         continue  # the model decides it (its decision says so)
                     return f"hardware {s.hardware} not seen in training ({why})"
@@ -429,10 +429,11 @@ class Selector:
                 return f"{col}={value} outside the training range [{lo}, {hi}]"
         return ""
 
-    def _unseen_hardware_problem(self, hw: HardwareSpec) -> str:
+    def _unseen_hardware_problem(self, hw: HardwareSpec, dtype: str) -> str:
         """Why the model may not decide a machine it never saw, or "" if its export's
         ``unseen_hardware`` rule lets it (validated on held-out machines at training) and
-        the machine lies inside the trained machines' spec ranges."""
+        the machine lies inside the trained machines' spec ranges (of the peak, only the
+        scenario's dtype's: the one its features use)."""
         rule = self._scope.unseen.get(machine_kind(hw))
         if rule is None:
             return f"no trained {machine_kind(hw)} machine"
@@ -440,7 +441,12 @@ class Selector:
         if topologies is not None and hw.topology not in topologies:
             return f"topology {hw.topology} not seen in training"
         for field, lo, hi in ranges:
-            value = spec_value(hw, field)
+            if field.startswith("peak_tflops."):
+                if field != f"peak_tflops.{dtype}":
+                    continue
+                value = hw.peak_tflops.get(dtype, hw.peak_tflops["float32"])  # as the features read it
+            else:
+                value = spec_value(hw, field)
             if value is not None and not lo <= value <= hi:
                 return f"{field}={value:g} outside the trained machines' range [{lo:g}, {hi:g}]"
         return ""

@@ -542,3 +542,21 @@ def test_an_unseen_machine_inside_the_trained_spec_ranges_is_decided_by_the_mode
                                         unseen_hardware={"decide": "heuristic"}))
     d = keep.select(RECORD)
     assert d.source == "heuristic" and d.reason == "hardware mi300x-8 not seen in training"
+
+
+def test_an_unseen_machine_is_held_to_the_peak_range_of_the_scenarios_dtype_only(tmp_path):
+    # The features read one peak, the scenario's dtype's (float32's where the spec has no
+    # other): a machine whose fp32 rate lies outside the trained range is still inside for
+    # a bfloat16 scenario.
+    from ficco_select.selector import SPEC_RANGE_FIELDS, spec_value
+
+    mi300x = load_hardware("mi300x-8")
+    ranges = {f: [spec_value(mi300x, f)] * 2 for f in SPEC_RANGE_FIELDS}
+    ranges["peak_tflops.float32"] = [2 * mi300x.peak_tflops["float32"]] * 2
+    ranges["peak_tflops.bfloat16"] = [mi300x.peak_tflops["bfloat16"]] * 2
+    rule = {"decide": "model", "kinds": {"gpu": {"topologies": [mi300x.topology], "spec_ranges": ranges}}}
+    sel = Selector.load(write_selector(tmp_path / "sel", training_ranges={**FULL_RANGES, "hardware": ["h100-nvswitch"]},
+                                       unseen_hardware=rule))
+    assert sel.select({**RECORD, "dtype": "bfloat16"}).source == "model"
+    d = sel.select({**RECORD, "dtype": "float32"})
+    assert d.source == "heuristic" and "peak_tflops.float32=163.4 outside" in d.reason

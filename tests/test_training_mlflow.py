@@ -12,11 +12,12 @@ from features import FEATURE_SCHEMA_HASH
 from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
 from train.run import ALIAS, EXPERIMENT, REGISTERED_MODEL, _maybe_promote, train
-from train.selectors import AlwaysBaseline, Heuristic, Oracle, XGBRanker, XGBTimeRegressor
+from train.selectors import AlwaysBaseline, Heuristic, Oracle, ShippedPolicy, XGBRanker, XGBTimeRegressor
 
 
 def fast_selectors():
-    return [XGBTimeRegressor(n_estimators=40), XGBRanker(n_estimators=40), Heuristic(tune=False),
+    ranker = XGBRanker(n_estimators=40)
+    return [XGBTimeRegressor(n_estimators=40), ranker, ShippedPolicy(ranker), Heuristic(tune=False),
             AlwaysBaseline(), Oracle()]
 
 
@@ -46,7 +47,8 @@ def test_training_is_tracked_with_nested_runs_and_a_registered_model(store):
     parent = runs[runs["run_id"] == first["run_id"]].iloc[0]
     assert parent["params.feature_schema_hash"] == FEATURE_SCHEMA_HASH
     children = runs[runs["tags.mlflow.parentRunId"] == first["run_id"]]
-    assert set(children["params.selector"]) == {"xgb-regressor", "xgb-ranker", "heuristic", "always-baseline", "ceiling"}
+    assert set(children["params.selector"]) == {"xgb-regressor", "xgb-ranker", "shipped", "heuristic",
+                                                "always-baseline", "ceiling"}
     assert "metrics.family_oracle_capture" in runs.columns
     client = mlflow.MlflowClient()
     versions = client.search_model_versions(f"name='{REGISTERED_MODEL}'")
@@ -54,6 +56,13 @@ def test_training_is_tracked_with_nested_runs_and_a_registered_model(store):
     local = mlflow.artifacts.download_artifacts(f"models:/{REGISTERED_MODEL}/{first['version']}")
     meta = json.loads(next(Path(local).rglob("selector.json")).read_text())
     assert meta["feature_schema_hash"] == FEATURE_SCHEMA_HASH and meta["selector"] == first["chosen"]
+    # What registers is what the shipped row scored: its inner model (the ranker, with its
+    # settings), tagged with the shipped row's hold-out capture, not the bare model's.
+    assert first["chosen"] == "xgb-ranker"
+    assert meta["abstention"]["validation_scenarios"] > 0 and "unseen_hardware" in meta
+    version = client.get_model_version(REGISTERED_MODEL, first["version"])
+    shipped = first["tables"]["family"]["shipped"]["oracle_capture"]
+    assert float(version.tags["family_oracle_capture"]) == pytest.approx(shipped, abs=1e-6)
     assert (root / "out1" / "comparison.txt").exists()
 
 
@@ -177,7 +186,7 @@ from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
 from train.export import export
 from train.run import train
-from train.selectors import AlwaysBaseline, Heuristic, Oracle, XGBRanker, XGBTimeRegressor
+from train.selectors import AlwaysBaseline, Heuristic, Oracle, ShippedPolicy, XGBRanker, XGBTimeRegressor
 recs = catalog("full", world_sizes=(2, 4, 8), hardware="mi300x-8", models=["llama3-8b", "mixtral-8x7b"])
 preset = simulate([Scenario.from_record(r) for r in recs], load_hardware("mi300x-8"), noise=0.03, seed=4)
 df = pd.concat([read_dataset("mine.parquet"), preset], ignore_index=True)

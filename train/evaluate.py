@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from data.machines import base_machine, is_sampled
 from ficco_select.hardware import load_hardware
 from train.metrics import METRICS, comparison_table, score, true_times
 from train.selectors import Selector, all_selectors, usable, with_features
@@ -29,25 +30,30 @@ SPLITS = ("random", "family", "hardware", "topology", "world_size")
 
 
 def folds(df: pd.DataFrame, split: str) -> list[Fold]:
-    """Boolean masks over df's rows; every scenario is wholly on one side."""
+    """Boolean masks over df's rows; every scenario is wholly on one side.
+
+    Machines sampled around a preset (``data.machines``) are training data only: no test
+    side holds them, and holding a machine out holds out the machines sampled around it."""
+    base = df["hardware"].map({h: base_machine(h) for h in set(df["hardware"])})
+    scored = ~df["hardware"].map({h: is_sampled(h) for h in set(df["hardware"])}).astype(bool)
     if split == "random":
         h = df["scenario_id"].map(lambda s: zlib.crc32(s.encode()) % 5)
-        return [("random", h != 0, h == 0)]
+        return [("random", h != 0, (h == 0) & scored)]
     if split in ("family", "hardware"):
-        col = "group" if split == "family" else "hardware"
-        values = sorted(set(df[col]))
+        col = df["group"] if split == "family" else base
+        values = sorted(set(col[scored]))
         if len(values) < 2:
             return []
-        return [(f"{split}={v}", df[col] != v, df[col] == v) for v in values]
+        return [(f"{split}={v}", col != v, (col == v) & scored) for v in values]
     if split == "topology":
         topology = df["hardware"].map({h: load_hardware(h).topology for h in set(df["hardware"])})
-        values = sorted(set(topology))
+        values = sorted(set(topology[scored]))
         if len(values) < 2:
             return []
-        return [(f"topology={v}", topology != v, topology == v) for v in values]
+        return [(f"topology={v}", topology != v, (topology == v) & scored) for v in values]
     if split == "world_size":
         largest = df["world_size"].max()
-        return [(f"world_size={largest}", df["world_size"] < largest, df["world_size"] == largest)]
+        return [(f"world_size={largest}", df["world_size"] < largest, (df["world_size"] == largest) & scored)]
     raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
 
 

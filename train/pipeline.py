@@ -18,7 +18,7 @@ from train.run import train
 from train.selectors import fast_selectors
 from train.training_data import default_training_data, simulated
 
-PIPELINE_SPLITS = ("family", "hardware")
+PIPELINE_SPLITS = ("family", "hardware", "topology")
 
 
 def new_hardware_rows(backend: str, hardware: str | None, out_dir: Path, progress: bool) -> pd.DataFrame | None:

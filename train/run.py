@@ -1,13 +1,15 @@
-"""One training: evaluate every selector, track it in MLflow, register the best learned one,
-and move the ``champion`` alias only when it wins.
+"""One training: evaluate every selector, track it in MLflow, register the learned model
+the shipped-policy row scored (same settings, refitted on all the data, with its runtime
+rules), and move the ``champion`` alias only when it wins.
 
 MLflow layout: experiment ``ficco-select``; a parent run per training with the dataset
 (digest), parameters and the comparison tables; a nested run per selector with its
 metrics per split (``<split>_<metric>``); the chosen model logged in XGBoost's native UBJ
 format with ``selector.json`` (feature schema version and hash, training ranges) and
 registered as ``ficco-selector``. Promotion rule: the new version gets ``champion`` only
-if, on every grouped hold-out split evaluated, its oracle capture beats the heuristic's
-and is at least the current champion's. mlflow is imported here only, never by the
+if, on every grouped hold-out split evaluated, the oracle capture of what ships (the
+``shipped`` row: model, abstention and fallback) beats the heuristic's and is at least
+the current champion's. mlflow is imported here only, never by the
 runtime.
 """
 
@@ -27,7 +29,7 @@ from ficco_select import __version__
 from train.evaluate import choices_table, evaluate, tables
 from train.metrics import format_table
 from train.report import write_report
-from train.selectors import (Selector, XGBRanker, XGBTimeRegressor, all_selectors, fit_abstention,
+from train.selectors import (Selector, ShippedPolicy, XGBRanker, XGBTimeRegressor, all_selectors, clone, fit_abstention,
                              fit_unseen_hardware, runtime_meta, with_features)
 
 EXPERIMENT = "ficco-select"
@@ -87,15 +89,15 @@ def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLIT
         for split, table in by_split.items():
             table.to_csv(out_dir / f"comparison_{split}.csv")
 
-        # The candidate: the exportable learned selector with the best grouped hold-out capture.
+        # The candidate: what the shipped row scored (its inner model, same settings), else
+        # the exportable learned selector with the best grouped hold-out capture.
         grouped = [s for s in GROUPED_SPLITS if s in by_split] or list(by_split)
-        capture = {name: float(np.mean([by_split[s].loc[name, "oracle_capture"] for s in grouped]))
-                   for name in LEARNED if name in by_split[grouped[0]].index}
-        chosen = max(capture, key=capture.get)
+        candidate = _candidate(selectors(), by_split, grouped)
+        chosen, row = candidate.name, ("shipped" if "shipped" in by_split[grouped[0]].index else candidate.name)
         features = with_features(fit_df)
-        model: Selector = LEARNED[chosen]().fit(features)
-        version = _register(model, chosen, features, digest, by_split, grouped, parent.info.run_id)
-        promoted = _maybe_promote(MlflowClient(), version, by_split, grouped, chosen)
+        model = clone(candidate).fit(features)
+        version = _register(model, candidate, features, digest, by_split, grouped, row, parent.info.run_id)
+        promoted = _maybe_promote(MlflowClient(), version, by_split, grouped, row)
         mlflow.set_tags({"chosen_selector": chosen, "registered_version": version, "promoted": str(promoted)})
         gain = model.model_.get_booster().get_score(importance_type="gain")
         importance = {FEATURE_NAMES[int(k[1:])] if k.startswith("f") and k[1:].isdigit() else k: float(v)
@@ -113,14 +115,28 @@ def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLIT
                 "tables": {s: t.to_dict("index") for s, t in by_split.items()}, "text": text}
 
 
-def _register(model: Selector, name: str, df: pd.DataFrame, digest: str, by_split: dict,
-              grouped: Sequence[str], run_id: str) -> str:
+def _candidate(selectors: list[Selector], by_split: dict, grouped: Sequence[str]) -> Selector:
+    """The learned selector to register (unfitted): the shipped policy's inner model if the
+    evaluation scored one, else the exportable one with the best grouped hold-out capture."""
+    for selector in selectors:
+        if isinstance(selector, ShippedPolicy) and selector.inner is not None:
+            return selector.inner
+    learned = [s for s in selectors if s.name in LEARNED and s.name in by_split[grouped[0]].index]
+    return max(learned or [LEARNED["xgb-regressor"]()],
+               key=lambda s: np.mean([by_split[g].loc[s.name, "oracle_capture"] for g in grouped]))
+
+
+def _register(model: Selector, candidate: Selector, df: pd.DataFrame, digest: str, by_split: dict,
+              grouped: Sequence[str], row: str, run_id: str) -> str:
+    """Log `model` (fitted `candidate`) with its runtime rules; tags carry the hold-out
+    captures of `row`, the table row that scored what ships."""
     import mlflow
 
+    name = candidate.name
     # The export ships the margin rule fitted on validation folds of this training data.
-    abstention = fit_abstention(LEARNED[name], df)
+    abstention = fit_abstention(lambda: clone(candidate), df)
     meta = {**runtime_meta(name, df), "abstention": abstention,
-            "unseen_hardware": fit_unseen_hardware(LEARNED[name], df, abstention), "dataset_digest": digest,
+            "unseen_hardware": fit_unseen_hardware(lambda: clone(candidate), df, abstention), "dataset_digest": digest,
             "mlflow_run_id": run_id, "ficco_version": __version__}
     with tempfile.TemporaryDirectory() as tmp:
         meta_path = Path(tmp) / "selector.json"
@@ -132,7 +148,7 @@ def _register(model: Selector, name: str, df: pd.DataFrame, digest: str, by_spli
     for split in grouped:
         table = by_split[split]
         client.set_model_version_tag(REGISTERED_MODEL, version, f"{split}_oracle_capture",
-                                     f"{table.loc[name, 'oracle_capture']:.6f}")
+                                     f"{table.loc[row, 'oracle_capture']:.6f}")
         client.set_model_version_tag(REGISTERED_MODEL, version, f"{split}_heuristic_capture",
                                      f"{table.loc['heuristic', 'oracle_capture']:.6f}")
     client.set_model_version_tag(REGISTERED_MODEL, version, "feature_schema_hash", FEATURE_SCHEMA_HASH)

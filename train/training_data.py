@@ -1,5 +1,7 @@
 """The default training data: the committed cpu measurements plus the catalog simulated
-on every GPU preset (with measurement-like noise), one dataset schema for all.
+on every GPU preset (with measurement-like noise), one dataset schema for all, and, as
+training data only, part of the catalog simulated on machines sampled around the presets
+(``data.machines``: evaluation never scores them).
 
 The cpu rows that an independent second sweep re-timed (``MEASURED_REPEAT``, when there is
 one for the committed labels) carry its times as ``time_repeat_s``: metrics judge choices
@@ -11,10 +13,12 @@ import logging
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from data.catalog import catalog
 from data.dataset import attach_repeat, read_dataset
+from data.machines import sampled_machines
 from data.simulate import simulate
 from ficco_select.hardware import load_hardware, preset_names
 from ficco_select.scenario import Scenario
@@ -30,27 +34,50 @@ measured with the same harness in fresh ranks (None: no repeat, every row judged
 labels). A repeat taken with another harness would judge the labels on other labels' noise."""
 SIM_NOISE = 0.03
 """Log-normal sigma of the simulated repetitions: a few percent, like a quiet GPU."""
+SAMPLED_PER_PRESET = 3
+"""Machines sampled around each GPU preset (``data.machines``), training data only."""
+SAMPLED_SPREAD = 3.0
+"""Each of a sampled machine's numbers is its preset's times a factor in [1/3, 3]."""
+SAMPLED_SHARE = 0.2
+"""Share of the catalog simulated on each sampled machine (a different share on each)."""
 
 
 def measured_path(name: str = MEASURED) -> Path:
     return Path(str(resources.files("data") / "measured" / name))
 
 
-def simulated(hardware: str, *, world_sizes=(2, 4, 8), noise: float = SIM_NOISE, seed: int = 0) -> pd.DataFrame:
-    """The full-scale catalog simulated on one preset or spec file."""
+def simulated(hardware: str, *, world_sizes=(2, 4, 8), noise: float = SIM_NOISE, seed: int = 0,
+              share: float = 1.0) -> pd.DataFrame:
+    """The full-scale catalog simulated on one preset or spec file (`share` < 1: that
+    share of its scenarios, drawn with `seed`)."""
     spec = load_hardware(hardware)
-    scenarios = [Scenario.from_record({**r, "hardware": spec.name})
-                 for r in catalog("full", world_sizes=world_sizes, hardware=spec.name)]
+    records = catalog("full", world_sizes=world_sizes, hardware=spec.name)
+    if share < 1:
+        keep = np.random.default_rng(seed).random(len(records)) < share
+        records = [r for r, k in zip(records, keep) if k]
+    scenarios = [Scenario.from_record({**r, "hardware": spec.name}) for r in records]
     return simulate(scenarios, spec, noise=noise, seed=seed)
 
 
-def default_training_data(*, noise: float = SIM_NOISE, seed: int = 0, extra: list[pd.DataFrame] = ()) -> pd.DataFrame:
-    """Measured cpu rows + simulated rows on every GPU preset (+ any extra datasets)."""
+def sampled(*, per_preset: int = SAMPLED_PER_PRESET, spread: float = SAMPLED_SPREAD, share: float = SAMPLED_SHARE,
+            noise: float = SIM_NOISE, seed: int = 0) -> list[pd.DataFrame]:
+    """Part of the catalog simulated on machines sampled around every GPU preset."""
+    gpus = [load_hardware(name) for name in preset_names() if name != "cpu"]
+    machines = sampled_machines(gpus, per_preset=per_preset, spread=spread, seed=seed)
+    return [simulated(hw.name, noise=noise, seed=seed + 1 + i, share=share) for i, hw in enumerate(machines)]
+
+
+def default_training_data(*, noise: float = SIM_NOISE, seed: int = 0, extra: list[pd.DataFrame] = (),
+                          sampled_per_preset: int = SAMPLED_PER_PRESET) -> pd.DataFrame:
+    """Measured cpu rows + simulated rows on every GPU preset and on machines sampled
+    around them (training only, ``data.machines``) (+ any extra datasets)."""
     measured = read_dataset(measured_path())
     if MEASURED_REPEAT is not None:
         measured = attach_repeat(measured, read_dataset(measured_path(MEASURED_REPEAT)))
     frames = [measured]
     frames += [simulated(name, noise=noise, seed=seed) for name in preset_names() if name != "cpu"]
+    if sampled_per_preset:
+        frames += sampled(per_preset=sampled_per_preset, noise=noise, seed=seed)
     frames += list(extra)
     return pd.concat(frames, ignore_index=True)
 
