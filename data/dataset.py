@@ -11,7 +11,7 @@ Columns (schema version ``SCHEMA_VERSION``):
   equals the reference on every rank), ``rel_error``, ``is_best`` (fastest verified),
   ``near_best`` (within measurement noise of the fastest verified: a tie)
 - signature (per scenario, repeated on its rows): see
-  ``ficco_select.executor.harness.SIGNATURE_COLUMNS``
+  ``ficco_select.signatures.SIGNATURE_COLUMNS``
 - provenance: ``backend, hardware_fingerprint, host, torch_version, ficco_version,
   schema_version, created_at``, ``threads_per_rank`` and ``runs_per_rep`` (runs timed
   back to back per repetition; ``times_s`` holds their means; 0 for failed and sim rows). A cuda fingerprint ends with the
@@ -26,6 +26,7 @@ is read back, trained on and validated by name, in any process
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import json
 import math
 import os
@@ -36,14 +37,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 from ficco_select import __version__
-from ficco_select.executor.harness import SIGNATURE_COLUMNS
 from ficco_select.hardware import (HardwareError, load_hardware, preset_names, register_hardware, spec_as_dict,
                                    spec_from_dict)
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario, ScenarioError
 from ficco_select.schedule import BACKENDS, ScheduleError, candidates, engines_on, hardware_problem, parse
+from ficco_select.signatures import SIGNATURE_COLUMNS
 
 SCHEMA_VERSION = 3
 """Version of the dataset columns; readers refuse other versions."""
@@ -71,7 +71,7 @@ def provenance(backend: str, ranks: str | None = None) -> dict:
         "backend": backend,
         "hardware_fingerprint": f"{fingerprint}-{ranks}" if ranks else fingerprint,
         "host": platform.node(),
-        "torch_version": torch.__version__,
+        "torch_version": importlib.metadata.version("torch"),  # without importing it: reading needs no torch
         "ficco_version": __version__,
         "schema_version": SCHEMA_VERSION,
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -80,7 +80,11 @@ def provenance(backend: str, ranks: str | None = None) -> dict:
 
 def _fingerprint(backend: str) -> str:
     host = f"{platform.machine()}-{platform.processor() or 'cpu'}-{os.cpu_count()}cores"
-    if backend == "cuda" and torch.cuda.is_available():  # the GPU is what was measured
+    if backend != "cuda":
+        return host
+    import torch  # a cuda measurement has it loaded already
+
+    if torch.cuda.is_available():  # the GPU is what was measured
         major, minor = torch.cuda.get_device_capability()
         return f"{torch.cuda.get_device_name()}-sm{major}{minor}-{torch.cuda.device_count()}gpu-cuda{torch.version.cuda}"
     return host

@@ -31,12 +31,12 @@ import numpy as np
 import pandas as pd
 
 from data.dataset import provenance
-from ficco_select.executor.harness import SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES
 from ficco_select.costs import (GRANULARITY_CODES, OP_CODES, contended as _contended, gemm_time, schedule_times,
                                 transfer_time)
 from ficco_select.hardware import HardwareSpec
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import candidates
+from ficco_select.signatures import SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES
 
 @functools.lru_cache(maxsize=4096)
 def _schedule_table(op: str, P: int, extent_m: int, extent_n: int, dtype: str, dma: bool) -> tuple:

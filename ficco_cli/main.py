@@ -233,18 +233,21 @@ def train_cmd(datasets, splits, out_dir, telemetry, as_json, no_progress) -> Non
 
 
 @main.command()
-@click.option("--backend", type=click.Choice(["cpu", "sim", "cuda"]), default=None,
-              help="Add a machine's rows first: measure it (cpu) or simulate it (sim).")
+@click.option("--backend", type=click.Choice(["cpu", "sim"]), default=None,
+              help="Add a machine's rows first: measure this one (cpu) or simulate one (sim).")
 @click.option("--hardware", default=None, help="Preset name or spec file of the machine (with --backend sim).")
+@click.option("--dataset", "datasets", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="A measured dataset to add, e.g. a GPU's from `ficco measure --backend cuda` on that machine.")
 @click.option("--out", "out_dir", default="out/pipeline", show_default=True, type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--no-progress", is_flag=True)
-def pipeline(backend, hardware, out_dir, as_json, no_progress) -> None:
+def pipeline(backend, hardware, datasets, out_dir, as_json, no_progress) -> None:
     """The whole pipeline in one command: data, training, grouped evaluation, MLflow, report."""
     from train.pipeline import run_pipeline
 
     try:
-        summary = run_pipeline(backend=backend, hardware=hardware, out_dir=out_dir, progress=not no_progress)
+        summary = run_pipeline(backend=backend, hardware=hardware, datasets=datasets, out_dir=out_dir,
+                               progress=not no_progress)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     if as_json:

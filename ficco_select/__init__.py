@@ -1,7 +1,8 @@
-"""ficco-select runtime: the schedule vocabulary, the executor, and (later) the selector.
+"""ficco-select runtime: the schedule vocabulary (scenario, schedule, hardware, costs),
+the executor (``ficco_select.executor``, torch), the runtime selector
+(``ficco_select.selector``) and the framework hooks (``torch_ops``, ``tp``).
 
-Light on purpose: importing this package pulls in neither torch nor pandas; the
-executor (torch) lives in ``ficco_select.executor``.
+Light on purpose: importing this package pulls in neither torch nor pandas.
 """
 
 from ficco_select.scenario import OPS, Scenario, ScenarioError

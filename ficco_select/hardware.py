@@ -138,6 +138,17 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
                            "peak_tflops": {k: float(v) for k, v in spec["peak_tflops"].items()}})
 
 
+GPU_PRESETS = (("H200", "h200-nvswitch"), ("H100", "h100-nvswitch"), ("A100", "a100-nvswitch"),
+               ("L40S", "l40s-pcie-8"), ("MI300", "mi300x-8"), ("MI250", "mi250x-8"))
+"""(device-name substring, preset), first match wins: the preset of a GPU by its name."""
+
+
+def preset_for_device(device_name: str) -> str | None:
+    """The shipped preset of a GPU, by its device name (``NVIDIA H200`` -> h200-nvswitch)."""
+    upper = device_name.upper()
+    return next((preset for key, preset in GPU_PRESETS if key in upper), None)
+
+
 def presets_dir() -> Path:
     return Path(str(resources.files("ficco_select") / "presets"))
 

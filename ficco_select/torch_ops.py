@@ -51,6 +51,7 @@ from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.peer import CudaPeerMemory, HostPeerMemory, NcclComm, PeerCopyComm
 from ficco_select.executor.ops import (TOLERANCE, AllGatherGemm, AllToAllGemm, GemmReduceScatter,
                                        relative_error)
+from ficco_select.hardware import preset_for_device
 from ficco_select.scenario import Scenario, ScenarioError
 from ficco_select.schedule import BASELINE, Schedule, candidates, is_legal, parse
 from ficco_select.selector import Decision, Selector
@@ -60,9 +61,6 @@ from ficco_select.telemetry import from_env as telemetry_from_env
 log = logging.getLogger("ficco_select.torch_ops")
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-CUDA_PRESETS = {"H200": "h200-nvswitch", "H100": "h100-nvswitch", "A100": "a100-nvswitch",
-                "MI300X": "mi300x-8", "MI250X": "mi250x-8", "L40S": "l40s-pcie-8"}
-"""Device-name substring -> hardware preset, when ``$FICCO_HARDWARE`` does not say."""
 
 
 @dataclasses.dataclass
@@ -143,8 +141,7 @@ def hardware_name(device: torch.device) -> str | None:
         return _config.hardware or os.environ["FICCO_HARDWARE"]
     if device.type == "cpu":
         return "cpu"
-    name = torch.cuda.get_device_name(device).upper()
-    return next((preset for key, preset in CUDA_PRESETS.items() if key in name), None)
+    return preset_for_device(torch.cuda.get_device_name(device))
 
 
 def _group(group_name) -> dist.ProcessGroup:

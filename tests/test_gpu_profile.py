@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from ficco_cli.main import main
 from ficco_select.costs import gemm_time
 from ficco_select.executor import gpu_profile as gp
-from ficco_select.hardware import load_hardware
+from ficco_select.hardware import load_hardware, preset_for_device
 from ficco_select.profile import (KEPT_FIELDS, ProfileError, dil_vs_model, fit_latency_bw, profiled_spec,
                                   read_profile, spec_overrides, validate_profile)
 from ficco_select.scenario import Scenario
@@ -359,7 +359,8 @@ def test_shipped_scenarios_are_valid_and_have_candidates():
         s = gp._scenario(spec, "h200-nvswitch")
         assert len(candidates(s, "cuda")) > 2
     assert len(gp.REALIZED_SCENARIOS) >= 6
-    assert gp.guess_preset("NVIDIA H200") == "h200-nvswitch" and gp.guess_preset("Tesla T4") is None
+    assert preset_for_device("NVIDIA H200") == "h200-nvswitch" and preset_for_device("Tesla T4") is None
+    assert preset_for_device("AMD Instinct MI300X") == "mi300x-8"
     assert gp.COPY_SIZES[0] == 4096 and gp.COPY_SIZES[-1] == 1 << 30
 
 

@@ -35,3 +35,9 @@ def test_framework_hooks_stay_light():
                         "from ficco_select import Scenario; Selector().select(Scenario(group='g', op='ag_gemm', "
                         "m=64, n=64, k=64, dtype='bfloat16', world_size=8, hardware='mi300x-8'))")
     assert not mods & {"pandas", "sklearn", "mlflow", "xgboost", "data", "train", "ficco_cli"}
+
+
+def test_reading_and_simulating_datasets_loads_no_torch():
+    # Training reads Parquet and simulates; only measuring needs the executor.
+    mods = loaded_after("import data.dataset, data.simulate, data.machines, train.training_data")
+    assert "torch" not in mods and "ficco_select.executor" not in mods

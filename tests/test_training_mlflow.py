@@ -5,10 +5,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from click.testing import CliRunner
 
 from data.catalog import catalog
 from data.simulate import simulate
 from features import FEATURE_SCHEMA_HASH
+from ficco_cli.main import main
 from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
 from train.run import ALIAS, EXPERIMENT, REGISTERED_MODEL, _maybe_promote, train
@@ -111,8 +113,13 @@ def test_pipeline_adds_new_hardware_rows_and_refuses_what_it_cannot_do(tmp_path)
     assert set(rows["hardware"]) == {"l40s-pcie-8"} and (rows["backend"] == "sim").all()
     with pytest.raises(ValueError, match="needs --hardware"):
         new_hardware_rows("sim", None, tmp_path, progress=False)
-    with pytest.raises(ValueError, match="cuda executor is not built"):
+    # A GPU is measured on its machine (ficco measure --backend cuda) and joins as a dataset.
+    with pytest.raises(ValueError, match="add it with --dataset"):
         new_hardware_rows("cuda", None, tmp_path, progress=False)
+    result = CliRunner().invoke(main, ["pipeline", "--backend", "cuda"])
+    assert result.exit_code == 2 and "'cuda' is not one of 'cpu', 'sim'" in result.output
+    result = CliRunner().invoke(main, ["pipeline", "--dataset", str(tmp_path / "missing.parquet")])
+    assert result.exit_code == 2 and "does not exist" in result.output
 
 
 def test_export_then_the_runtime_selector_decides_without_raising(store, tmp_path, caplog):

@@ -1,8 +1,10 @@
 """The one-command pipeline: data -> train -> evaluate -> register -> report.
 
 With no arguments: the committed cpu dataset plus the catalog simulated on every GPU
-preset. Pointed at new hardware (``backend``, ``hardware``), it first adds that machine's
-rows (simulated, or measured resumably on the cpu backend); the grouped evaluation then
+preset (and on machines sampled around them, for training). Pointed at new hardware
+(``backend``, ``hardware``), it first adds that machine's rows (simulated, or measured
+resumably on the cpu backend); a machine measured elsewhere (a GPU node, with ``ficco
+measure --backend cuda``) joins as a dataset (``datasets``). The grouped evaluation then
 scores every selector with that hardware held out (leave-one-hardware-out) and with it
 included (the family and random splits), and the champion moves only by the promotion
 rules of ``train.run``.
@@ -10,10 +12,12 @@ rules of ``train.run``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
+from data.dataset import read_dataset
 from train.run import train
 from train.selectors import fast_selectors
 from train.training_data import default_training_data, simulated
@@ -34,16 +38,20 @@ def new_hardware_rows(backend: str, hardware: str | None, out_dir: Path, progres
 
         scenarios = read_scenarios(packaged("catalog_cpu.csv"), backend="cpu")
         return measure(scenarios, config=MeasureConfig(), out=out_dir / "measured_cpu.parquet", progress=progress)
-    if backend == "cuda":
-        raise ValueError("--backend cuda: the cuda executor is not built yet (see the cuda backend issue); "
-                         "use --backend sim --hardware <spec> for a GPU you do not have")
-    return None
+    # A GPU is measured where it is (hours of a node: not inside a one-command pipeline),
+    # and its dataset joins here with --dataset.
+    raise ValueError(f"--backend {backend}: the pipeline measures the cpu backend or simulates (sim); measure a "
+                     "GPU with `ficco measure --backend cuda --out gpu.parquet` and add it with --dataset gpu.parquet")
 
 
-def run_pipeline(*, backend: str | None = None, hardware: str | None = None, out_dir: str | Path = "out/pipeline",
-                 progress: bool = True) -> dict:
+def run_pipeline(*, backend: str | None = None, hardware: str | None = None, datasets: Sequence[str | Path] = (),
+                 out_dir: str | Path = "out/pipeline", progress: bool = True) -> dict:
+    """`datasets`: measured datasets to add to the default training data (e.g. a GPU's,
+    from ``ficco measure --backend cuda``)."""
     out_dir = Path(out_dir)
-    extra = new_hardware_rows(backend, hardware, out_dir, progress) if backend else None
-    df = default_training_data(extra=[extra] if extra is not None else [])
+    extra = [read_dataset(p) for p in datasets]
+    if backend:
+        extra.append(new_hardware_rows(backend, hardware, out_dir, progress))
+    df = default_training_data(extra=extra)
     df = df.drop_duplicates(["scenario_id", "schedule"], keep="last")  # re-adding a preset replaces it
     return train(df, splits=PIPELINE_SPLITS, selectors=fast_selectors, out_dir=out_dir, progress=progress)

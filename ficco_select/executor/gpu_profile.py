@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from ficco_select.hardware import preset_for_device
 from ficco_select.profile import SCHEMA, SCHEMA_VERSION, fit_latency_bw
 from ficco_select.scenario import Scenario
 
@@ -864,16 +865,6 @@ SECTIONS = (
 
 
 # -- entry point -------------------------------------------------------------------------------
-PRESET_BY_NAME = (("H200", "h200-nvswitch"), ("H100", "h100-nvswitch"), ("A100", "a100-nvswitch"),
-                  ("L40S", "l40s-pcie-8"), ("MI300", "mi300x-8"), ("MI250", "mi250x-8"))
-
-
-def guess_preset(device_name: str) -> str | None:
-    """The shipped preset of a device, by its CUDA name (``NVIDIA H200`` -> h200-nvswitch)."""
-    upper = device_name.upper()
-    return next((preset for key, preset in PRESET_BY_NAME if key in upper), None)
-
-
 def _environment(preset: str | None) -> dict[str, Any]:
     props = torch.cuda.get_device_properties(0)
     from importlib import metadata
@@ -934,7 +925,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ficco_select.hardware import HardwareError, load_hardware
 
     name = torch.cuda.get_device_name(0)
-    preset_name = guess_preset(name) if args.preset == "auto" else args.preset
+    preset_name = preset_for_device(name) if args.preset == "auto" else args.preset
     preset = None
     if preset_name:
         try:

@@ -33,14 +33,8 @@ from ficco_select.executor.cuda import make_timer
 from ficco_select.executor.ops import TOLERANCE, Operator, relative_error
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import BASELINE, SHARD, Schedule, candidates, is_legal
+from ficco_select.signatures import SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES  # noqa: F401 - measured here
 
-SIGNATURE_GRANULARITIES = ("shard", "d2", "d4", "dP")
-SIGNATURE_COLUMNS = (
-    ["t_comp_s", "t_comm_s", "ideal_speedup"]
-    + [f"dil_{g}" for g in SIGNATURE_GRANULARITIES]
-    + [f"chunk_loss_{g}" for g in SIGNATURE_GRANULARITIES]
-    + ["cil_gemm_sm", "cil_overlap_sm"]
-)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
