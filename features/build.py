@@ -21,6 +21,7 @@ selector's path on a cache miss.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 
@@ -51,9 +52,6 @@ SCHEDULE_FEATURES = (
     "log2_over_baseline_est", "log2_over_bound_est",
 )
 FEATURE_NAMES = (*SCENARIO_FEATURES, *SCHEDULE_FEATURES)
-FEATURE_SCHEMA_HASH = hashlib.sha1(
-    f"{FEATURE_SCHEMA_VERSION}:{','.join(FEATURE_NAMES)}".encode()).hexdigest()[:12]
-"""Stored with every model; a model whose hash differs is refused at load."""
 
 
 def _log2(x) -> np.ndarray:
@@ -366,3 +364,53 @@ def _layout(world_size: int, schedules: tuple, remember: bool = False) -> _Candi
             _LAYOUTS_BY_ID.clear()
         _LAYOUTS_BY_ID[id(schedules)] = (world_size, schedules, layout)
     return layout
+
+
+# -- the schema's fingerprint: names and formulas ----------------------------------------
+def _probe() -> tuple[list[dict], list[str], dict[str, HardwareSpec]]:
+    """Fixed (scenario, schedule) pairs on fixed made-up machines, one per topology, one
+    without copy engines: every formula of the features runs on them. Not the presets,
+    whose numbers may be corrected without changing a formula."""
+    from ficco_select.schedule import candidates
+
+    base = dict(description="feature-schema probe", devices=8, peak_tflops={"float32": 400.0, "bfloat16": 800.0},
+                mem_bw_gbps=3000.0, compute_units=120, tile_m=128, tile_n=256, gemm_efficiency=0.75,
+                gemm_launch_us=4.0, link_bw_gbps=300.0, sm_comm_latency_us=6.0, sm_comm_units=0.12,
+                copy_engines=3, dma_latency_us=12.0, dma_bw_gbps=150.0, dma_mem_contention=0.05)
+    specs = {f"probe-{t}": HardwareSpec(name=f"probe-{t}", **{**base, "topology": t}) for t in TOPOLOGIES}
+    specs["probe-no-dma"] = HardwareSpec(name="probe-no-dma", **{**base, "topology": "switch", "copy_engines": 0})
+    records, names = [], []
+    for name, spec in specs.items():
+        for op in OPS:
+            for P, (m, n, k) in ((2, (64, 4096, 4096)), (8, (8192, 14336, 4096)), (4, (512, 1024, 8192))):
+                rec = dict(group="probe", op=op, m=m * P, n=n * P, k=k, dtype="bfloat16", world_size=P,
+                           hardware=name, imbalance=1.5 if op == "a2a_gemm" else 1.0)
+                backend = "sim" if spec.copy_engines else "cpu"
+                for c in candidates(Scenario(**rec), backend):
+                    records.append(rec)
+                    names.append(c.name)
+    return records, names, specs
+
+
+def formula_digest() -> str:
+    """A digest of the features' values on ``_probe``'s pairs (6 significant digits: the
+    same on any machine): changes when a formula does, not when a comment does."""
+    records, names, specs = _probe()
+    X = pair_features(records, names, specs)
+    return hashlib.sha1(" ".join(f"{v:.6g}" for v in X.ravel()).encode()).hexdigest()[:12]
+
+
+@functools.cache
+def feature_schema_hash() -> str:
+    """``FEATURE_SCHEMA_HASH``: stored with every model; a model whose hash differs is
+    refused at load. It covers the names and the formulas (``formula_digest``): a changed
+    formula refuses an old model. Computed on first use (tens of ms), not at import: the
+    runtime's first decision imports this module and needs no hash."""
+    return hashlib.sha1(
+        f"{FEATURE_SCHEMA_VERSION}:{','.join(FEATURE_NAMES)}:{formula_digest()}".encode()).hexdigest()[:12]
+
+
+def __getattr__(name: str):
+    if name == "FEATURE_SCHEMA_HASH":
+        return feature_schema_hash()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

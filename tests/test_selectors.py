@@ -42,6 +42,24 @@ def test_features_are_the_same_for_one_row_and_a_batch(small):
     assert len(FEATURE_SCHEMA_HASH) == 12
 
 
+def test_the_feature_schema_hash_changes_with_a_formula_not_only_with_a_name(monkeypatch):
+    import features.build as build
+
+    before = build.formula_digest()
+    assert build.formula_digest() == before  # deterministic
+    real = build.schedule_times
+
+    def one_percent_slower(*args, **kwargs):
+        out = dict(real(*args, **kwargs))
+        out["time_s"] = out["time_s"] * 1.01
+        return out
+
+    monkeypatch.setattr(build, "schedule_times", one_percent_slower)
+    assert build.formula_digest() != before
+    monkeypatch.undo()
+    assert build.formula_digest() == before and FEATURE_SCHEMA_HASH == build.feature_schema_hash()
+
+
 def test_heuristic_is_always_legal_and_follows_its_rules():
     rng = np.random.default_rng(0)
     for hw_name in ("cpu", "mi300x-8", "h100-nvswitch", "l40s-pcie-8"):
