@@ -16,8 +16,12 @@ from ficco_select.scenario import Scenario, ScenarioError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def main() -> None:
+@click.option("-v", "--verbose", count=True, help="More log lines on stderr (-v: info, -vv: debug).")
+def main(verbose: int) -> None:
     """ficco-select: measure, learn and select compute-communication overlap schedules."""
+    # The one place logging is set up: every stage only logs to its module's logger.
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
 @main.command()
