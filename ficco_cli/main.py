@@ -214,13 +214,15 @@ def train_cmd(datasets, splits, out_dir, telemetry, as_json, no_progress) -> Non
     Tracking store: $MLFLOW_TRACKING_URI, else MLflow's default (sqlite:///mlflow.db here).
     """
     from data.dataset import DatasetError
+    from train.config import TrainConfig
     from train.run import train
 
     try:
+        config = TrainConfig(splits=tuple(x.strip() for x in splits.split(",") if x.strip()), out_dir=out_dir,
+                             progress=not no_progress)  # checked before any data is read
         df = _training_data(datasets)
         extra = _telemetry_rows(telemetry, df) if telemetry else None
-        summary = train(df, splits=[x.strip() for x in splits.split(",") if x.strip()], out_dir=out_dir,
-                        progress=not no_progress, extra=extra)
+        summary = train(df, config, extra=extra)
     except (DatasetError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     if as_json:
@@ -243,15 +245,17 @@ def train_cmd(datasets, splits, out_dir, telemetry, as_json, no_progress) -> Non
 @click.option("--dataset", "datasets", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="A measured dataset to add, e.g. a GPU's from `ficco measure --backend cuda` on that machine.")
 @click.option("--out", "out_dir", default="out/pipeline", show_default=True, type=click.Path(file_okay=False))
+@click.option("--debug", is_flag=True,
+              help="Every stage on a tiny slice with tiny models (seconds): checks that it runs, not how well.")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--no-progress", is_flag=True)
-def pipeline(backend, hardware, datasets, out_dir, as_json, no_progress) -> None:
+def pipeline(backend, hardware, datasets, out_dir, debug, as_json, no_progress) -> None:
     """The whole pipeline in one command: data, training, grouped evaluation, MLflow, report."""
     from train.pipeline import run_pipeline
 
     try:
         summary = run_pipeline(backend=backend, hardware=hardware, datasets=datasets, out_dir=out_dir,
-                               progress=not no_progress)
+                               progress=not no_progress, debug=debug)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     if as_json:

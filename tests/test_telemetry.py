@@ -177,6 +177,7 @@ def test_training_fits_the_registered_model_on_telemetry_but_scores_only_the_dat
     about 20 s even on a tiny dataset; the option's wiring is tested below)."""
     import mlflow
 
+    from train.config import TrainConfig
     from train.run import REGISTERED_MODEL, train
     from train.selectors import AlwaysBaseline, Heuristic, XGBTimeRegressor
 
@@ -185,8 +186,9 @@ def test_training_fits_the_registered_model_on_telemetry_but_scores_only_the_dat
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     extra = telemetry_training_rows(read_telemetry(path), data)
-    summary = train(data, splits=("family",), out_dir=tmp_path / "out", progress=False, extra=extra,
-                    selectors=lambda: [XGBTimeRegressor(n_estimators=20), Heuristic(tune=False), AlwaysBaseline()])
+    config = TrainConfig(splits=("family",), out_dir=tmp_path / "out", progress=False,
+                         selectors=lambda: [XGBTimeRegressor(n_estimators=20), Heuristic(tune=False), AlwaysBaseline()])
+    summary = train(data, config, extra=extra)
     assert summary["tables"]["family"]["heuristic"]["n"] == data["scenario_id"].nunique()  # telemetry not scored
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["extra_rows"] == 2
     local = mlflow.artifacts.download_artifacts(f"models:/{REGISTERED_MODEL}/{summary['version']}")

@@ -13,6 +13,7 @@ from features import FEATURE_SCHEMA_HASH
 from ficco_cli.main import main
 from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
+from train.config import TrainConfig
 from train.run import ALIAS, EXPERIMENT, REGISTERED_MODEL, _maybe_promote, train
 from train.selectors import AlwaysBaseline, Heuristic, Oracle, ShippedPolicy, XGBRanker, XGBTimeRegressor
 
@@ -34,8 +35,10 @@ def store(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.chdir(root)
     mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
-    first = train(df, splits=("family", "hardware"), selectors=fast_selectors, out_dir=root / "out1", progress=False)
-    second = train(df, splits=("family", "hardware"), selectors=fast_selectors, out_dir=root / "out2", progress=False)
+    first = train(df, TrainConfig(splits=("family", "hardware"), selectors=fast_selectors, out_dir=root / "out1",
+                                  progress=False))
+    second = train(df, TrainConfig(splits=("family", "hardware"), selectors=fast_selectors, out_dir=root / "out2",
+                                   progress=False))
     yield root, first, second
     mp.undo()
 
@@ -192,6 +195,7 @@ from data.simulate import simulate
 from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
 from train.export import export
+from train.config import TrainConfig
 from train.run import train
 from train.selectors import AlwaysBaseline, Heuristic, Oracle, ShippedPolicy, XGBRanker, XGBTimeRegressor
 recs = catalog("full", world_sizes=(2, 4, 8), hardware="mi300x-8", models=["llama3-8b", "mixtral-8x7b"])
@@ -199,7 +203,7 @@ preset = simulate([Scenario.from_record(r) for r in recs], load_hardware("mi300x
 df = pd.concat([read_dataset("mine.parquet"), preset], ignore_index=True)
 fast = lambda: [XGBTimeRegressor(n_estimators=40), XGBRanker(n_estimators=40), Heuristic(tune=False),
                 AlwaysBaseline(), Oracle()]
-summary = train(df, splits=("family", "hardware"), selectors=fast, out_dir="out", progress=False)
+summary = train(df, TrainConfig(splits=("family", "hardware"), selectors=fast, out_dir="out", progress=False))
 export("sel", f"models:/ficco-selector/{summary['version']}")
 """)
     # the runtime, from the exported folder: the machine by name and by its file
@@ -233,3 +237,30 @@ def test_export_never_empties_a_folder_it_did_not_write(store, tmp_path):
     assert {p.name for p in folder.iterdir()} == {"model.json", "selector.json"}
     assert (sibling / "x").read_text() == "keep"
     assert {p.name for p in tmp_path.iterdir()} == {"mine", "sel", "sel.tmp"}  # no scratch left behind
+
+
+def test_a_train_config_is_checked_before_any_work_and_names_the_field():
+    from train.config import TrainConfig
+
+    with pytest.raises(ValueError, match=r"TrainConfig.splits: unknown split 'families'"):
+        TrainConfig(splits=("families",))
+    with pytest.raises(ValueError, match=r"TrainConfig.splits: a sequence of split names"):
+        TrainConfig(splits="family")
+    with pytest.raises(ValueError, match=r"TrainConfig.selectors: unknown set 'quick'"):
+        TrainConfig(selectors="quick")
+    assert TrainConfig(splits=["family"]).splits == ("family",) and TrainConfig().out_dir == Path("out/train")
+    result = CliRunner().invoke(main, ["train", "--splits", "family,nope", "--dataset", "missing.parquet"])
+    assert result.exit_code == 1 and "unknown split 'nope'" in result.output  # before the dataset is read
+
+
+def test_the_debug_pipeline_runs_every_stage_on_a_slice(tmp_path, monkeypatch):
+    # End to end, through the CLI: data, evaluation of the pipeline's selector kinds on
+    # every split, MLflow, registry, report. Tiny: it checks that it runs, not how well.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    result = CliRunner().invoke(main, ["pipeline", "--debug", "--out", str(tmp_path / "out"), "--no-progress",
+                                       "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)  # (warnings of the libraries go to stderr)
+    assert set(summary["tables"]) >= {"family", "hardware", "topology"} and summary["version"] == "1"
+    assert "shipped" in summary["tables"]["hardware"] and (tmp_path / "out" / "report.html").exists()

@@ -12,15 +12,16 @@ rules of ``train.run``.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from data.dataset import read_dataset
+from train.config import TrainConfig
 from train.run import train
-from train.selectors import fast_selectors
-from train.training_data import default_training_data, simulated
+from train.training_data import SAMPLED_PER_PRESET, default_training_data, simulated
 
 PIPELINE_SPLITS = ("family", "hardware", "topology")
 
@@ -44,14 +45,31 @@ def new_hardware_rows(backend: str, hardware: str | None, out_dir: Path, progres
                      "GPU with `ficco measure --backend cuda --out gpu.parquet` and add it with --dataset gpu.parquet")
 
 
+DEBUG_SCENARIOS_PER_MACHINE = 12
+"""``debug``: scenarios kept of each machine (every stage still runs on every machine)."""
+
+
 def run_pipeline(*, backend: str | None = None, hardware: str | None = None, datasets: Sequence[str | Path] = (),
-                 out_dir: str | Path = "out/pipeline", progress: bool = True) -> dict:
+                 out_dir: str | Path = "out/pipeline", progress: bool = True, debug: bool = False) -> dict:
     """`datasets`: measured datasets to add to the default training data (e.g. a GPU's,
-    from ``ficco measure --backend cuda``)."""
+    from ``ficco measure --backend cuda``). `debug`: every stage on a tiny slice (a few
+    scenarios per machine, tiny models), to check that it all runs; its numbers mean nothing."""
     out_dir = Path(out_dir)
+    config = TrainConfig(splits=PIPELINE_SPLITS, selectors="debug" if debug else "fast", out_dir=out_dir,
+                         progress=progress)  # checked before any data is built
     extra = [read_dataset(p) for p in datasets]
     if backend:
         extra.append(new_hardware_rows(backend, hardware, out_dir, progress))
-    df = default_training_data(extra=extra)
+    df = default_training_data(extra=extra, sampled_per_preset=1 if debug else SAMPLED_PER_PRESET)
     df = df.drop_duplicates(["scenario_id", "schedule"], keep="last")  # re-adding a preset replaces it
-    return train(df, splits=PIPELINE_SPLITS, selectors=fast_selectors, out_dir=out_dir, progress=progress)
+    if debug:
+        df = debug_slice(df, DEBUG_SCENARIOS_PER_MACHINE)
+    return train(df, config)
+
+
+def debug_slice(df: pd.DataFrame, per_machine: int) -> pd.DataFrame:
+    """The first `per_machine` scenarios of each machine in a fixed shuffled order (by id hash)."""
+    ids = df.drop_duplicates("scenario_id")[["scenario_id", "hardware"]]
+    ids = ids.assign(order=ids["scenario_id"].map(lambda s: zlib.crc32(s.encode()))).sort_values(["hardware", "order"])
+    keep = set(ids.groupby("hardware").head(per_machine)["scenario_id"])
+    return df[df["scenario_id"].isin(keep)].reset_index(drop=True)

@@ -29,7 +29,8 @@ from ficco_select import __version__
 from train.evaluate import choices_table, evaluate, tables
 from train.metrics import format_table
 from train.report import write_report
-from train.selectors import (Selector, ShippedPolicy, XGBRanker, XGBTimeRegressor, all_selectors, clone, fit_abstention,
+from train.config import TrainConfig
+from train.selectors import (Selector, ShippedPolicy, XGBRanker, XGBTimeRegressor, clone, fit_abstention,
                              fit_unseen_hardware, runtime_meta, with_features)
 
 EXPERIMENT = "ficco-select"
@@ -45,10 +46,11 @@ def dataset_digest(df: pd.DataFrame) -> str:
     return hashlib.sha1(pd.util.hash_pandas_object(df[cols], index=False).values.tobytes()).hexdigest()[:16]
 
 
-def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLITS, "topology", "world_size"),
-          selectors=all_selectors, out_dir: str | Path = "out/train", progress: bool = True,
-          extra: pd.DataFrame | None = None) -> dict:
+def train(df: pd.DataFrame, config: TrainConfig | None = None, *, extra: pd.DataFrame | None = None) -> dict:
     """Evaluate, log, register, maybe promote. Returns a summary (tables, run id, version, promoted).
+
+    `config`: the splits, the selector set, where to write (``train.config.TrainConfig``,
+    checked when made; default: every split, every selector, ``out/train``).
 
     `extra`: labeled rows added only to the registered model's training data, never
     scored (e.g. telemetry, whose scenarios lack most candidates:
@@ -58,7 +60,8 @@ def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLIT
     import mlflow
     from mlflow import MlflowClient
 
-    out_dir = Path(out_dir)
+    config = config or TrainConfig()
+    splits, out_dir = config.splits, config.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     mlflow.set_experiment(EXPERIMENT)
     fit_df = df if extra is None or extra.empty else pd.concat([df, extra], ignore_index=True)
@@ -73,7 +76,7 @@ def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLIT
             ["scenario_id", "group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "backend"]]
         mlflow.log_input(mlflow.data.from_pandas(scen, name=f"ficco-dataset-{digest}"), context="training")
 
-        results = evaluate(df, splits=splits, make_selectors=selectors, progress=progress)
+        results = evaluate(df, splits=splits, make_selectors=config.make_selectors, progress=config.progress)
         by_split = tables(results)
         for name in next(iter(by_split.values())).index:
             with mlflow.start_run(run_name=name, nested=True):
@@ -92,7 +95,7 @@ def train(df: pd.DataFrame, *, splits: Sequence[str] = ("random", *GROUPED_SPLIT
         # The candidate: what the shipped row scored (its inner model, same settings), else
         # the exportable learned selector with the best grouped hold-out capture.
         grouped = [s for s in GROUPED_SPLITS if s in by_split] or list(by_split)
-        candidate = _candidate(selectors(), by_split, grouped)
+        candidate = _candidate(config.make_selectors(), by_split, grouped)
         chosen, row = candidate.name, ("shipped" if "shipped" in by_split[grouped[0]].index else candidate.name)
         features = with_features(fit_df)
         model = clone(candidate).fit(features)

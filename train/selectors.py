@@ -255,14 +255,15 @@ MIN_KIND_SCENARIOS = 50
 
 def _margin_rule(v: pd.DataFrame) -> dict:
     """The threshold and fallback that ``fit_abstention`` picks on validation outcomes `v`."""
-    margins = v["margin"].unique()
-    thresholds = [0.0, *np.quantile(margins, np.linspace(0, 1, 101)).tolist(), None]  # None: never trust it
+    margin, t_model = v["margin"].to_numpy(float), v["t_model"].to_numpy(float)
+    slow_at, near_at = (1 + SLOWER_BY) * v["t_baseline"].to_numpy(float), 1.02 * v["t_best"].to_numpy(float)
+    thresholds = [0.0, *np.quantile(np.unique(margin), np.linspace(0, 1, 101)).tolist(), None]  # None: never trust
     best = None
     for fallback in ("heuristic", "baseline"):
+        t_fallback = v[f"t_{fallback}"].to_numpy(float)
         for threshold in thresholds:
-            trust, t = _under_rule(v, threshold, fallback)
-            slow = float(np.mean(t > (1 + SLOWER_BY) * v["t_baseline"]))
-            near = float(np.mean(t <= 1.02 * v["t_best"]))
+            trust, t = _under_rule(margin, t_model, t_fallback, threshold)
+            slow, near = float(np.mean(t > slow_at)), float(np.mean(t <= near_at))
             if slow <= SLOWDOWN_CAP:
                 rank = (near, -(np.inf if threshold is None else threshold), fallback == "heuristic")
                 if best is None or rank > best[0]:
@@ -272,11 +273,12 @@ def _margin_rule(v: pd.DataFrame) -> dict:
             "validation_near_opt_2": near, "validation_slowdowns": slow, "validation_model_share": trusted}
 
 
-def _under_rule(v: pd.DataFrame, threshold: float | None, fallback: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per validation scenario of `v`: whether the runtime trusts the model under a margin
-    rule (None: never), and the true time of what it then runs."""
-    trust = (v["margin"] >= threshold).to_numpy() if threshold is not None else np.zeros(len(v), bool)
-    return trust, np.where(trust, v["t_model"], v[f"t_{fallback}"])
+def _under_rule(margin: np.ndarray, t_model: np.ndarray, t_fallback: np.ndarray,
+                threshold: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per validation scenario: whether the runtime trusts the model under a margin rule
+    (None: never), and the true time of what it then runs (the model's pick, else the fallback's)."""
+    trust = margin >= threshold if threshold is not None else np.zeros(len(margin), bool)
+    return trust, np.where(trust, t_model, t_fallback)
 
 
 def _apply_rule(v: pd.DataFrame, abstention: dict) -> np.ndarray:
@@ -286,7 +288,9 @@ def _apply_rule(v: pd.DataFrame, abstention: dict) -> np.ndarray:
     for kind in set(v["kind"]):
         rule = abstention.get("by_kind", {}).get(kind, abstention)
         at = (v["kind"] == kind).to_numpy()
-        out[at] = _under_rule(v[at], rule["min_margin"], rule["fallback"])[1]
+        rows = v[at]
+        out[at] = _under_rule(rows["margin"].to_numpy(float), rows["t_model"].to_numpy(float),
+                              rows[f"t_{rule['fallback']}"].to_numpy(float), rule["min_margin"])[1]
     return out
 
 
@@ -630,3 +634,11 @@ def fast_selectors() -> list[Selector]:
     regressor = XGBTimeRegressor(n_estimators=100, learning_rate=0.12)  # ficco evaluate: 300 at 0.08
     return [regressor, ShippedPolicy(regressor), Heuristic(tune_scenarios=150), SimulatorSelector(),
             AlwaysBaseline(), AlwaysShard(), Oracle()]
+
+
+def debug_selectors() -> list[Selector]:
+    """Every kind the pipeline runs, tiny (20 trees, an untuned heuristic): ``ficco
+    pipeline --debug`` checks that every stage runs, not how well."""
+    regressor = XGBTimeRegressor(n_estimators=20, learning_rate=0.3)
+    return [regressor, ShippedPolicy(regressor), Heuristic(tune=False), SimulatorSelector(), AlwaysBaseline(),
+            AlwaysShard(), Oracle()]

@@ -1,0 +1,52 @@
+"""What one training run is told: a typed, checked config instead of loose arguments.
+
+``TrainConfig`` is checked when it is made (``__post_init__``), so a wrong split or
+selector set fails before any data is built or any MLflow run opens, with an error that
+names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+from train.evaluate import SPLITS
+from train.selectors import Selector, all_selectors, debug_selectors, fast_selectors
+
+SELECTOR_SETS: dict[str, Callable[[], list[Selector]]] = {
+    "all": all_selectors, "fast": fast_selectors, "debug": debug_selectors}
+"""Named selector sets: ``all`` (``ficco evaluate``, ``ficco train``), ``fast`` (the
+pipeline's), ``debug`` (tiny models, for ``ficco pipeline --debug``)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    splits: tuple[str, ...] = SPLITS
+    """Hold-out splits to evaluate, from ``train.evaluate.SPLITS``; ``family`` and
+    ``hardware`` decide the promotion when present."""
+    selectors: str | Callable[[], list[Selector]] = "all"
+    """A named set (``SELECTOR_SETS``), or a factory of fresh selectors (tests, research)."""
+    out_dir: Path = Path("out/train")
+    """Where the tables, plots, report and summary go."""
+    progress: bool = True
+    """A progress bar over the evaluation's fits."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.splits, str) or not all(isinstance(s, str) for s in self.splits):
+            raise ValueError(f"TrainConfig.splits: a sequence of split names, got {self.splits!r}")
+        unknown = [s for s in self.splits if s not in SPLITS]
+        if unknown or not self.splits:
+            raise ValueError(f"TrainConfig.splits: unknown split {unknown[0] if unknown else '(none given)'!r} "
+                             f"(known: {', '.join(SPLITS)})")
+        object.__setattr__(self, "splits", tuple(self.splits))
+        if isinstance(self.selectors, str) and self.selectors not in SELECTOR_SETS:
+            raise ValueError(f"TrainConfig.selectors: unknown set {self.selectors!r} (known: {', '.join(SELECTOR_SETS)})")
+        if not isinstance(self.selectors, str) and not callable(self.selectors):
+            raise ValueError(f"TrainConfig.selectors: a set name or a factory, got {self.selectors!r}")
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+
+    def make_selectors(self) -> list[Selector]:
+        """Fresh selectors of this config's set."""
+        make = SELECTOR_SETS[self.selectors] if isinstance(self.selectors, str) else self.selectors
+        return make()
