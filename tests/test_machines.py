@@ -11,7 +11,8 @@ from data.simulate import simulate
 from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
 from train.evaluate import SPLITS, folds
-from train.selectors import XGBTimeRegressor, fit_unseen_hardware, usable
+from train.metrics import usable_rows
+from train.selectors import XGBTimeRegressor, fit_unseen_hardware
 
 PRESETS = ("h100-nvswitch", "mi300x-8")
 
@@ -73,7 +74,7 @@ def test_the_unseen_hardware_validation_holds_a_preset_out_with_its_samples(with
             fitted_on.append({base_machine(h) for h in set(df["hardware"])})
             return super().fit(df)
 
-    rule = fit_unseen_hardware(lambda: Spy(n_estimators=20), usable(with_samples),
+    rule = fit_unseen_hardware(lambda: Spy(n_estimators=20), usable_rows(with_samples),
                                {"min_margin": 0.0, "fallback": "heuristic"})
     assert sorted(map(sorted, fitted_on)) == [["h100-nvswitch"], ["mi300x-8"]]
     assert rule["validation"]["gpu"]["scenarios"] == with_samples["scenario_id"].nunique()

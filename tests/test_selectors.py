@@ -14,10 +14,9 @@ from ficco_select import Scenario, candidates
 from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import HeuristicParams, choose
 from train.evaluate import SPLITS, evaluate, folds, tables
-from train.metrics import score
+from train.metrics import score, usable_rows
 from train.selectors import (SLOWDOWN_CAP, AlwaysBaseline, Heuristic, Oracle, ShippedPolicy, SimulatorSelector,
-                             XGBRanker, XGBTimeRegressor, all_selectors, fit_abstention, fit_unseen_hardware,
-                             usable)
+                             XGBRanker, XGBTimeRegressor, all_selectors, fit_abstention, fit_unseen_hardware)
 
 MODELS = ["llama3-8b", "mixtral-8x7b", "gpt3-175b"]
 
@@ -101,7 +100,7 @@ def test_folds_never_leak_a_test_scenario_into_training(small, split):
 
 def test_every_selector_fits_predicts_legal_schedules_deterministically(small):
     train, test = small[small["hardware"] == "mi300x-8"], small[small["hardware"] == "h100-nvswitch"]
-    legal = usable(test).groupby("scenario_id")["schedule"].agg(set)
+    legal = usable_rows(test).groupby("scenario_id")["schedule"].agg(set)
     for make in [type(s) for s in all_selectors()]:
         first = make().fit(train).predict(test)
         assert set(first) == set(legal.index), make.__name__
@@ -110,7 +109,7 @@ def test_every_selector_fits_predicts_legal_schedules_deterministically(small):
 
 
 def test_learned_selectors_beat_always_baseline_in_distribution(small):
-    rows = usable(small)
+    rows = usable_rows(small)
     ids = sorted(set(rows["scenario_id"]))
     train = rows[rows["scenario_id"].isin(ids[::2])]
     test = rows[rows["scenario_id"].isin(ids[1::2])]
@@ -140,19 +139,19 @@ def test_the_simulator_selector_is_the_ceiling_on_sim_rows_and_calibrates_on_the
     assert score(test, sim.predict(test))["near_opt_2"] == 1.0
     # Measured rows: calibrated on the training fold only; the test fold's times are never read.
     cpu = read_dataset(Path(__file__).parents[1] / "data" / "measured" / "cpu_catalog.parquet")
-    ids = sorted(set(usable(cpu)["scenario_id"]))[:80]
+    ids = sorted(set(usable_rows(cpu)["scenario_id"]))[:80]
     train, test = cpu[cpu["scenario_id"].isin(ids[:60])], cpu[cpu["scenario_id"].isin(ids[60:])]
     sim = SimulatorSelector().fit(train)
     assert set(sim.specs_) == {"cpu"} and sim.specs_["cpu"].description == "calibrated on the training fold"
     chosen = sim.predict(test)
-    legal = usable(test).groupby("scenario_id")["schedule"].agg(set)
+    legal = usable_rows(test).groupby("scenario_id")["schedule"].agg(set)
     assert set(chosen) == set(legal.index) and all(chosen[sid] in legal[sid] for sid in chosen)
     shuffled = test.assign(time_s=np.random.default_rng(0).permutation(test["time_s"].to_numpy()))
     assert sim.predict(shuffled) == chosen
 
 
 def test_the_shipped_row_scores_the_runtime_policy_not_the_bare_model(small):
-    rows = usable(small)
+    rows = usable_rows(small)
     ids = sorted(set(rows["scenario_id"]))
     train, test = rows[rows["scenario_id"].isin(ids[::2])], rows[rows["scenario_id"].isin(ids[1::2])]
     bare = XGBRanker(n_estimators=40).fit(train).predict(test)
@@ -173,7 +172,7 @@ def test_the_shipped_row_scores_the_runtime_policy_not_the_bare_model(small):
 
 
 def test_the_abstention_rule_is_fitted_on_validation_folds_of_the_training_side_only(small):
-    rows = usable(small)
+    rows = usable_rows(small)
     ids = sorted(set(rows["scenario_id"]))
     train, test = rows[rows["scenario_id"].isin(ids[::2])], rows[rows["scenario_id"].isin(ids[1::2])]
     fitted_on = []
@@ -193,7 +192,7 @@ def test_the_abstention_rule_is_fitted_on_validation_folds_of_the_training_side_
 
 
 def test_the_shipped_policy_reuses_its_inner_fit_and_fits_the_unseen_hardware_rule_only_when_needed(small):
-    rows = usable(small)
+    rows = usable_rows(small)
     mi300x, h100 = rows[rows["hardware"] == "mi300x-8"], rows[rows["hardware"] == "h100-nvswitch"]
     fits = []
 
@@ -217,7 +216,7 @@ def test_the_shipped_policy_reuses_its_inner_fit_and_fits_the_unseen_hardware_ru
 
 
 def test_the_unseen_hardware_rule_holds_machines_out_of_the_fit_and_bounds_the_trained_specs(small):
-    rows = usable(small)
+    rows = usable_rows(small)
     fitted_on = []
 
     class Spy(XGBRanker):

@@ -22,8 +22,8 @@ from tqdm import tqdm
 
 from data.machines import base_machine, is_sampled
 from ficco_select.hardware import load_hardware
-from train.metrics import METRICS, comparison_table, score, true_times
-from train.selectors import Selector, all_selectors, usable, with_features
+from train.metrics import METRICS, comparison_table, score, true_times, usable_rows
+from train.selectors import Selector, all_selectors, with_features
 
 Fold = tuple[str, pd.Series, pd.Series]
 SPLITS = ("random", "family", "hardware", "topology", "world_size")
@@ -108,7 +108,7 @@ def _by_backend(df: pd.DataFrame, choices: dict[str, dict[str, str]]) -> dict:
 def choices_table(df: pd.DataFrame, results: dict) -> pd.DataFrame:
     """One row per (split, selector, scenario): chosen and best schedule, regret, and the
     scenario's tokens and compute/communication ratio (for the report's plots)."""
-    ok = usable(df)
+    ok = usable_rows(df)
     ok = ok.assign(time_s=true_times(ok))  # regret on the truth, as the tables score it
     best = ok.loc[ok.groupby("scenario_id")["time_s"].idxmin(),
                   ["scenario_id", "schedule", "time_s", "op", "m", "hardware", "group", "t_comp_s", "t_comm_s"]]

@@ -30,14 +30,9 @@ from ficco_select.schedule import BASELINE, SHARD
 from ficco_select.selector import DEFAULT_MIN_MARGIN, SPEC_RANGE_FIELDS, machine_kind, spec_value
 from ficco_select.selector import Selector as Runtime
 from ficco_select.trees import TreeEnsemble
-from train.metrics import capture_scorer, ceiling_choices, oracle_choices, true_times
+from train.metrics import capture_scorer, ceiling_choices, oracle_choices, true_times, usable_rows
 
 SEED = 0
-
-
-def usable(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows a selector may learn from or choose: measured and verified."""
-    return df[(df["status"] == "ok") & df["verified"]]
 
 
 def hardware_of(df: pd.DataFrame) -> dict[str, HardwareSpec]:
@@ -64,7 +59,7 @@ class AlwaysBaseline(Selector):
 
     def predict(self, df):
         # none.sm where the scenario has it, else the first none.* by name
-        nones = usable(df)[["scenario_id", "schedule"]]
+        nones = usable_rows(df)[["scenario_id", "schedule"]]
         nones = nones[nones["schedule"].str.startswith("none.")]
         nones = nones.assign(rank=nones["schedule"] != BASELINE.name).sort_values(["scenario_id", "rank", "schedule"])
         return dict(nones.drop_duplicates("scenario_id")[["scenario_id", "schedule"]].itertuples(index=False))
@@ -75,7 +70,7 @@ class AlwaysShard(Selector):
 
     def predict(self, df):
         out = {}
-        for sid, g in usable(df).groupby("scenario_id"):
+        for sid, g in usable_rows(df).groupby("scenario_id"):
             names = set(g["schedule"])
             out[sid] = SHARD.name if SHARD.name in names else BASELINE.name
         return out
@@ -111,7 +106,7 @@ class Heuristic(Selector):
     def fit(self, df):
         self.params_ = self.params or HeuristicParams()
         if self.tune:
-            ok = usable(df)
+            ok = usable_rows(df)
             ids = sorted(set(ok["scenario_id"]), key=lambda s: zlib.crc32(s.encode()))[: self.tune_scenarios]
             sample = ok[ok["scenario_id"].isin(ids)]
             capture, prepared = capture_scorer(sample), self._prepare(sample)
@@ -132,7 +127,7 @@ class Heuristic(Selector):
         The estimates depend on neither the thresholds nor the fold: made once per
         (scenario, spec) for every heuristic of the process (``_ESTIMATES``)."""
         hw = hardware_of(df)
-        ok = usable(df)
+        ok = usable_rows(df)
         legal = ok.groupby("scenario_id")["schedule"].agg(set)
         if len(_ESTIMATES) > 1 << 17:
             _ESTIMATES.clear()
@@ -170,7 +165,7 @@ class SimulatorSelector(Selector):
     name = "simulator"
 
     def fit(self, df):
-        ok = usable(df)
+        ok = usable_rows(df)
         self.specs_ = {}
         for hw, rows in ok[ok["backend"] != "sim"].groupby("hardware"):
             if rows["scenario_id"].nunique() >= 4:
@@ -179,7 +174,7 @@ class SimulatorSelector(Selector):
         return self
 
     def predict(self, df):
-        ok = usable(df)
+        ok = usable_rows(df)
         legal = ok.groupby("scenario_id")["schedule"].agg(set)
         out = {}
         for hw, rows in ok.groupby("hardware"):
@@ -195,7 +190,7 @@ class SimulatorSelector(Selector):
 
 def training_ranges(df: pd.DataFrame) -> dict:
     """Per scenario column, the range seen in training: the runtime abstains outside it."""
-    ok = usable(df)
+    ok = usable_rows(df)
     return {"m": [int(ok["m"].min()), int(ok["m"].max())], "n": [int(ok["n"].min()), int(ok["n"].max())],
             "k": [int(ok["k"].min()), int(ok["k"].max())],
             "world_size": [int(ok["world_size"].min()), int(ok["world_size"].max())],
@@ -235,7 +230,7 @@ def fit_abstention(make: Callable[[], Selector], df: pd.DataFrame, folds: int = 
     on one kind and guess on the other. Returns selector.json's ``abstention`` plus the
     validation figures.
     """
-    ok = usable(df)
+    ok = usable_rows(df)
     key = ok["group"] if ok["group"].nunique() >= folds else ok["scenario_id"]
     # Dealt round-robin in a fixed shuffled order, so that every fold gets some groups.
     order = sorted(set(key), key=lambda v: (zlib.crc32(str(v).encode()), str(v)))
@@ -310,7 +305,7 @@ def fit_unseen_hardware(make: Callable[[], Selector], df: pd.DataFrame, abstenti
     topology not trained on are let in (``any_topology``) only if a held-out machine's
     topology was new to its training half.
     """
-    ok = usable(df)
+    ok = usable_rows(df)
     specs = {h: load_hardware(h) for h in sorted(set(ok["hardware"]), key=lambda h: zlib.crc32(h.encode()))}
     rule: dict = {"decide": "heuristic", "kinds": {}, "validation": {}}
     for kind in sorted({machine_kind(hw) for hw in specs.values()}):
@@ -430,7 +425,7 @@ class ShippedPolicy(Selector):
         return self
 
     def predict(self, df):
-        ok = usable(df)
+        ok = usable_rows(df)
         if "unseen_hardware" not in self.meta_ and not set(ok["hardware"]) <= set(self._train["hardware"]):
             # Computed when first needed (it fits two more models); decisions on trained
             # machines do not depend on it, so this equals fitting it eagerly.
@@ -456,7 +451,7 @@ def with_features(df: pd.DataFrame) -> pd.DataFrame:
     An evaluation fits every selector on every fold; computed once here, each fit and
     prediction slices them instead of computing them again.
     """
-    ok = usable(df).reset_index(drop=True)
+    ok = usable_rows(df).reset_index(drop=True)
     if set(FEATURE_COLUMNS) <= set(ok.columns):
         return ok
     X = _feature_matrix(ok)
@@ -471,7 +466,7 @@ def _feature_matrix(ok: pd.DataFrame) -> np.ndarray:
 
 def _pairs(df: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     """The usable rows and their feature matrix (precomputed by ``with_features`` if it ran)."""
-    ok = usable(df).reset_index(drop=True)
+    ok = usable_rows(df).reset_index(drop=True)
     if set(FEATURE_COLUMNS) <= set(ok.columns):
         return ok, ok[list(FEATURE_COLUMNS)].to_numpy(float)
     return ok, _feature_matrix(ok)
