@@ -28,7 +28,7 @@ from scipy.stats import kendalltau
 
 from data.simulate import build_rows, predict, simulate_rows
 from ficco_select.hardware import HardwareSpec
-from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
+from ficco_select.scenario import DTYPES, SCENARIO_COLUMNS, Scenario
 
 
 def _per_scenario(df: pd.DataFrame) -> pd.DataFrame:
@@ -64,7 +64,7 @@ def calibrate(df: pd.DataFrame, *, name: str, devices: int, description: str = "
     peak.setdefault("float32", max(peak.values()))
 
     ring = np.isin(op, ["ag_gemm", "gemm_rs"])
-    row_bytes = np.where(op == "ag_gemm", k, n) * s["dtype"].map({"float32": 4, "bfloat16": 2, "float16": 2}).to_numpy()
+    row_bytes = np.where(op == "ag_gemm", k, n) * s["dtype"].map(DTYPES).to_numpy()
     shard_bytes = m / P * row_bytes
     steps = P - 1
     t_comm = s["t_comm_s"].to_numpy(float) / share

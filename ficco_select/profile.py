@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 
 from ficco_select.hardware import HardwareError, HardwareSpec, spec_as_dict, spec_from_dict
+from ficco_select.scenario import DTYPES
 
 SCHEMA = "ficco-gpu-profile"
 """Value of the profile's ``schema`` field."""
 SCHEMA_VERSION = 1
 """The one ``schema_version`` this code reads and writes."""
-DTYPES = ("float32", "bfloat16", "float16")
 
 # Fitted fields: name -> (kind, meaning with units). Kinds: "dtype_map" (dtype -> positive
 # number), "shape_map" (dtype -> [m, n, k]), "nonneg", "positive", "slowdown" (a fraction
@@ -236,7 +236,7 @@ def spec_overrides(profile: GpuProfile | Mapping[str, Any], base: HardwareSpec) 
         for dtype in measured:
             m, n, k = shapes[dtype]
             t_measured = 2.0 * m * n * k / (tflops[dtype] * 1e12)
-            raw[dtype] = _solve_efficiency(gemm_time, work, m, n, k, _DTYPE_BYTES[dtype],
+            raw[dtype] = _solve_efficiency(gemm_time, work, m, n, k, DTYPES[dtype],
                                            work.peak_tflops.get(dtype, work.peak_tflops["float32"]) * 1e12,
                                            t_measured)
         primary = next(d for d in ("bfloat16", "float16", "float32") if d in raw)
@@ -264,7 +264,6 @@ def spec_overrides(profile: GpuProfile | Mapping[str, Any], base: HardwareSpec) 
     return out
 
 
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _solve_efficiency(gemm_time, spec: HardwareSpec, m, n, k, dtype_bytes, peak_flops, t_measured) -> float:
@@ -312,7 +311,7 @@ def dil_vs_model(profile: GpuProfile, spec: HardwareSpec) -> list[dict[str, Any]
     for r in rows:
         try:
             m, n, k, d, dtype = int(r["m"]), int(r["n"]), int(r["k"]), int(r["d"]), str(r["dtype"])
-            b, peak = _DTYPE_BYTES[dtype], spec.peak_tflops.get(dtype, spec.peak_tflops["float32"]) * 1e12
+            b, peak = DTYPES[dtype], spec.peak_tflops.get(dtype, spec.peak_tflops["float32"]) * 1e12
             whole = float(gemm_time(spec, m, n, k, b, peak))
             # Pieces differ by at most one row/column; the model takes the mean piece.
             pm, pn = (m / d, n) if r["split"] == "m" else (m, n / d)
