@@ -79,7 +79,7 @@ def build_rows(scenarios: Sequence[Scenario], hw: HardwareSpec) -> dict[str, np.
     cols["_bytes"] = np.repeat(np.array([s.dtype_bytes for s in scenarios], dtype=float), counts)
     cols["_op"] = np.repeat(np.array([OP_CODES[s.op] for s in scenarios]), counts)
     cols["_gran"] = np.array([GRANULARITY_CODES[g] for g in cols["_gran"]], dtype=int)
-    peak = [hw.peak_tflops.get(s.dtype, hw.peak_tflops["float32"]) * 1e12 for s in scenarios]
+    peak = [hw.peak_of(s.dtype) * 1e12 for s in scenarios]
     cols["_peak"] = np.repeat(np.array(peak, dtype=float), counts)
     return cols
 

@@ -86,7 +86,7 @@ def pair_features(records: Sequence[Mapping], schedules: Sequence[str | Schedule
     imb = np.array([float(r.get("imbalance", 1.0) or 1.0) for r in records])
     b = np.array([DTYPES[r["dtype"]] for r in records], dtype=float)
     specs = [hardware[r["hardware"]] for r in records]
-    peak = np.array([hw.peak_tflops.get(r["dtype"], hw.peak_tflops["float32"]) * 1e12
+    peak = np.array([hw.peak_of(r["dtype"]) * 1e12
                      for hw, r in zip(specs, records)])
     is_ag, is_rs = op == "ag_gemm", op == "gemm_rs"
     hot = imb * m
@@ -238,7 +238,7 @@ def candidate_features(scenario: Scenario, schedules: Sequence[str | Schedule], 
     P = float(scenario.world_size)
     imb = float(scenario.imbalance or 1.0)
     b = float(DTYPES[scenario.dtype])
-    peak = hw.peak_tflops.get(scenario.dtype, hw.peak_tflops["float32"]) * 1e12
+    peak = hw.peak_of(scenario.dtype) * 1e12
     is_ag, is_rs = op == "ag_gemm", op == "gemm_rs"
     hot = imb * m
     M = m if is_ag or is_rs else hot

@@ -72,6 +72,11 @@ class HardwareSpec:
     dma_mem_contention: float
     """GEMM slowdown fraction per unit of memory bandwidth a ``dma`` transfer takes, in [0, 1]."""
 
+    def peak_of(self, dtype: str) -> float:
+        """Dense peak TFLOP/s of `dtype`, float32's where the spec gives none: the one rule the
+        simulator, the features, the heuristic and the runtime's range check read it by."""
+        return self.peak_tflops.get(dtype, self.peak_tflops["float32"])
+
     @property
     def engines(self) -> tuple[str, ...]:
         return ("sm", "dma") if self.copy_engines > 0 else ("sm",)

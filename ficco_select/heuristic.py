@@ -59,7 +59,7 @@ def backend_for(hw: HardwareSpec) -> str:
 def estimates(s: Scenario, hw: HardwareSpec) -> dict[str, float]:
     """Analytic T_comp, T_comm, ideal speedup, DIL per degree, piece transfer per degree."""
     P, b = s.world_size, s.dtype_bytes
-    peak = hw.peak_tflops.get(s.dtype, hw.peak_tflops["float32"]) * 1e12
+    peak = hw.peak_of(s.dtype) * 1e12
     if s.op == "ag_gemm":
         M, N, K, shard_bytes = s.m, s.n / P, s.k, s.m / P * s.k * b
     elif s.op == "gemm_rs":

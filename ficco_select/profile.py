@@ -237,14 +237,14 @@ def spec_overrides(profile: GpuProfile | Mapping[str, Any], base: HardwareSpec) 
             m, n, k = shapes[dtype]
             t_measured = 2.0 * m * n * k / (tflops[dtype] * 1e12)
             raw[dtype] = _solve_efficiency(gemm_time, work, m, n, k, DTYPES[dtype],
-                                           work.peak_tflops.get(dtype, work.peak_tflops["float32"]) * 1e12,
+                                           work.peak_of(dtype) * 1e12,
                                            t_measured)
         primary = next(d for d in ("bfloat16", "float16", "float32") if d in raw)
         efficiency = min(raw[primary], 1.0)
         out["gemm_efficiency"] = round(efficiency, 6)
         peak = dict(base.peak_tflops)
         for dtype in measured:
-            published = base.peak_tflops.get(dtype, base.peak_tflops["float32"])
+            published = base.peak_of(dtype)
             peak[dtype] = round(published * raw[dtype] / efficiency, 3)
         if peak != base.peak_tflops:
             out["peak_tflops"] = peak
@@ -311,7 +311,7 @@ def dil_vs_model(profile: GpuProfile, spec: HardwareSpec) -> list[dict[str, Any]
     for r in rows:
         try:
             m, n, k, d, dtype = int(r["m"]), int(r["n"]), int(r["k"]), int(r["d"]), str(r["dtype"])
-            b, peak = DTYPES[dtype], spec.peak_tflops.get(dtype, spec.peak_tflops["float32"]) * 1e12
+            b, peak = DTYPES[dtype], spec.peak_of(dtype) * 1e12
             whole = float(gemm_time(spec, m, n, k, b, peak))
             # Pieces differ by at most one row/column; the model takes the mean piece.
             pm, pn = (m / d, n) if r["split"] == "m" else (m, n / d)

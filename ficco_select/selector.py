@@ -444,7 +444,7 @@ class Selector:
             if field.startswith("peak_tflops."):
                 if field != f"peak_tflops.{dtype}":
                     continue
-                value = hw.peak_tflops.get(dtype, hw.peak_tflops["float32"])  # as the features read it
+                value = hw.peak_of(dtype)  # as the features read it
             else:
                 value = spec_value(hw, field)
             if value is not None and not lo <= value <= hi:
