@@ -24,9 +24,9 @@ from torch import nn
 
 
 def rank_main(rank: int, args, tmp: str) -> None:
-    from ficco_select import torch_ops
-    from ficco_select.selector import Selector
-    from ficco_select.tp import ColumnParallelLinear, RowParallelLinear, install
+    from ficco_select.runtime import torch_ops
+    from ficco_select.runtime.selector import Selector
+    from ficco_select.runtime.tp import ColumnParallelLinear, RowParallelLinear, install
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // args.world_size))
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=args.world_size)
@@ -81,12 +81,12 @@ def rank_main(rank: int, args, tmp: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="An exported selector folder (default: the heuristic).")
+    ap.add_argument("--schedule", default="", help="Pin one schedule (default: the selector decides).")
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--model", help="An exported selector folder (default: the heuristic).")
-    ap.add_argument("--schedule", default="", help="Pin one schedule (default: the selector decides).")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ficco_select.executor.comm import P2PComm
-from ficco_select.executor.ops import build_operator
+from ficco_select.executor.operators import build_operator
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import parse
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from data.measure import summary_table
+from data.measure.sweep import summary_table
 from ficco_select import Scenario
-from ficco_select.executor.cpu import MeasureConfig, measure_spawned
+from data.measure.gloo import MeasureConfig, measure_spawned
 import pandas as pd
 
 SCENARIOS = [

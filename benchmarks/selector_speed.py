@@ -48,7 +48,7 @@ def main() -> None:
     from ficco_select.hardware import load_hardware
     from ficco_select.heuristic import backend_for
     from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
-    from ficco_select.selector import Selector
+    from ficco_select.runtime.selector import Selector
 
     sel = Selector.load(args.model)
     if sel.model is None:
@@ -89,7 +89,7 @@ def main() -> None:
     slice_ = np.array([miss_and_xgb(s, 100)[:4] for s in scenarios])
 
     # -- import + load ----------------------------------------------------------------------
-    code = ("import time, torch; t=time.perf_counter(); from ficco_select.selector import Selector; "
+    code = ("import time, torch; t=time.perf_counter(); from ficco_select.runtime.selector import Selector; "
             f"s=Selector.load({args.model!r}); print(time.perf_counter()-t)")
     loads = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
              for _ in range(3)]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -27,6 +28,7 @@ from scipy.optimize import minimize
 from scipy.stats import kendalltau
 
 from data.simulate import build_rows, predict, simulate_rows
+from ficco_select.costs import OP_CODES, rank_work
 from ficco_select.hardware import HardwareSpec
 from ficco_select.scenario import DTYPES, SCENARIO_COLUMNS, Scenario
 
@@ -47,10 +49,8 @@ def calibrate(df: pd.DataFrame, *, name: str, devices: int, description: str = "
     share = np.maximum(1.0, P / devices)
     m, n, k = (s[c].to_numpy(float) for c in ("m", "n", "k"))
     op = s["op"].to_numpy()
-    hot = np.where(op == "a2a_gemm", s["imbalance"].to_numpy(float) * m, 0)
-    M = np.where(op == "a2a_gemm", hot, m)
-    N = np.where(op == "ag_gemm", n / P, n)
-    K = np.where(op == "gemm_rs", k / P, k)
+    M, N, K, shard_rows, shard_cols = rank_work(s["op"].map(OP_CODES).to_numpy(), m, n, k, P,
+                                                s["imbalance"].to_numpy(float))
     flops = 2 * M * N * K
     t_comp = s["t_comp_s"].to_numpy(float) / share
 
@@ -64,8 +64,7 @@ def calibrate(df: pd.DataFrame, *, name: str, devices: int, description: str = "
     peak.setdefault("float32", max(peak.values()))
 
     ring = np.isin(op, ["ag_gemm", "gemm_rs"])
-    row_bytes = np.where(op == "ag_gemm", k, n) * s["dtype"].map(DTYPES).to_numpy()
-    shard_bytes = m / P * row_bytes
+    shard_bytes = shard_rows * (shard_cols * s["dtype"].map(DTYPES).to_numpy())
     steps = P - 1
     t_comm = s["t_comm_s"].to_numpy(float) / share
     lat, per_byte = _fit_line(shard_bytes[ring], t_comm[ring] / steps[ring])
@@ -199,3 +198,8 @@ def spec_yaml(spec: HardwareSpec, source: str) -> str:
 
 def _with_devices(spec: HardwareSpec, devices: int) -> HardwareSpec:
     return dataclasses.replace(spec, devices=devices)
+
+
+def write_spec(spec: HardwareSpec, out, made_by: str) -> None:
+    """Write `spec` as the YAML file `out`, headed by the command that made it."""
+    Path(out).write_text(spec_yaml(spec, made_by))

@@ -41,6 +41,7 @@ which ``Scenario.from_record`` ignores.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import math
 import os
@@ -81,65 +82,44 @@ class ModelConfig:
     False for the plain GELU MLPs of GPT-3 and BLOOM."""
     source: str
     """The public config the numbers come from (Hugging Face config.json or paper table)."""
+    note: str = ""
+    """How the numbers map onto the layers here, or whether they were cross-checked."""
 
     @property
     def is_moe(self) -> bool:
         return self.experts > 0
 
 
-def _hf(repo: str) -> str:
-    return f"https://huggingface.co/{repo}/blob/main/config.json"
+MODELS_CSV = Path(__file__).with_name("models.csv")
+"""The model table: one row per model, ``ModelConfig``'s fields as columns. The numbers are
+the published ones; ``source`` says where they come from and ``note`` how they map here
+or whether they were cross-checked."""
 
 
-# Numbers are the published ones; each entry's comment says where they come from and
-# whether they were cross-checked here.
-_MODEL_LIST: list[ModelConfig] = [
-    # hidden_size, intermediate_size, num_attention_heads, num_key_value_heads; head_dim =
-    # hidden/heads = 128. Same shapes in Llama-3.1-8B's config.
-    ModelConfig(name="llama3-8b", family="llama3", hidden=4096, intermediate=14336, heads=32,
-                kv_heads=8, head_dim=128, source=_hf("meta-llama/Meta-Llama-3-8B")),
-    ModelConfig(name="llama3-70b", family="llama3", hidden=8192, intermediate=28672, heads=64,
-                kv_heads=8, head_dim=128, source=_hf("meta-llama/Meta-Llama-3-70B")),
-    # Also Llama 3 paper (Grattafiori et al. 2024) Table 3: model dim 16384, FFN 53248.
-    ModelConfig(name="llama3.1-405b", family="llama3", hidden=16384, intermediate=53248, heads=128,
-                kv_heads=8, head_dim=128, source=_hf("meta-llama/Llama-3.1-405B")),
-    # d_model 12288, 96 heads of d_head 128 (Table 2.1); d_ff = 4 * d_model (Sec. 2.1, as
-    # in GPT-2). Plain GELU MLP, multi-head attention. No config.json exists.
-    ModelConfig(name="gpt3-175b", family="gpt3", hidden=12288, intermediate=49152, heads=96,
-                kv_heads=96, head_dim=128, gated_mlp=False,
-                source="Brown et al. 2020, Language Models are Few-Shot Learners, Table 2.1"),
-    # From memory of the config; not cross-checked here (same shapes as Mixtral's attention).
-    ModelConfig(name="mistral-7b", family="mistral", hidden=4096, intermediate=14336, heads=32,
-                kv_heads=8, head_dim=128, source=_hf("mistralai/Mistral-7B-v0.1")),
-    ModelConfig(name="qwen2.5-72b", family="qwen2.5", hidden=8192, intermediate=29568, heads=64,
-                kv_heads=8, head_dim=128, source=_hf("Qwen/Qwen2.5-72B")),
-    # head_dim 128 is explicit in the config, so heads*head_dim (4096) != hidden (4608).
-    ModelConfig(name="gemma2-27b", family="gemma2", hidden=4608, intermediate=36864, heads=32,
-                kv_heads=16, head_dim=128, source=_hf("google/gemma-2-27b")),
-    # 40 heads / 10 kv heads cross-checked; 5120 / 17920 from the config as remembered (the
-    # same shape appears in Phi-4's config).
-    ModelConfig(name="phi3-medium-14b", family="phi3", hidden=5120, intermediate=17920, heads=40,
-                kv_heads=10, head_dim=128, source=_hf("microsoft/Phi-3-medium-4k-instruct")),
-    ModelConfig(name="yi-34b", family="yi", hidden=7168, intermediate=20480, heads=56,
-                kv_heads=8, head_dim=128, source=_hf("01-ai/Yi-34B")),
-    # n_embed 14336, n_head 112 (head_dim 128); the MLP is dense_h_to_4h, 4 * hidden, GELU.
-    ModelConfig(name="bloom-176b", family="bloom", hidden=14336, intermediate=57344, heads=112,
-                kv_heads=112, head_dim=128, gated_mlp=False, source=_hf("bigscience/bloom")),
-    # MoE: every layer's MLP is 8 SwiGLU experts (intermediate_size 14336 is the expert
-    # width), top-2 routing; no dense MLP.
-    ModelConfig(name="mixtral-8x7b", family="mixtral", hidden=4096, intermediate=0, heads=32,
-                kv_heads=8, head_dim=128, experts=8, top_k=2, expert_intermediate=14336,
-                source=_hf("mistralai/Mixtral-8x7B-v0.1")),
-    # 256 routed experts (moe_intermediate_size 2048), 8 per token; the first 3 of 61 layers
-    # have a dense MLP of intermediate_size 18432. The shared expert is not mapped.
-    # Attention is MLA, approximated here as multi-head attention with 128 heads of 128
-    # (v_head_dim): attn_out (k = 128*128, n = 7168) is exact, but the real q/kv
-    # projections are low-rank (7168 -> 1536 / 576, then up to 128 x 192 / 128 x 256), so
-    # the qkv row stands in for them only roughly.
-    ModelConfig(name="deepseek-v3", family="deepseek-v3", hidden=7168, intermediate=18432,
-                heads=128, kv_heads=128, head_dim=128, experts=256, top_k=8,
-                expert_intermediate=2048, source=_hf("deepseek-ai/DeepSeek-V3")),
-]
+def read_models(path: Path = MODELS_CSV) -> list[ModelConfig]:
+    """The models of a table in ``models.csv``'s format; a bad cell is refused naming its
+    row (1-based, header excluded) and column."""
+    types = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
+    models = []
+    with open(path, newline="") as f:
+        for row, record in enumerate(csv.DictReader(f), start=1):
+            values = {}
+            for column, text in record.items():
+                try:
+                    if types[column] == "int":
+                        values[column] = int(text)
+                    elif types[column] == "bool":
+                        values[column] = {"True": True, "False": False}[text]
+                    else:
+                        values[column] = text
+                except (KeyError, ValueError):
+                    raise ValueError(f"{path}: row {row}, column {column!r}: cannot read {text!r} "
+                                     f"as {types.get(column, 'a known column')}") from None
+            models.append(ModelConfig(**values))
+    return models
+
+
+_MODEL_LIST = read_models()
 MODELS: dict[str, ModelConfig] = {m.name: m for m in _MODEL_LIST}
 
 # Tokens (batch x sequence) on one tensor-parallel group, per phase, at full scale. One or
@@ -190,19 +170,6 @@ def layer_shapes(cfg: ModelConfig) -> list[tuple[str, str, int, int]]:
     if cfg.is_moe:
         shapes.append(("moe_expert", "a2a_gemm", cfg.hidden, mlp_factor * cfg.expert_intermediate))
     return shapes
-
-
-def per_rank_gflop(scenario: Scenario) -> float:
-    """GFLOP of the GEMM on the busiest rank (the hot expert's rank for a2a_gemm)."""
-    P, m, n, k = scenario.world_size, scenario.m, scenario.n, scenario.k
-    if scenario.op == "ag_gemm":
-        flop = 2 * m * k * (n // P)
-    elif scenario.op == "gemm_rs":
-        flop = 2 * m * (k // P) * n
-    else:
-        # Same rounding as Scenario.token_counts: the hot expert gets round(imbalance * m).
-        flop = 2 * round(scenario.imbalance * m) * k * n
-    return flop / 1e9
 
 
 def _round_to(x: float, step: int) -> int:
@@ -281,7 +248,7 @@ def catalog(
                             }
                             scenario = Scenario.from_record(record)
                             if scale == "cpu":
-                                if per_rank_gflop(scenario) > CPU_MAX_GFLOP_PER_RANK:
+                                if scenario.busiest_rank_gflop() > CPU_MAX_GFLOP_PER_RANK:
                                     continue  # too slow to sweep on two cores
                                 if len(candidates(scenario, "cpu")) < 2:
                                     continue  # nothing to choose between
@@ -316,3 +283,17 @@ def write_catalog(path: str | Path, records: list[dict[str, Any]]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def catalog_to_file(scale: str, out, *, world_sizes: tuple[int, ...] | None, models: list[str] | None,
+                    dtype: str, hardware: str | None) -> dict[str, Any]:
+    """``ficco catalog``: write the catalog's scenario table to `out`; its summary (counts by
+    op, families, models). Raises ValueError, ScenarioError."""
+    records = catalog(scale, world_sizes=world_sizes, dtype=dtype, hardware=hardware, models=models)
+    write_catalog(out, records)
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r["op"]] = counts.get(r["op"], 0) + 1
+    return {"out": out, "scenarios": len(records), "by_op": counts,
+            "families": sorted({r["group"] for r in records}),
+            "models": sorted({r["model"] for r in records} & set(MODELS))}

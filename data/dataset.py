@@ -39,8 +39,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ficco_select import __version__
-from ficco_select.hardware import (HardwareError, load_hardware, preset_names, register_hardware, spec_as_dict,
-                                   spec_from_dict)
+from ficco_select.hardware import (
+    HardwareError,
+    load_hardware,
+    preset_names,
+    register_hardware,
+    spec_as_dict,
+    spec_from_dict,
+)
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario, ScenarioError
 from ficco_select.schedule import BACKENDS, ScheduleError, candidates, engines_on, hardware_problem, parse
 from ficco_select.signatures import SIGNATURE_COLUMNS

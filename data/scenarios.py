@@ -112,3 +112,14 @@ def read_scenarios(path: str | Path, *, backend: str | None = None, hardware: st
         seen[s.scenario_id] = i
         scenarios.append(s)
     return scenarios
+
+
+def read_rows(path) -> list[dict]:
+    """The raw rows of the scenario table `path`, unvalidated (``ficco select`` decides each,
+    bad ones included); refuses a file that lacks a required column (the wrong file, not a
+    bad row: every row would silently fall back). Raises ScenarioError."""
+    table = read_table(path)
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
+    if missing:
+        raise ScenarioError(f"{path}: column '{missing[0]}' is missing (need {', '.join(REQUIRED_COLUMNS)})")
+    return table.to_dict("records")

@@ -31,12 +31,13 @@ import numpy as np
 import pandas as pd
 
 from data.dataset import provenance
-from ficco_select.costs import (GRANULARITY_CODES, OP_CODES, contended as _contended, gemm_time, schedule_times,
-                                transfer_time)
-from ficco_select.hardware import HardwareSpec
+from ficco_select.costs import GRANULARITY_CODES, OP_CODES, gemm_time, schedule_times, transfer_time
+from ficco_select.costs import contended as _contended
+from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import candidates
-from ficco_select.signatures import SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES
+from ficco_select.signatures import SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES, signature
+
 
 @functools.lru_cache(maxsize=4096)
 def _schedule_table(op: str, P: int, extent_m: int, extent_n: int, dtype: str, dma: bool) -> tuple:
@@ -74,8 +75,6 @@ def build_rows(scenarios: Sequence[Scenario], hw: HardwareSpec) -> dict[str, np.
     for name, i in (("schedule", 0), ("_gran", 1), ("_d", 2), ("_a2a", 3), ("_per_step", 4),
                     ("_split_n", 5), ("_dma", 6)):
         cols[name] = np.concatenate([t[i] for t in tables]) if tables else np.array([])
-    # a2a_gemm: the busiest expert decides the time
-    cols["_hot"] = np.where(cols["op"] == "a2a_gemm", cols["imbalance"] * cols["m"], 0.0)
     cols["_bytes"] = np.repeat(np.array([s.dtype_bytes for s in scenarios], dtype=float), counts)
     cols["_op"] = np.repeat(np.array([OP_CODES[s.op] for s in scenarios]), counts)
     cols["_gran"] = np.array([GRANULARITY_CODES[g] for g in cols["_gran"]], dtype=int)
@@ -96,8 +95,8 @@ def predict(cols: dict[str, np.ndarray], hw: HardwareSpec) -> dict[str, np.ndarr
     """The model on column arrays (one entry per (scenario, schedule)): time and signatures."""
     P = cols["world_size"].astype(float)
     t = schedule_times(hw, op=cols["_op"], m=cols["m"].astype(float), n=cols["n"].astype(float),
-                       k=cols["k"].astype(float), P=P, hot=cols["_hot"].astype(float), dtype_bytes=cols["_bytes"],
-                       peak=cols["_peak"], gran=cols["_gran"], degree=cols["_d"], a2a=cols["_a2a"],
+                       k=cols["k"].astype(float), P=P, imbalance=cols["imbalance"].astype(float),
+                       dtype_bytes=cols["_bytes"], peak=cols["_peak"], gran=cols["_gran"], degree=cols["_d"], a2a=cols["_a2a"],
                        per_step=cols["_per_step"], split_n=cols["_split_n"], dma=cols["_dma"])
     g_whole, t_comm_whole = t["t_comp_s"], t["t_comm_s"]
     sig = _signatures(hw, t["M"], t["N"], t["K"], t["shard_rows"], t["shard_cols"], cols["_bytes"], cols["_peak"],
@@ -105,30 +104,26 @@ def predict(cols: dict[str, np.ndarray], hw: HardwareSpec) -> dict[str, np.ndarr
     # More ranks than devices (the cpu backend's 4 ranks on 2 cores) time-share them.
     share = np.maximum(1.0, P / hw.devices)
     time, g_whole, t_comm_whole = t["time_s"] * share, g_whole * share, t_comm_whole * share
-    return {
-        "time_s": time,
-        "t_comp_s": g_whole,
-        "t_comm_s": t_comm_whole,
-        "ideal_speedup": (g_whole + t_comm_whole) / np.maximum(g_whole, t_comm_whole),
-        **sig,
-    }
+    # The ratios stand (both times stretch alike); the times and their ideal speedup are shared ones.
+    return {"time_s": time, **sig, "t_comp_s": g_whole, "t_comm_s": t_comm_whole,
+            "ideal_speedup": (g_whole + t_comm_whole) / np.maximum(g_whole, t_comm_whole)}
 
 
 def _signatures(hw, M, N, K, shard_rows, shard_cols, b, peak, P, g_whole, t_comm):
-    """DIL and chunking loss of the ring schedule at each granularity, CIL per engine."""
-    sig = {}
+    """The signature columns on one device per rank: the ring schedule's GEMM pieces and
+    transfers alone at each granularity (NaN where its pieces would be empty), the GEMM
+    beside a transfer (the ``sm`` transfer's share of the compute units)."""
+    ring_comp, ring_comm = {}, {}
     for g in SIGNATURE_GRANULARITIES:
         d = P if g == "dP" else (1.0 if g == "shard" else float(g[1:]))
         pieces = P * d
         legal = shard_rows >= d
-        dil = pieces * gemm_time(hw, M / pieces, N, K, b, peak) / g_whole - 1
-        chunk = (P - 1) * d * transfer_time(hw, shard_rows / d * shard_cols * b, 1, False, P) / t_comm - 1
-        sig[f"dil_{g}"] = np.where(legal, dil, np.nan)
-        sig[f"chunk_loss_{g}"] = np.where(legal, chunk, np.nan)
-    sig["cil_gemm_sm"] = np.full(len(M), 1 / (1 - hw.sm_comm_units) - 1)
-    pair = np.maximum(_contended(hw, g_whole, t_comm, False), t_comm)
-    sig["cil_overlap_sm"] = pair / np.maximum(g_whole, t_comm) - 1
-    return sig
+        ring_comp[g] = np.where(legal, pieces * gemm_time(hw, M / pieces, N, K, b, peak), np.nan)
+        ring_comm[g] = np.where(legal, (P - 1) * d * transfer_time(hw, shard_rows / d * shard_cols * b, 1, False, P),
+                                np.nan)
+    return signature(t_comp=g_whole, t_comm=t_comm, t_pair=np.maximum(_contended(hw, g_whole, t_comm, False), t_comm),
+                     gemm_slowdown=np.full(len(M), 1 / (1 - hw.sm_comm_units)), ring_comp=ring_comp,
+                     ring_comm=ring_comm)
 
 
 def simulate(scenarios: Sequence[Scenario], hw: HardwareSpec, *, noise: float = 0.0, reps: int = 5,
@@ -163,3 +158,16 @@ def simulate(scenarios: Sequence[Scenario], hw: HardwareSpec, *, noise: float = 
     out = out.assign(**prov)
     order = [c for c in out.columns if c not in SIGNATURE_COLUMNS] + list(SIGNATURE_COLUMNS)
     return out[order].reset_index(drop=True)
+
+
+def simulate_table(path, *, hardware: str | None, noise: float, seed: int) -> tuple[pd.DataFrame, list[str]]:
+    """``ficco simulate``: every legal schedule of the table `path` simulated on its machines
+    (or `hardware`), one simulation per machine. Returns (rows, the machine names).
+    Raises ScenarioError, HardwareError, ValueError."""
+    from data.scenarios import read_scenarios
+
+    scenarios = read_scenarios(path, backend="sim", hardware=hardware)
+    names = sorted({s.hardware for s in scenarios})
+    frames = [simulate([s for s in scenarios if s.hardware == name], load_hardware(name), noise=noise, seed=seed)
+              for name in names]
+    return pd.concat(frames, ignore_index=True), names

@@ -1,4 +1,4 @@
-"""Telemetry lines (``ficco_select.telemetry``) -> labeled dataset rows (``data.dataset`` schema).
+"""Telemetry lines (``ficco_select.runtime.telemetry``) -> labeled dataset rows (``data.dataset`` schema).
 
 A job that records telemetry times the schedules it really ran, on every rank, every
 call. ``read_telemetry`` turns those lines into one dataset row per (scenario, schedule):
@@ -7,7 +7,7 @@ call. ``read_telemetry`` turns those lines into one dataset row per (scenario, s
   with fewer ranks than the (scenario, schedule)'s fullest call is dropped (a job killed
   mid-call: the missing rank may have been the slowest);
 - ``times_s`` are the calls' times in call order, ``time_s`` their median, ``time_spread``
-  their interquartile range / median (the harness's ``summarize``), ``attempts`` the
+  their interquartile range / median (``data.measure.config.summarize``), ``attempts`` the
   number of calls, ``noisy`` as in the harness;
 - ``verified`` is True only if at least one rank's check passed and none failed; a failed
   check makes the row ``status='failed'`` with the rank, call and relative error in
@@ -40,10 +40,11 @@ import numpy as np
 import pandas as pd
 
 from data.dataset import COLUMNS, SCHEMA_VERSION
-from ficco_select.executor.harness import SIGNATURE_COLUMNS, TimingPolicy, summarize
+from data.measure.config import TimingPolicy, summarize
+from ficco_select.runtime.telemetry import TELEMETRY_VERSION
 from ficco_select.scenario import REQUIRED_COLUMNS, SCENARIO_COLUMNS, Scenario, ScenarioError
 from ficco_select.schedule import BACKENDS, ScheduleError, is_legal, parse
-from ficco_select.telemetry import TELEMETRY_VERSION
+from ficco_select.signatures import SIGNATURE_COLUMNS
 
 log = logging.getLogger("data.telemetry")
 

@@ -23,9 +23,9 @@ from torch import nn
 
 
 def rank_main(rank: int, args, store: str) -> None:
-    from ficco_select import torch_ops
-    from ficco_select.selector import Selector
-    from ficco_select.tp import ColumnParallelLinear, RowParallelLinear, install
+    from ficco_select.runtime import torch_ops
+    from ficco_select.runtime.selector import Selector
+    from ficco_select.runtime.tp import ColumnParallelLinear, RowParallelLinear, install
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // args.world_size))
     dist.init_process_group("gloo", init_method=f"file://{store}/store", rank=rank, world_size=args.world_size)

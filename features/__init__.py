@@ -3,8 +3,15 @@
 Plain records and NumPy arrays only (no pandas): the runtime selector imports this.
 """
 
-from features.build import (FEATURE_NAMES, FEATURE_SCHEMA_VERSION, SCENARIO_FEATURES, SCHEDULE_FEATURES,
-                            feature_schema_hash, pair_features, schedule_axes)
+from features.build import (
+    FEATURE_NAMES,
+    FEATURE_SCHEMA_VERSION,
+    SCENARIO_FEATURES,
+    SCHEDULE_FEATURES,
+    feature_schema_hash,
+    pair_features,
+    schedule_axes,
+)
 
 __all__ = ["FEATURE_NAMES", "FEATURE_SCHEMA_HASH", "FEATURE_SCHEMA_VERSION", "SCENARIO_FEATURES",
            "SCHEDULE_FEATURES", "feature_schema_hash", "pair_features", "schedule_axes"]

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ficco_select.costs import GB, GRANULARITY_CODES, OP_CODES, US, gemm_time, schedule_times, transfer_time
+from ficco_select.costs import GB, GRANULARITY_CODES, OP_CODES, US, gemm_time, rank_work, schedule_times, transfer_time
 from ficco_select.hardware import TOPOLOGIES, HardwareSpec
 from ficco_select.scenario import DTYPES, OPS, Scenario
 from ficco_select.schedule import GRANULARITIES, Schedule, parse
@@ -88,14 +88,9 @@ def pair_features(records: Sequence[Mapping], schedules: Sequence[str | Schedule
     specs = [hardware[r["hardware"]] for r in records]
     peak = np.array([hw.peak_of(r["dtype"]) * 1e12
                      for hw, r in zip(specs, records)])
-    is_ag, is_rs = op == "ag_gemm", op == "gemm_rs"
-    hot = imb * m
-    M = np.where(is_ag | is_rs, m, hot)
-    N = np.where(is_ag, nn / P, nn)
-    K = np.where(is_rs, k / P, k)
-    shard_rows = np.where(is_ag | is_rs, m / P, hot / P)
-    row_elems = np.where(is_rs, nn, k)
-    shard_bytes = shard_rows * row_elems * b
+    op_code = np.array([OP_CODES[o] for o in op])
+    M, N, K, shard_rows, shard_cols = rank_work(op_code, m, nn, k, P, imb)
+    shard_bytes = shard_rows * shard_cols * b
     flops = 2 * M * N * K
     moved = (P - 1) * shard_bytes
 
@@ -149,13 +144,12 @@ def pair_features(records: Sequence[Mapping], schedules: Sequence[str | Schedule
         concurrent = np.where(axes["pattern_a2a"][sel] > 0, P[sel] - 1, 1)
         piece_comm[sel] = transfer_time(spec, piece_bytes[sel], concurrent, axes["engine_dma"][sel] > 0, P[sel])
     over_base, over_bound = np.empty(n), np.empty(n)
-    op_code = np.array([OP_CODES[o] for o in op])
     gran = np.select([axes[f"gran_{g}"] > 0 for g in GRANULARITY_CODES], list(GRANULARITY_CODES.values()))
     for spec in {id(s): s for s in specs}.values():
         sel = np.array([s is spec for s in specs])
         over_base[sel], over_bound[sel] = _whole_schedule(
             spec, op=op_code[sel], m=m[sel], n=nn[sel], k=k[sel], P=P[sel],
-            hot=np.where(op_code[sel] == OP_CODES["a2a_gemm"], hot[sel], 0.0), dtype_bytes=b[sel], peak=peak[sel],
+            imbalance=imb[sel], dtype_bytes=b[sel], peak=peak[sel],
             gran=gran[sel], degree=axes["degree"][sel], a2a=axes["pattern_a2a"][sel] > 0,
             per_step=axes["gemm_per_step"][sel] > 0, split_n=axes["split_n"][sel] > 0,
             dma=axes["engine_dma"][sel] > 0)
@@ -239,13 +233,8 @@ def candidate_features(scenario: Scenario, schedules: Sequence[str | Schedule], 
     imb = float(scenario.imbalance or 1.0)
     b = float(DTYPES[scenario.dtype])
     peak = hw.peak_of(scenario.dtype) * 1e12
-    is_ag, is_rs = op == "ag_gemm", op == "gemm_rs"
-    hot = imb * m
-    M = m if is_ag or is_rs else hot
-    N = nn / P if is_ag else nn
-    K = k / P if is_rs else k
-    shard_rows = m / P if is_ag or is_rs else hot / P
-    shard_bytes = shard_rows * (nn if is_rs else k) * b
+    M, N, K, shard_rows, shard_cols = (float(x) for x in rank_work(OP_CODES[op], m, nn, k, P, imb))
+    shard_bytes = shard_rows * shard_cols * b
     flops = 2 * M * N * K
     moved = (P - 1) * shard_bytes
 
@@ -283,7 +272,7 @@ def candidate_features(scenario: Scenario, schedules: Sequence[str | Schedule], 
     full = lambda v: np.full(n, v, dtype=float)  # noqa: E731 - the batch path's per-row arrays
     over_base, over_bound = _whole_schedule(
         hw, op=np.full(n, OP_CODES[op]), m=full(m), n=full(nn), k=full(k), P=full(P),
-        hot=full(hot if op == "a2a_gemm" else 0.0), dtype_bytes=full(b), peak=full(peak), gran=layout.gran,
+        imbalance=full(imb), dtype_bytes=full(b), peak=full(peak), gran=layout.gran,
         degree=layout.degree, a2a=layout.a2a, per_step=layout.per_step, split_n=layout.split_n, dma=layout.dma[4:])
     X[:, _WHOLE_AT] = np.column_stack((over_base, over_bound))
     return X

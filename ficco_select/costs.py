@@ -106,12 +106,32 @@ OP_CODES = {"ag_gemm": 0, "gemm_rs": 1, "a2a_gemm": 2}
 GRANULARITY_CODES = {"none": 0, "shard": 1, "ficco": 2}
 
 
-def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, hot, dtype_bytes, peak, gran, degree, a2a, per_step,
+def rank_work(op, m, n, k, P, imbalance):
+    """The busiest rank's whole GEMM and its shard of the collective, as the cost model sees them.
+
+    `op` an ``OP_CODES`` code; every argument a number or an array (element-wise).
+    Returns (M, N, K, shard_rows, shard_cols): the GEMM is (M, N, K); one shard (what one
+    rank sends one peer in the collective) is shard_rows rows of shard_cols elements.
+    - ``ag_gemm``:  GEMM (m, n/P, k); a shard is m/P rows of A (k wide).
+    - ``gemm_rs``:  GEMM (m, n, k/P); a shard is m/P rows of the partial output (n wide).
+    - ``a2a_gemm``: the hot expert's GEMM (imbalance * m, n, k); a shard is one source's
+      share of its tokens, imbalance * m / P rows (k wide).
+    Real numbers, no rounding (smooth costs for the heuristic, features, simulator and
+    calibration); the integer shapes the executor runs are ``Scenario.rank_gemms()``.
+    """
+    is_ag, is_rs = op == OP_CODES["ag_gemm"], op == OP_CODES["gemm_rs"]
+    M = np.where(is_ag | is_rs, m, imbalance * m)
+    N = np.where(is_ag, n / P, n)
+    K = np.where(is_rs, k / P, k)
+    return M, N, K, M / P, np.where(is_rs, n, k)
+
+
+def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_bytes, peak, gran, degree, a2a, per_step,
                    split_n, dma) -> dict[str, np.ndarray]:
     """The analytic time of whole schedules along their pipelines, one entry per
     (scenario, schedule); every argument an array (or a scalar) of that length.
 
-    `op`, `gran`: ``OP_CODES``, ``GRANULARITY_CODES``; `hot`: the busiest expert's rows
+    `op`, `gran`: ``OP_CODES``, ``GRANULARITY_CODES``; `imbalance`: max / mean expert load
     (a2a_gemm); `a2a`, `per_step`, `split_n`, `dma`: the schedule's axes as booleans.
     Returns ``time_s`` (the schedule), ``t_comp_s`` and ``t_comm_s`` (the whole GEMM and
     the whole collective, each alone), and the per-rank GEMM (``M``, ``N``, ``K``) and
@@ -121,13 +141,8 @@ def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, hot, dtype_bytes, peak, 
     """
     b = dtype_bytes
     d = degree
-    is_ag, is_rs, is_moe = op == 0, op == 1, op == 2
-    # Per-rank whole GEMM (M, N, K) and per-shard transfer bytes.
-    M_whole = np.select([is_ag, is_rs], [m, m], default=hot)
-    N_whole = np.select([is_ag, is_rs], [n / P, n], default=n)
-    K_whole = np.select([is_ag, is_rs], [k, k / P], default=k)
-    shard_rows = np.select([is_ag, is_rs], [m / P, m / P], default=hot / P)  # rows per shard / chunk
-    shard_cols = np.select([is_ag, is_rs], [k, n], default=k)                 # bytes per row / dtype
+    is_rs, is_moe = op == OP_CODES["gemm_rs"], op == OP_CODES["a2a_gemm"]
+    M_whole, N_whole, K_whole, shard_rows, shard_cols = rank_work(op, m, n, k, P, imbalance)
     g_whole = gemm_time(hw, M_whole, N_whole, K_whole, b, peak)
 
     # Baseline: the whole collective, then the GEMM. The collective uses the better of a

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ficco_select.costs import transfer_time, gemm_time
+from ficco_select.costs import OP_CODES, gemm_time, rank_work, transfer_time
 from ficco_select.hardware import HardwareSpec
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import BASELINE, SHARD, Schedule, degrees, is_legal
@@ -41,6 +41,8 @@ from ficco_select.schedule import BASELINE, SHARD, Schedule, degrees, is_legal
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HeuristicParams:
+    """The thresholds of rules 1, 2 and 5 (tuned on training data by ``train``)."""
+
     min_ideal: float = 1.1
     """Below this ideal overlap speedup, run the baseline."""
     max_dil: float = 0.15
@@ -60,13 +62,8 @@ def estimates(s: Scenario, hw: HardwareSpec) -> dict[str, float]:
     """Analytic T_comp, T_comm, ideal speedup, DIL per degree, piece transfer per degree."""
     P, b = s.world_size, s.dtype_bytes
     peak = hw.peak_of(s.dtype) * 1e12
-    if s.op == "ag_gemm":
-        M, N, K, shard_bytes = s.m, s.n / P, s.k, s.m / P * s.k * b
-    elif s.op == "gemm_rs":
-        M, N, K, shard_bytes = s.m, s.n, s.k / P, s.m / P * s.n * b
-    else:
-        hot = s.imbalance * s.m
-        M, N, K, shard_bytes = hot, s.n, s.k, hot / P * s.k * b
+    M, N, K, shard_rows, shard_cols = (float(x) for x in rank_work(OP_CODES[s.op], s.m, s.n, s.k, P, s.imbalance))
+    shard_bytes = shard_rows * shard_cols * b
     t_comp = float(gemm_time(hw, M, N, K, b, peak))
     ring = (P - 1) * float(transfer_time(hw, shard_bytes, 1, False, P))
     direct = float(transfer_time(hw, shard_bytes, P - 1, False, P))

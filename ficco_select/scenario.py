@@ -179,6 +179,26 @@ class Scenario:
                 counts[src][dst] = c
         return counts
 
+    # -- per-rank work --------------------------------------------------------------------
+    def rank_gemms(self) -> list[tuple[int, int, int]]:
+        """(M, N, K) of every rank's whole GEMM, as the executor runs it (integers).
+
+        ``ag_gemm`` (m, n/P, k) and ``gemm_rs`` (m, n, k/P) on every rank; ``a2a_gemm``
+        (tokens expert r receives, n, k) on rank r, from ``token_counts()``. The cost model's
+        smooth version (the busiest rank only, no rounding) is ``ficco_select.costs.rank_work``.
+        """
+        P = self.world_size
+        if self.op == "ag_gemm":
+            return [(self.m, self.n // P, self.k)] * P
+        if self.op == "gemm_rs":
+            return [(self.m, self.n, self.k // P)] * P
+        counts = self.token_counts()
+        return [(sum(row[r] for row in counts), self.n, self.k) for r in range(P)]
+
+    def busiest_rank_gflop(self) -> float:
+        """GFLOP of the largest per-rank GEMM (the hot expert's rank for ``a2a_gemm``)."""
+        return max(2 * M * N * K for M, N, K in self.rank_gemms()) / 1e9
+
 
 def _even_split(total: int, parts: int, rotate: int = 0) -> list[int]:
     """Split total into `parts` integers differing by at most one (extras rotate)."""

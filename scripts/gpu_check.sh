@@ -67,7 +67,7 @@ limit=$(( BUDGET_S + 30 < left ? BUDGET_S + 30 : left ))
 BUDGET_S=$(( limit - 30 ))
 if [ "$BUDGET_S" -lt 30 ]; then say "only ${left}s left of ${TOTAL_S}s: not measuring"; exit 2; fi
 say "measuring for up to ${BUDGET_S}s (profile.json is rewritten as sections finish)"
-timeout -k 10 "$limit" "$PY" -m ficco_select.executor.gpu_profile \
+timeout -k 10 "$limit" "$PY" -m data.gpu_profile.run \
     --out "$OUT_DIR" --budget-s "$BUDGET_S" 2>&1 | tee "$OUT_DIR/gpu_profile.log"
 rc=${PIPESTATUS[0]}
 case $rc in

@@ -10,7 +10,6 @@ from data.catalog import (
     CPU_MAX_GFLOP_PER_RANK,
     MODELS,
     catalog,
-    per_rank_gflop,
     write_catalog,
 )
 from data.scenarios import read_scenarios
@@ -77,7 +76,7 @@ def test_cpu_scale_size_ops_world_sizes_and_flop_cap(cpu_records):
     for r in cpu_records:
         s = Scenario.from_record(r)
         assert r["hardware"] == "cpu" and r["dtype"] == "float32"
-        assert per_rank_gflop(s) <= CPU_MAX_GFLOP_PER_RANK
+        assert s.busiest_rank_gflop() <= CPU_MAX_GFLOP_PER_RANK
         assert len(candidates(s, "cpu")) >= 2
         assert s.n % 8 == 0 and s.k % 8 == 0
         if s.op == "a2a_gemm":
@@ -154,3 +153,17 @@ def test_write_catalog_round_trips(tmp_path, cpu_records, suffix):
     assert list(table["model"]) == [r["model"] for r in cpu_records]
     assert list(table["layer"]) == [r["layer"] for r in cpu_records]
     assert list(tmp_path.joinpath("sub").iterdir()) == [path]  # no temp file left behind
+
+
+def test_the_model_table_is_read_with_its_types_and_a_bad_cell_is_named(tmp_path):
+    from data.catalog import MODELS_CSV, read_models
+
+    models = read_models()
+    assert [m.name for m in models] == list(MODELS) and MODELS["bloom-176b"].gated_mlp is False
+    assert MODELS["mixtral-8x7b"].experts == 8 and MODELS["mixtral-8x7b"].is_moe
+    lines = MODELS_CSV.read_text().splitlines()
+    lines[3] = lines[3].replace(",128,", ",12B,", 1)
+    bad = tmp_path / "models.csv"
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"row 3, column '(heads|head_dim)': cannot read '12B' as int"):
+        read_models(bad)

@@ -12,7 +12,7 @@ from data.compare import compare
 from data.dataset import attach_repeat, write_parquet_atomic
 from data.simulate import simulate
 from ficco_cli.main import main
-from ficco_select.executor.harness import best_labels
+from data.measure.harness import best_labels
 from ficco_select.hardware import load_hardware
 from ficco_select.scenario import Scenario
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from ficco_select import candidates
-from ficco_select.executor.cpu import MeasureConfig, MeasureError, background_progress_rank, measure_spawned
-from ficco_select.executor.ops import TOLERANCE, piece_bounds, relative_error
+from data.measure.gloo import MeasureConfig, MeasureError, background_progress_rank, measure_spawned
+from ficco_select.executor.operators import TOLERANCE, piece_bounds, relative_error
 from scenario_sets import correctness_set
 
 FAST = MeasureConfig(warmup=0, reps=5, timeout_s=60, max_remeasure=0)

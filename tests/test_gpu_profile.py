@@ -17,12 +17,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from data.gpu_profile import copies, gemm, realized, runner
+from data.gpu_profile import run as gp
+from data.gpu_profile.read import (KEPT_FIELDS, ProfileError, dil_vs_model, fit_latency_bw, profiled_spec,
+                                   read_profile, spec_overrides, validate_profile)
+from data.measure.loopback import LoopbackResult
 from ficco_cli.main import main
 from ficco_select.costs import gemm_time
-from ficco_select.executor import gpu_profile as gp
 from ficco_select.hardware import load_hardware, preset_for_device
-from ficco_select.profile import (KEPT_FIELDS, ProfileError, dil_vs_model, fit_latency_bw, profiled_spec,
-                                  read_profile, spec_overrides, validate_profile)
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import candidates
 
@@ -220,7 +222,7 @@ def run_py(*args, timeout=120):
 
 
 def test_profiler_help_works_without_cuda():
-    res = run_py("-m", "ficco_select.executor.gpu_profile", "--help")
+    res = run_py("-m", "data.gpu_profile.run", "--help")
     assert res.returncode == 0 and "--budget-s" in res.stdout
 
 
@@ -229,7 +231,7 @@ def test_profiler_exits_clearly_without_cuda(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: the profiler would run")
-    res = run_py("-m", "ficco_select.executor.gpu_profile", "--out", str(tmp_path / "o"), "--budget-s", "5")
+    res = run_py("-m", "data.gpu_profile.run", "--out", str(tmp_path / "o"), "--budget-s", "5")
     assert res.returncode == 2
     assert "no CUDA device" in res.stderr and "Nothing was measured" in res.stderr
 
@@ -251,9 +253,8 @@ def test_gpu_check_runs_every_file_that_holds_cuda_tests():
     assert marked and named == marked
 
 
-def test_sections_are_guarded_time_boxed_and_written(tmp_path, monkeypatch):
-    """A failing section is recorded and the next runs; a missing loopback is a skip; the file is valid."""
-    monkeypatch.setattr(gp, "GRACE_S", 0.5)
+def test_sections_are_guarded_time_boxed_and_written(tmp_path):
+    """A failing section is recorded and the next runs; a Skip is a skip; a hung one stops the run; the file is valid."""
 
     def ok(run, until):
         run.put("fitted", "dma_bw_gbps", value=100.0)
@@ -264,53 +265,50 @@ def test_sections_are_guarded_time_boxed_and_written(tmp_path, monkeypatch):
     def hang(run, until):
         time.sleep(5)
 
-    run = gp.Run(out=tmp_path, deadline=time.monotonic() + 30, state=dict(copy.deepcopy(EXAMPLE), fitted={}))
-    import ficco_select.executor
-
-    monkeypatch.setitem(sys.modules, "ficco_select.executor.loopback", None)  # import fails
-    monkeypatch.delattr(ficco_select.executor, "loopback", raising=False)  # even if imported before
-    sections = [gp.Section("a", 5, ok), gp.Section("b", 5, boom),
-                gp.Section("loopback_correctness", 5, gp.section_loopback_correctness),
-                gp.Section("c", 0.2, hang), gp.Section("d", 5, ok)]
-    assert gp.run_sections(run, sections, grace_s=0.5) is False
-    status = {k: v["status"] for k, v in run.state["sections"].items() if k in "a b c d loopback_correctness"}
-    assert status == {"a": "ok", "b": "error", "loopback_correctness": "skipped", "c": "timeout", "d": "skipped"}
+    run = runner.Run(out=tmp_path, deadline=time.monotonic() + 30, state=dict(copy.deepcopy(EXAMPLE), fitted={}),
+                     device="cpu")
+    sections = [runner.Section("a", 5, ok), runner.Section("b", 5, boom),
+                runner.Section("copy_h2d", 5, copies.section_copy_h2d),  # needs a GPU: raises Skip on cpu
+                runner.Section("c", 0.2, hang), runner.Section("d", 5, ok)]
+    assert runner.run_sections(run, sections, grace_s=0.5) is False
+    status = {k: v["status"] for k, v in run.state["sections"].items() if k in "a b c d copy_h2d"}
+    assert status == {"a": "ok", "b": "error", "copy_h2d": "skipped", "c": "timeout", "d": "skipped"}
     assert "kernel exploded" in run.state["sections"]["b"]["message"]
-    assert run.state["sections"]["loopback_correctness"]["message"].startswith("skipped: loopback not available")
+    assert run.state["sections"]["copy_h2d"]["message"] == "skipped: host-to-device copies need a GPU"
     profile = read_profile(tmp_path / "profile.json")  # partial, still a valid profile
     assert profile.fitted == {"dma_bw_gbps": 100.0}
 
 
 def test_budget_exhausted_skips(tmp_path):
-    run = gp.Run(out=tmp_path, deadline=time.monotonic() + 1, state=copy.deepcopy(EXAMPLE))
-    assert gp.run_sections(run, [gp.Section("a", 5, lambda r, u: None)]) is True
+    run = runner.Run(out=tmp_path, deadline=time.monotonic() + 1, state=copy.deepcopy(EXAMPLE))
+    assert runner.run_sections(run, [runner.Section("a", 5, lambda r, u: None)]) is True
     assert run.state["sections"]["a"] == {"status": "skipped", "message": "skipped: time budget exhausted"}
 
 
-def test_loopback_results_normalize_and_give_realized_fractions():
+def loopback_result(schedule, verified=True, rel_error=1e-3, times_s=(1.0,)):
+    return LoopbackResult(schedule=schedule, verified=verified, rel_error=rel_error, rank_errors=[rel_error],
+                          times_s=list(times_s))
+
+
+def test_realized_fractions_against_the_engines_baseline():
     s = Scenario(group="g", op="ag_gemm", m=64, n=64, k=32, dtype="bfloat16", world_size=4, hardware="h200-nvswitch")
     scheds = [x for x in candidates(s, "cuda") if x.engine == "dma"][:3]
     names = [x.name for x in scheds]
     assert names[0] == "none.dma"
-    # Three shapes run_loopback may return: keyed by schedule, aligned list, named entries.
-    by_key = {scheds[0]: {"verified": True, "rel_error": 1e-3, "times_s": [1.0, 1.0, 1.0]},
-              scheds[1]: {"verified": True, "rel_error": 2e-3, "times_s": [0.8, 0.8]},
-              scheds[2]: {"verified": False, "rel_error": 0.5, "times_s": [0.5]}}
-    aligned = list(by_key.values())
-    named = [dataclasses.make_dataclass("R", ["schedule", "verified", "rel_error", "times"])(
-        x, v["verified"], v["rel_error"], v["times_s"]) for x, v in by_key.items()]
-    for result in (by_key, aligned, named, {"results": aligned}):
-        norm = gp.normalize_loopback(result, scheds)
-        assert list(norm) == names and norm[names[2]]["verified"] is False
-        assert norm[names[1]]["times_s"] == [0.8, 0.8]
-    with pytest.raises(ValueError, match="2 results for 3"):
-        gp.normalize_loopback(aligned[:2], scheds)
-    rows = {r["schedule"]: r for r in gp.realized_fractions(gp.normalize_loopback(by_key, scheds), t_comp_s=0.6)}
+    results = {names[0]: loopback_result(scheds[0], times_s=[1.0, 1.0, 1.0]),
+               names[1]: loopback_result(scheds[1], rel_error=2e-3, times_s=[0.8, 0.8]),
+               names[2]: loopback_result(scheds[2], verified=False, rel_error=0.5, times_s=[0.5])}
+    rows = {r["schedule"]: r for r in realized.realized_fractions(results, t_comp_s=0.6)}
     assert names[2] not in rows  # a wrong result is never counted
     # T_comp 0.6, T_comm 1.0 - 0.6 = 0.4: ideal 1/0.6; realized 1/0.8 -> fraction 0.25/0.6667.
     r = rows[names[1]]
     assert r["ideal_from"] == "estimate" and r["ideal_speedup"] == pytest.approx(1 / 0.6, abs=1e-4)
+    assert r["realized_speedup"] == pytest.approx(1.25) and r["time_s"] == pytest.approx(0.8)
     assert r["realized_fraction"] == pytest.approx(0.25 / (1 / 0.6 - 1), abs=1e-3)
+    # Without T_comp there is no ideal to compare with; without its baseline a schedule has no row.
+    r = {x["schedule"]: x for x in realized.realized_fractions(results, t_comp_s=None)}[names[1]]
+    assert r["ideal_speedup"] is None and r["realized_fraction"] is None and r["ideal_from"] is None
+    assert realized.realized_fractions({names[1]: results[names[1]]}, t_comp_s=0.6) == []
 
 
 def test_best_by_engine_picks_each_engines_fastest_verified_schedule():
@@ -319,106 +317,107 @@ def test_best_by_engine_picks_each_engines_fastest_verified_schedule():
            {"schedule": "none.dma", "time_s": 1.0, "realized_speedup": 1.0, "realized_fraction": 0.0},
            {"schedule": "ficco.d2.ring.gemm_per_piece.m.dma", "time_s": 0.7, "realized_speedup": 1.43,
             "realized_fraction": 0.6}]
-    best = gp.best_by_engine(per)
+    best = realized.best_by_engine(per)
     assert best["sm"]["schedule"] == "shard.ring.sm" and best["dma"]["realized_fraction"] == 0.6
 
 
-def test_call_loopback_splits_by_engine_and_passes_supported_kwargs():
-    s = Scenario(group="g", op="gemm_rs", m=64, n=64, k=64, dtype="float32", world_size=2, hardware="h200-nvswitch")
-    scheds = candidates(s, "cuda")
+def test_correctness_records_failed_schedules_and_errors(tmp_path, monkeypatch):
+    """One wrong schedule fails its scenario; a scenario whose loopback raises is recorded and the next runs."""
+    specs = (dict(op="gemm_rs", m=24, n=8, k=12, dtype="float32", world_size=2),
+             dict(op="ag_gemm", m=36, n=8, k=12, dtype="float32", world_size=2))
+    monkeypatch.setattr(realized, "CORRECTNESS_SCENARIOS", specs)
     calls = []
 
-    def fake(scenario, schedules, *, device, engine, reps, warmup):
-        calls.append((engine, reps, warmup, device))
-        return [{"verified": True, "rel_error": 0.0, "times_s": [1e-3] * reps} for _ in schedules]
+    def fake_loopback(scenario, schedules, *, device, reps, warmup):
+        calls.append((scenario.op, device, reps, warmup))
+        if scenario.op == "gemm_rs":
+            raise RuntimeError("rank 1 hung")
+        return [loopback_result(x, verified=i != 1, rel_error=0.5 if i == 1 else 1e-6)
+                for i, x in enumerate(schedules)]
 
-    out = gp.call_loopback(fake, s, scheds, reps=2, warmup=1)
-    assert set(out) == {x.name for x in scheds}
-    assert sorted(c[0] for c in calls) == ["dma", "sm"] and calls[0][1:] == (2, 1, "cuda")
+    monkeypatch.setattr(realized, "run_loopback", fake_loopback)
+    run = runner.Run(out=tmp_path, deadline=time.monotonic() + 60, state=copy.deepcopy(EXAMPLE), device="cpu")
+    realized.section_loopback_correctness(run, time.monotonic() + 60)
+    assert calls == [("gemm_rs", "cpu", 1, 0), ("ag_gemm", "cpu", 1, 0)]
+    err, ok = run.state["loopback"]["correctness"]
+    assert err["error"] == "RuntimeError: rank 1 hung" and "verified" not in err
+    second = candidates(realized.scenario_for(specs[1], "h200-nvswitch"), "cuda")[1].name
+    assert ok["failed"] == [second] and ok["missing"] == [] and ok["verified"] == ok["schedules"] - 1
+    assert ok["max_rel_error"] == 0.5 and ok["per_schedule"][second] == [False, 0.5]
+    assert run.state["loopback"]["correctness_summary"] == {"scenarios": 2, "schedules": err["schedules"]
+                                                           + ok["schedules"], "all_verified": False}
 
-    def no_engine(scenario, schedules, *, reps, warmup):
-        return {x: {"verified": True, "rel_error": 0.0, "times_s": [1.0]} for x in schedules}
 
-    assert set(gp.call_loopback(no_engine, s, scheds, reps=1, warmup=0)) == {x.name for x in scheds}
-
-
-def test_rank_gemm_shapes_and_piece_bounds():
+def test_rank_gemms_time_every_ranks_whole_gemm():
     ag = Scenario(group="g", op="ag_gemm", m=64, n=32, k=16, dtype="bfloat16", world_size=4, hardware="x")
-    assert gp.rank_gemm_shapes(ag) == [(64, 8, 16)] * 4
+    assert ag.rank_gemms() == [(64, 8, 16)] * 4
     rs = Scenario(group="g", op="gemm_rs", m=64, n=32, k=16, dtype="bfloat16", world_size=4, hardware="x")
-    assert gp.rank_gemm_shapes(rs) == [(64, 32, 4)] * 4
-    a2a = Scenario(group="g", op="a2a_gemm", m=40, n=32, k=16, dtype="bfloat16", world_size=4, hardware="x",
+    assert rs.rank_gemms() == [(64, 32, 4)] * 4
+    a2a = Scenario(group="g", op="a2a_gemm", m=40, n=32, k=16, dtype="float32", world_size=4, hardware="x",
                    imbalance=2.0)
-    shapes = gp.rank_gemm_shapes(a2a)
+    shapes = a2a.rank_gemms()
     assert sum(m for m, _, _ in shapes) == 4 * 40 and shapes[0][0] == 80
-    assert gp.bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert realized._ranks_gemm_time(a2a, "cpu") > 0  # host clock on CPU: runs, says nothing about a GPU
 
 
 def test_shipped_scenarios_are_valid_and_have_candidates():
-    for spec in gp.CORRECTNESS_SCENARIOS + gp.REALIZED_SCENARIOS:
-        s = gp._scenario(spec, "h200-nvswitch")
+    for spec in realized.CORRECTNESS_SCENARIOS + realized.REALIZED_SCENARIOS:
+        s = realized.scenario_for(spec, "h200-nvswitch")
         assert len(candidates(s, "cuda")) > 2
-    assert len(gp.REALIZED_SCENARIOS) >= 6
+    assert len(realized.REALIZED_SCENARIOS) >= 6
     assert preset_for_device("NVIDIA H200") == "h200-nvswitch" and preset_for_device("Tesla T4") is None
     assert preset_for_device("AMD Instinct MI300X") == "mi300x-8"
-    assert gp.COPY_SIZES[0] == 4096 and gp.COPY_SIZES[-1] == 1 << 30
-
-
-def test_call_loopback_single_call_when_engine_is_optional():
-    s = Scenario(group="g", op="gemm_rs", m=64, n=64, k=64, dtype="float32", world_size=2, hardware="h200-nvswitch")
-    scheds = candidates(s, "cuda")
-    calls = []
-
-    def fake(scenario, schedules, *, device="cpu", engine=None, reps=5, warmup=1):
-        calls.append(engine)
-        return [{"schedule": x, "verified": True, "rel_error": 0.0, "times_s": [1.0]} for x in schedules]
-
-    assert len(gp.call_loopback(fake, s, scheds, reps=1, warmup=0)) == len(scheds) and calls == [None]
+    assert copies.COPY_SIZES[0] == 4096 and copies.COPY_SIZES[-1] == 1 << 30
 
 
 def test_loopback_sections_drive_the_real_loopback_on_cpu(tmp_path, monkeypatch):
     """The glue against the real run_loopback, on CPU threads: says nothing about a GPU."""
-    pytest.importorskip("ficco_select.executor.loopback")
-    monkeypatch.setattr(gp, "CORRECTNESS_SCENARIOS", (
+    monkeypatch.setattr(realized, "CORRECTNESS_SCENARIOS", (
         dict(op="ag_gemm", m=36, n=8, k=12, dtype="float32", world_size=2),))
-    monkeypatch.setattr(gp, "REALIZED_SCENARIOS", (
+    monkeypatch.setattr(realized, "REALIZED_SCENARIOS", (
         dict(op="gemm_rs", m=32, n=16, k=16, dtype="float32", world_size=2),))
-    run = gp.Run(out=tmp_path, deadline=time.monotonic() + 120, state=copy.deepcopy(EXAMPLE), device="cpu")
-    sections = [gp.Section("loopback_correctness", 60, gp.section_loopback_correctness),
-                gp.Section("loopback_realized", None, gp.section_loopback_realized)]
-    assert gp.run_sections(run, sections)
+    run = runner.Run(out=tmp_path, deadline=time.monotonic() + 120, state=copy.deepcopy(EXAMPLE), device="cpu")
+    sections = [runner.Section("loopback_correctness", 60, realized.section_loopback_correctness),
+                runner.Section("loopback_realized", None, realized.section_loopback_realized)]
+    assert runner.run_sections(run, sections)
     assert {k: run.state["sections"][k]["status"] for k in ("loopback_correctness", "loopback_realized")} == \
         {"loopback_correctness": "ok", "loopback_realized": "ok"}, run.state["sections"]
     lb = read_profile(tmp_path / "profile.json").data["loopback"]
     assert lb["correctness_summary"]["all_verified"], lb["correctness"]
     assert lb["correctness"][0]["verified"] == lb["correctness"][0]["schedules"] > 2
-    realized = lb["realized"][0]
-    assert "error" not in realized, realized
-    names = {r["schedule"] for r in realized["schedules"]}
-    assert {"none.sm", "none.dma"} <= names and realized["best"] in names
+    assert all(v is True and e < 1e-4 for v, e in lb["correctness"][0]["per_schedule"].values())
+    realized_row = lb["realized"][0]
+    assert "error" not in realized_row, realized_row
+    assert realized_row["t_comp_alone_s"] > 0 and realized_row["unverified"] == []
+    names = {r["schedule"] for r in realized_row["schedules"]}
+    assert {"none.sm", "none.dma"} <= names and realized_row["best"] in names
+    assert {r["ideal_from"] for r in realized_row["schedules"]} == {"estimate"}
 
 
 def test_every_section_dry_runs_on_cpu_into_a_valid_profile(tmp_path, monkeypatch):
     """The sections' logic on tiny CPU shapes (host clock, no streams): a dry run, not a measurement."""
-    monkeypatch.setattr(gp, "GEMM_PEAK_SHAPES", ((64, 64, 64), (96, 64, 32), (128, 64, 64)))
-    monkeypatch.setattr(gp, "DIL_SHAPES", ((64, 64, 64), (128, 96, 32)))
-    monkeypatch.setattr(gp, "COPY_SIZES", (4096, 16384, 65536))
-    monkeypatch.setattr(gp, "CIL_GEMM", (64, 64, 64))
-    monkeypatch.setattr(gp, "CIL_COPY_BYTES", 16384)
-    monkeypatch.setattr(gp, "CORRECTNESS_SCENARIOS", (dict(op="gemm_rs", m=24, n=8, k=12, dtype="float32", world_size=2),))
-    monkeypatch.setattr(gp, "REALIZED_SCENARIOS", (dict(op="ag_gemm", m=32, n=16, k=16, dtype="float32", world_size=2),))
+    monkeypatch.setattr(gemm, "GEMM_PEAK_SHAPES", ((64, 64, 64), (96, 64, 32), (128, 64, 64)))
+    monkeypatch.setattr(gemm, "DIL_SHAPES", ((64, 64, 64), (128, 96, 32)))
+    monkeypatch.setattr(copies, "COPY_SIZES", (4096, 16384, 65536))
+    monkeypatch.setattr(copies, "CIL_GEMM", (64, 64, 64))
+    monkeypatch.setattr(copies, "CIL_COPY_BYTES", 16384)
+    monkeypatch.setattr(realized, "CORRECTNESS_SCENARIOS",
+                        (dict(op="gemm_rs", m=24, n=8, k=12, dtype="float32", world_size=2),))
+    monkeypatch.setattr(realized, "REALIZED_SCENARIOS",
+                        (dict(op="ag_gemm", m=32, n=16, k=16, dtype="float32", world_size=2),))
     state = {key: value for key, value in copy.deepcopy(EXAMPLE).items() if key not in ("fitted", "measurements")}
     state.update(fitted={}, sections={})
-    run = gp.Run(out=tmp_path, deadline=time.monotonic() + 300, state=state, device="cpu",
-                 preset=load_hardware("h200-nvswitch"))
-    assert gp.run_sections(run, gp.SECTIONS)
+    run = runner.Run(out=tmp_path, deadline=time.monotonic() + 300, state=state, device="cpu",
+                     preset=load_hardware("h200-nvswitch"))
+    assert runner.run_sections(run, gp.SECTIONS)
     status = {k: v["status"] for k, v in run.state["sections"].items()}
     expected = {s.name: "ok" for s in gp.SECTIONS} | {"copy_h2d": "skipped"}
     assert status == expected, run.state["sections"]
     profile = read_profile(tmp_path / "profile.json")
     m = profile.data["measurements"]
-    assert len(m["dil"]) == 2 * len(gp.DIL_DEGREES) * 2 and {r["split"] for r in m["dil"]} == {"m", "n"}
-    assert [p["bytes"] for p in m["copy_dma"]] == list(gp.COPY_SIZES) == [p["bytes"] for p in m["copy_sm"]]
+    assert len(m["dil"]) == 2 * len(gemm.DIL_DEGREES) * 2 and {r["split"] for r in m["dil"]} == {"m", "n"}
+    assert [p["bytes"] for p in m["copy_dma"]] == list(copies.COPY_SIZES) == [p["bytes"] for p in m["copy_sm"]]
+    assert m["copy_functions"] == "ficco_select.executor.cuda.COPIES"
     assert set(profile.fitted) >= {"gemm_tflops", "gemm_efficiency", "gemm_shape", "gemm_call_us", "dma_latency_us",
                                    "dma_bw_gbps", "sm_copy_latency_us", "sm_copy_bw_gbps", "cil_gemm_dma",
                                    "cil_gemm_sm", "cil_copy_dma", "cil_copy_sm"}

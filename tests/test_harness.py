@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from data.dataset import SCHEMA_VERSION, DatasetError, info, read_dataset, validate, write_parquet_atomic
-from data.measure import measure
+from data.measure.sweep import measure
 from ficco_cli.main import main
 from ficco_select import Scenario
-from ficco_select.executor.cpu import MeasureConfig
-from ficco_select.executor.harness import SIGNATURE_COLUMNS
+from data.measure.gloo import MeasureConfig
+from data.measure.harness import SIGNATURE_COLUMNS
 
 
 def scenarios():

@@ -1,43 +1,71 @@
-"""The runtime package stays light: no pandas, scikit-learn, mlflow or downstream stages."""
+"""The import graph follows the data (each package's README says what it must not import).
+
+vocabulary (``ficco_select``) <- executor (``ficco_select.executor``) <- runtime
+(``ficco_select.runtime``); ``features`` sits between the vocabulary and the runtime;
+``data`` (measurement, datasets, simulator) and ``train`` use them. Each case imports in a
+fresh interpreter and lists what got loaded.
+"""
 
 import subprocess
 import sys
 
-FORBIDDEN = ["pandas", "sklearn", "mlflow", "xgboost", "data", "features", "train", "ficco_cli"]
+OFFLINE = {"pandas", "sklearn", "mlflow", "xgboost", "data", "train", "ficco_cli"}
 
 
-def loaded_after(statement: str) -> set[str]:
-    code = f"import sys; {statement}; print(' '.join(sorted(sys.modules)))"
+def loaded_after(code: str) -> set[str]:
+    code = f"import sys\n{code}\nprint(' '.join(sorted(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return set(out.split())
 
 
-def test_vocabulary_imports_no_torch_and_nothing_downstream():
-    mods = loaded_after("import ficco_select")
+def test_the_vocabulary_imports_no_torch_and_nothing_downstream():
+    mods = loaded_after("import ficco_select, ficco_select.costs, ficco_select.heuristic, ficco_select.signatures")
     assert "torch" not in mods
-    assert not mods & set(FORBIDDEN)
+    assert not mods & (OFFLINE | {"features", "ficco_select.executor", "ficco_select.runtime"})
 
 
-def test_executor_imports_nothing_downstream():
-    mods = loaded_after("import ficco_select.executor.cpu")
+def test_the_executor_imports_torch_and_no_runtime_or_offline_tool():
+    mods = loaded_after("import ficco_select.executor.operators, ficco_select.executor.peer")
     assert "torch" in mods
-    assert not mods & set(FORBIDDEN)
+    assert not mods & (OFFLINE | {"features", "ficco_select.runtime"})
 
 
-def test_features_and_heuristic_stay_light():
-    mods = loaded_after("import features, ficco_select.heuristic, ficco_select.hardware")
-    assert not mods & {"pandas", "sklearn", "mlflow", "xgboost", "torch", "data", "train"}
+def test_features_stay_light():
+    mods = loaded_after("import features")
+    assert not mods & (OFFLINE | {"torch", "ficco_select.executor", "ficco_select.runtime"})
 
 
-def test_framework_hooks_stay_light():
+def test_the_runtime_on_the_heuristic_path_stays_light():
     # What a training job imports: the ops, the hooks, the selector with a decision made.
-    mods = loaded_after("import ficco_select.tp, ficco_select.torch_ops; from ficco_select.selector import Selector; "
-                        "from ficco_select import Scenario; Selector().select(Scenario(group='g', op='ag_gemm', "
-                        "m=64, n=64, k=64, dtype='bfloat16', world_size=8, hardware='mi300x-8'))")
-    assert not mods & {"pandas", "sklearn", "mlflow", "xgboost", "data", "train", "ficco_cli"}
+    mods = loaded_after(
+        "import ficco_select.runtime.tp, ficco_select.runtime.torch_ops\n"
+        "from ficco_select.runtime.selector import Selector\n"
+        "from ficco_select import Scenario\n"
+        "d = Selector.load('/nonexistent').select(Scenario(group='g', op='ag_gemm', m=64, n=64, k=64,"
+        " dtype='bfloat16', world_size=8, hardware='mi300x-8'))\n"
+        "assert d.source == 'heuristic', d")
+    assert not mods & OFFLINE
+
+
+def test_the_runtime_on_the_model_path_stays_light(tmp_path):
+    from test_selector_runtime import RECORD, write_selector
+
+    folder = write_selector(tmp_path / "sel")
+    mods = loaded_after(
+        "from ficco_select.runtime.selector import Selector\n"
+        f"d = Selector.load({str(folder)!r}).select({RECORD!r})\n"
+        "assert d.source == 'model', d")
+    assert not mods & OFFLINE
+
+
+def test_measuring_loads_no_feature_or_training_code():
+    mods = loaded_after("import data.measure.sweep, data.gpu_profile.run")
+    assert "torch" in mods
+    assert not mods & {"features", "train", "ficco_cli", "sklearn", "mlflow", "xgboost", "ficco_select.runtime"}
 
 
 def test_reading_and_simulating_datasets_loads_no_torch():
     # Training reads Parquet and simulates; only measuring needs the executor.
-    mods = loaded_after("import data.dataset, data.simulate, data.machines, train.training_data")
-    assert "torch" not in mods and "ficco_select.executor" not in mods
+    mods = loaded_after("import data.dataset, data.simulate, data.calibrate, data.machines, data.telemetry, "
+                        "data.catalog, data.scenarios, train.training_data")
+    assert not mods & {"torch", "ficco_select.executor", "data.measure.harness", "ficco_select.runtime.selector"}

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="re
 REPO = Path(__file__).resolve().parents[1]
 
 LAUNCHER = """
-from ficco_select.executor.cpu import MeasureConfig, measure_spawned
+from data.measure.gloo import MeasureConfig, measure_spawned
 from ficco_select.scenario import Scenario
 
 shape = dict(op="ag_gemm", m=64, n=64, k=64, dtype="float32", world_size=2, hardware="cpu")

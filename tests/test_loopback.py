@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from ficco_select import Scenario, candidates
-from ficco_select.executor import loopback
+from data.measure import loopback
 from ficco_select.executor.cuda import COPIES, copy_dma, copy_sm
-from ficco_select.executor.loopback import (
+from data.measure.loopback import (
     HostLanes, LoopbackComm, LoopbackError, LoopbackTimeout, VirtualRanks, run_loopback,
 )
-from ficco_select.executor.ops import TOLERANCE
+from ficco_select.executor.operators import TOLERANCE
 from scenario_sets import correctness_set
 from ficco_select.schedule import BASELINE, SHARD
 

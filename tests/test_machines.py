@@ -12,7 +12,8 @@ from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
 from train.evaluate import SPLITS, folds
 from train.metrics import usable_rows
-from train.selectors import XGBTimeRegressor, fit_unseen_hardware
+from train.selectors import XGBTimeRegressor
+from train.shipped import fit_unseen_hardware
 
 PRESETS = ("h100-nvswitch", "mi300x-8")
 

@@ -16,12 +16,13 @@ import pandas as pd
 import pytest
 import torch
 
-import data.measure as measure_mod
+import data.measure.loopback_scenario as scenario_mod
 from data.dataset import SCHEMA_VERSION, read_dataset, validate
-from data.measure import loopback_rows, measure, parts_dir
-from ficco_select.executor.cpu import MeasureConfig
-from ficco_select.executor.harness import SIGNATURE_COLUMNS
-from ficco_select.executor.loopback import LoopbackError
+from data.measure.loopback_scenario import loopback_rows
+from data.measure.sweep import measure, parts_dir
+from data.measure.gloo import MeasureConfig
+from data.measure.harness import SIGNATURE_COLUMNS
+from data.measure.loopback import LoopbackError
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import candidates
 
@@ -85,14 +86,14 @@ def test_loopback_rows_signature_per_granularity():
 def test_a_failing_scenario_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     scenarios = tiny()[:3]
     bad = scenarios[1].scenario_id
-    real = measure_mod.run_loopback
+    real = scenario_mod.run_loopback
 
     def flaky(scenario, schedules, **kw):
         if scenario.scenario_id == bad:
             raise LoopbackError(f"scenario {bad}: rank 1 failed: injected")
         return real(scenario, schedules, **kw)
 
-    monkeypatch.setattr(measure_mod, "run_loopback", flaky)
+    monkeypatch.setattr(scenario_mod, "run_loopback", flaky)
     out = tmp_path / "d.parquet"
     df = measure(scenarios, backend="cpu", device="cpu", config=CONFIG, out=out, progress=False)
     sweep = df.attrs["sweep"]
@@ -106,9 +107,9 @@ def test_a_failing_scenario_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypa
 
 RUN_SWEEP = """
 import sys, time
-import data.measure as m
+import data.measure.sweep as m
 from data.scenarios import read_scenarios
-from ficco_select.executor.cpu import MeasureConfig
+from data.measure.gloo import MeasureConfig
 
 real, pause = m.loopback_rows, float(sys.argv[3])
 

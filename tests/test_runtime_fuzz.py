@@ -28,7 +28,7 @@ from ficco_select import Scenario
 from ficco_select.hardware import HardwareSpec, is_spec_path, load_hardware, spec_from_dict
 from ficco_select.heuristic import backend_for
 from ficco_select.schedule import BASELINE, Schedule, legal_candidates
-from ficco_select.selector import Decision, Selector
+from ficco_select.runtime.selector import Decision, Selector
 from test_selector_runtime import FULL_RANGES, PRESETS, preference_model, spec_dict, write_selector
 
 FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -263,10 +263,10 @@ def test_a_mutated_export_is_refused_with_one_warning(world, case, tmp_path, cap
     model, meta = valid_export(world)
     replaced = REFUSED[case](model, meta)
     folder = export(tmp_path / "sel", model, meta, meta_text=replaced)
-    with caplog.at_level(logging.WARNING, logger="ficco_select.selector"):
+    with caplog.at_level(logging.WARNING, logger="ficco_select.runtime.selector"):
         sel = Selector.load(folder)
     assert sel.model is None
-    assert len([r for r in caplog.records if r.name == "ficco_select.selector"]) == 1
+    assert len([r for r in caplog.records if r.name == "ficco_select.runtime.selector"]) == 1
     for raw in PROBES:
         assert check(sel, raw, world.model_specs).source != "model"
 

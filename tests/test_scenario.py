@@ -84,3 +84,23 @@ def test_cli_bad_input_writes_nothing(tmp_path):
     assert result.exit_code != 0
     assert "row 2, column 'n'" in result.output
     assert not out.exists() and list(tmp_path.iterdir()) == [path]
+
+
+def test_rank_gemms_are_the_executor_s_shapes_and_the_cost_model_s_busiest_rank():
+    from data.catalog import catalog
+    from ficco_select.costs import OP_CODES, rank_work
+
+    for r in catalog("full")[::5]:
+        s = Scenario.from_record(r)
+        gemms = s.rank_gemms()
+        assert len(gemms) == s.world_size and all(min(g) >= 0 for g in gemms)
+        M, N, K, shard_rows, shard_cols = (float(x) for x in rank_work(OP_CODES[s.op], s.m, s.n, s.k, s.world_size,
+                                                                        s.imbalance))
+        busiest = max(gemms, key=lambda g: g[0] * g[1] * g[2])
+        if s.op == "a2a_gemm":
+            assert sum(g[0] for g in gemms) == s.world_size * s.m  # every token reaches one expert
+            assert abs(busiest[0] - M) <= 0.5 and busiest[1:] == (N, K)  # the hot expert, rounded
+        else:
+            assert set(gemms) == {(M, N, K)}
+            assert shard_rows * s.world_size == s.m and shard_cols == (s.n if s.op == "gemm_rs" else s.k)
+        assert s.busiest_rank_gflop() == 2 * busiest[0] * busiest[1] * busiest[2] / 1e9

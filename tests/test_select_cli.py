@@ -14,8 +14,9 @@ from ficco_cli.main import main
 from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
 from ficco_select.schedule import BASELINE
-from ficco_select.selector import Selector
-from train.selectors import XGBTimeRegressor, training_ranges
+from ficco_select.runtime.selector import Selector
+from train.selectors import XGBTimeRegressor
+from train.shipped import training_ranges
 
 HEADER = "group,op,m,n,k,dtype,world_size,hardware,imbalance"
 MALFORMED = [  # (line, what is wrong)

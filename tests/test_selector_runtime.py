@@ -3,6 +3,7 @@ its caches; its model decisions equal scoring pair_features with XGBoost itself.
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,11 +12,11 @@ from hypothesis import strategies as st
 
 from features import FEATURE_NAMES
 from ficco_select import Scenario, candidates
-from ficco_select import selector as selector_module
+from ficco_select.runtime import selector as selector_module
 from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import backend_for
 from ficco_select.schedule import BACKENDS, BASELINE
-from ficco_select.selector import Selector
+from ficco_select.runtime.selector import Selector
 
 SEL = Selector.load("/nonexistent/selector/folder")  # heuristic only, after one warning
 
@@ -258,7 +259,7 @@ def spec_dict(name: str, **fields) -> dict:
 
 
 def warnings_of(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "ficco_select.selector" and r.levelname == "WARNING"]
+    return [r.getMessage() for r in caplog.records if r.name == "ficco_select.runtime.selector" and r.levelname == "WARNING"]
 
 
 def test_a_hand_made_selector_decides_with_its_model(tmp_path):
@@ -480,7 +481,7 @@ def test_a_spec_file_is_decided_under_the_machine_s_name(tmp_path):
 
 
 def test_the_exports_fitted_abstention_rule_decides_where_the_model_abstains(tmp_path):
-    # The rule fitted at training (train.selectors.fit_abstention) travels in selector.json.
+    # The rule fitted at training (train.shipped.fit_abstention) travels in selector.json.
     trusted = Selector.load(write_selector(tmp_path / "a", abstention={"min_margin": 0.0, "fallback": "baseline"}))
     d = trusted.select(RECORD)
     assert d.source == "model" and trusted.min_margin == 0.0
@@ -505,12 +506,12 @@ def test_the_exports_fitted_abstention_rule_decides_where_the_model_abstains(tmp
 
 
 def test_an_unseen_machine_inside_the_trained_spec_ranges_is_decided_by_the_model(tmp_path):
-    # The export's unseen_hardware rule (train.selectors.fit_unseen_hardware): fitted on
+    # The export's unseen_hardware rule (train.shipped.fit_unseen_hardware): fitted on
     # machines held out at training; mi300x-8 was not trained on, but its numbers lie
     # inside the trained machines' ranges (here: exactly on them).
     import yaml
 
-    from ficco_select.selector import SPEC_RANGE_FIELDS, spec_value
+    from ficco_select.runtime.scope import SPEC_RANGE_FIELDS, spec_value
 
     mi300x = load_hardware("mi300x-8")
     ranges = {f: [spec_value(mi300x, f)] * 2 for f in SPEC_RANGE_FIELDS}
@@ -548,7 +549,7 @@ def test_an_unseen_machine_is_held_to_the_peak_range_of_the_scenarios_dtype_only
     # The features read one peak, the scenario's dtype's (float32's where the spec has no
     # other): a machine whose fp32 rate lies outside the trained range is still inside for
     # a bfloat16 scenario.
-    from ficco_select.selector import SPEC_RANGE_FIELDS, spec_value
+    from ficco_select.runtime.scope import SPEC_RANGE_FIELDS, spec_value
 
     mi300x = load_hardware("mi300x-8")
     ranges = {f: [spec_value(mi300x, f)] * 2 for f in SPEC_RANGE_FIELDS}

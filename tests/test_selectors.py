@@ -15,8 +15,9 @@ from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import HeuristicParams, choose
 from train.evaluate import SPLITS, evaluate, folds, tables
 from train.metrics import score, usable_rows
-from train.selectors import (SLOWDOWN_CAP, AlwaysBaseline, Heuristic, Oracle, ShippedPolicy, SimulatorSelector,
-                             XGBRanker, XGBTimeRegressor, all_selectors, fit_abstention, fit_unseen_hardware)
+from train.selector_sets import all_selectors
+from train.selectors import AlwaysBaseline, Heuristic, Oracle, SimulatorSelector, XGBRanker, XGBTimeRegressor
+from train.shipped import SLOWDOWN_CAP, ShippedPolicy, fit_abstention, fit_unseen_hardware
 
 MODELS = ["llama3-8b", "mixtral-8x7b", "gpt3-175b"]
 

@@ -11,7 +11,7 @@ import pytest
 from data.dataset import COLUMNS, SCHEMA_VERSION, write_parquet_atomic
 from data.telemetry import TelemetryError, read_telemetry
 from ficco_select import Scenario
-from ficco_select.telemetry import Telemetry
+from ficco_select.runtime.telemetry import Telemetry
 from train.training_data import telemetry_training_rows
 
 SCENARIO = Scenario(group="tele", op="ag_gemm", m=64, n=32, k=16, dtype="float32", world_size=2, hardware="cpu")

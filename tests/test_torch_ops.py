@@ -21,10 +21,10 @@ import torch.distributed._symmetric_memory as symm_mem
 import torch.multiprocessing as mp
 from torch import nn
 
-from ficco_select import torch_ops
-from ficco_select.executor.ops import TOLERANCE, relative_error
+from ficco_select.runtime import torch_ops
+from ficco_select.executor.operators import TOLERANCE, relative_error
 from ficco_select.schedule import all_schedules
-from ficco_select.selector import Selector
+from ficco_select.runtime.selector import Selector
 
 
 def _entry(rank: int, fn, P: int, tmp: str) -> None:
@@ -348,7 +348,7 @@ def test_exploration_times_the_alternatives_training_needs(tmp_path):
 
 # -- the tensor-parallel MLP, hooked and unhooked --------------------------------------
 def check_tp_mlp(rank: int, P: int, tmp: Path) -> None:
-    from ficco_select.tp import ColumnParallelLinear, RowParallelLinear, install, parallelize
+    from ficco_select.runtime.tp import ColumnParallelLinear, RowParallelLinear, install, parallelize
 
     torch.manual_seed(0)  # the same full model and batch on every rank
     hidden, ffn, seq, batch = 12, 8 * P, 5 * P, 3
@@ -395,7 +395,7 @@ def test_tensor_parallel_mlp_same_hooked_and_unhooked(tmp_path):
 
 
 def test_parallelize_names_what_is_wrong_in_the_plan():
-    from ficco_select.tp import parallelize
+    from ficco_select.runtime.tp import parallelize
 
     model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
     with pytest.raises(ValueError, match=r"plan\['0'\]: 'diagonal' is not one of colwise, rowwise"):

@@ -15,7 +15,8 @@ from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
 from train.config import TrainConfig
 from train.run import ALIAS, EXPERIMENT, REGISTERED_MODEL, _maybe_promote, train
-from train.selectors import AlwaysBaseline, Heuristic, Oracle, ShippedPolicy, XGBRanker, XGBTimeRegressor
+from train.selectors import AlwaysBaseline, Heuristic, Oracle, XGBRanker, XGBTimeRegressor
+from train.shipped import ShippedPolicy
 
 
 def fast_selectors():
@@ -126,7 +127,7 @@ def test_pipeline_adds_new_hardware_rows_and_refuses_what_it_cannot_do(tmp_path)
 
 
 def test_export_then_the_runtime_selector_decides_without_raising(store, tmp_path, caplog):
-    from ficco_select.selector import Selector
+    from ficco_select.runtime.selector import Selector
     from train.export import export
 
     root, first, second = store
@@ -197,7 +198,8 @@ from ficco_select.hardware import load_hardware
 from train.export import export
 from train.config import TrainConfig
 from train.run import train
-from train.selectors import AlwaysBaseline, Heuristic, Oracle, ShippedPolicy, XGBRanker, XGBTimeRegressor
+from train.selectors import AlwaysBaseline, Heuristic, Oracle, XGBRanker, XGBTimeRegressor
+from train.shipped import ShippedPolicy
 recs = catalog("full", world_sizes=(2, 4, 8), hardware="mi300x-8", models=["llama3-8b", "mixtral-8x7b"])
 preset = simulate([Scenario.from_record(r) for r in recs], load_hardware("mi300x-8"), noise=0.03, seed=4)
 df = pd.concat([read_dataset("mine.parquet"), preset], ignore_index=True)

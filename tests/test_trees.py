@@ -8,7 +8,7 @@ import xgboost as xgb
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ficco_select.trees import TreeEnsemble
+from ficco_select.runtime.trees import TreeEnsemble
 
 
 def xgb_margins(booster: xgb.Booster, X: np.ndarray) -> np.ndarray:

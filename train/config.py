@@ -12,9 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from train.evaluate import SPLITS
-from train.selectors import Selector, all_selectors, debug_selectors, fast_selectors
+from train.selector_sets import all_selectors, debug_selectors, fast_selectors
+from train.selectors import BaseSelector
 
-SELECTOR_SETS: dict[str, Callable[[], list[Selector]]] = {
+SELECTOR_SETS: dict[str, Callable[[], list[BaseSelector]]] = {
     "all": all_selectors, "fast": fast_selectors, "debug": debug_selectors}
 """Named selector sets: ``all`` (``ficco evaluate``, ``ficco train``), ``fast`` (the
 pipeline's), ``debug`` (tiny models, for ``ficco pipeline --debug``)."""
@@ -25,7 +26,7 @@ class TrainConfig:
     splits: tuple[str, ...] = SPLITS
     """Hold-out splits to evaluate, from ``train.evaluate.SPLITS``; ``family`` and
     ``hardware`` decide the promotion when present."""
-    selectors: str | Callable[[], list[Selector]] = "all"
+    selectors: str | Callable[[], list[BaseSelector]] = "all"
     """A named set (``SELECTOR_SETS``), or a factory of fresh selectors (tests, research)."""
     out_dir: Path = Path("out/train")
     """Where the tables, plots, report and summary go."""
@@ -46,7 +47,7 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.selectors: a set name or a factory, got {self.selectors!r}")
         object.__setattr__(self, "out_dir", Path(self.out_dir))
 
-    def make_selectors(self) -> list[Selector]:
+    def make_selectors(self) -> list[BaseSelector]:
         """Fresh selectors of this config's set."""
         make = SELECTOR_SETS[self.selectors] if isinstance(self.selectors, str) else self.selectors
         return make()

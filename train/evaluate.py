@@ -23,7 +23,8 @@ from tqdm import tqdm
 from data.machines import base_machine, is_sampled
 from ficco_select.hardware import load_hardware
 from train.metrics import METRICS, comparison_table, score, true_times, usable_rows
-from train.selectors import Selector, all_selectors, with_features
+from train.selector_sets import all_selectors
+from train.selectors import BaseSelector, with_features
 
 Fold = tuple[str, pd.Series, pd.Series]
 SPLITS = ("random", "family", "hardware", "topology", "world_size")
@@ -58,7 +59,7 @@ def folds(df: pd.DataFrame, split: str) -> list[Fold]:
 
 
 def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
-             make_selectors: Callable[[], list[Selector]] = all_selectors, progress: bool = True) -> dict:
+             make_selectors: Callable[[], list[BaseSelector]] = all_selectors, progress: bool = True) -> dict:
     """For each split and fold: fit every selector on train, score on test.
 
     Returns {"splits": {split: {"mean": {selector: metrics}, "folds": {fold: {selector: metrics}},

@@ -1,6 +1,6 @@
 """Export a registered selector for the runtime: XGBoost JSON + selector.json in one folder.
 
-The runtime (``ficco_select.selector``) never talks to MLflow: this explicit step copies
+The runtime (``ficco_select.runtime.selector``) never talks to MLflow: this explicit step copies
 the model out of the registry once. The folder is written beside its destination and
 swapped in, so a reader sees the old export or the new one; a destination holding
 anything an export does not write is refused, never emptied.

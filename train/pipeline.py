@@ -33,9 +33,9 @@ def new_hardware_rows(backend: str, hardware: str | None, out_dir: Path, progres
             raise ValueError("--backend sim needs --hardware NAME|FILE (the machine to simulate)")
         return simulated(hardware)
     if backend == "cpu":
-        from data.measure import measure
+        from data.measure.gloo import MeasureConfig
+        from data.measure.sweep import measure
         from data.scenarios import packaged, read_scenarios
-        from ficco_select.executor.cpu import MeasureConfig
 
         scenarios = read_scenarios(packaged("catalog_cpu.csv"), backend="cpu")
         return measure(scenarios, config=MeasureConfig(), out=out_dir / "measured_cpu.parquet", progress=progress)

@@ -26,12 +26,12 @@ import pandas as pd
 
 from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from ficco_select import __version__
+from train.config import TrainConfig
 from train.evaluate import choices_table, evaluate, tables
 from train.metrics import format_table
 from train.report import write_report
-from train.config import TrainConfig
-from train.selectors import (Selector, ShippedPolicy, XGBRanker, XGBTimeRegressor, clone, fit_abstention,
-                             fit_unseen_hardware, runtime_meta, with_features)
+from train.selectors import BaseSelector, XGBRanker, XGBTimeRegressor, clone, with_features
+from train.shipped import ShippedPolicy, fit_abstention, fit_unseen_hardware, runtime_meta
 
 EXPERIMENT = "ficco-select"
 REGISTERED_MODEL = "ficco-selector"
@@ -118,7 +118,7 @@ def train(df: pd.DataFrame, config: TrainConfig | None = None, *, extra: pd.Data
                 "tables": {s: t.to_dict("index") for s, t in by_split.items()}, "text": text}
 
 
-def _candidate(selectors: list[Selector], by_split: dict, grouped: Sequence[str]) -> Selector:
+def _candidate(selectors: list[BaseSelector], by_split: dict, grouped: Sequence[str]) -> BaseSelector:
     """The learned selector to register (unfitted): the shipped policy's inner model if the
     evaluation scored one, else the exportable one with the best grouped hold-out capture."""
     for selector in selectors:
@@ -129,7 +129,7 @@ def _candidate(selectors: list[Selector], by_split: dict, grouped: Sequence[str]
                key=lambda s: np.mean([by_split[g].loc[s.name, "oracle_capture"] for g in grouped]))
 
 
-def _register(model: Selector, candidate: Selector, df: pd.DataFrame, digest: str, by_split: dict,
+def _register(model: BaseSelector, candidate: BaseSelector, df: pd.DataFrame, digest: str, by_split: dict,
               grouped: Sequence[str], row: str, run_id: str) -> str:
     """Log `model` (fitted `candidate`) with its runtime rules; tags carry the hold-out
     captures of `row`, the table row that scored what ships."""
@@ -174,3 +174,20 @@ def _maybe_promote(client, version: str, by_split: dict, grouped: Sequence[str],
                 return False
     client.set_registered_model_alias(REGISTERED_MODEL, ALIAS, version)
     return True
+
+
+def train_from_files(config: TrainConfig, datasets: Sequence[str], telemetry: Sequence[str]):
+    """``ficco train``: train on `datasets` (default: the default training data) plus the
+    telemetry files' rows; returns (train's summary, the telemetry rows or None).
+    Raises DatasetError, ValueError (a telemetry file that adds nothing)."""
+    from data.telemetry import read_telemetry
+    from train.training_data import load_training_data, telemetry_training_rows
+
+    df = load_training_data(datasets)
+    extra = None
+    if telemetry:
+        extra = telemetry_training_rows(read_telemetry(telemetry), df)
+        if extra.empty:
+            raise ValueError(f"{', '.join(telemetry)}: no telemetry scenario has a verified baseline and another "
+                             "verified schedule outside the dataset; nothing to add to the training data")
+    return train(df, config, extra=extra), extra

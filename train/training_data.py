@@ -10,6 +10,7 @@ on them, and the ceiling there is the repeat oracle (``train.metrics``)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -107,3 +108,11 @@ def telemetry_training_rows(telemetry: pd.DataFrame, df: pd.DataFrame) -> pd.Dat
         log.warning("telemetry: %d of %d scenario(s) not used for training (already in the dataset, or no "
                     "verified baseline plus another verified schedule)", dropped, telemetry["scenario_id"].nunique())
     return kept.reset_index(drop=True)
+
+
+def load_training_data(datasets: Sequence[str]) -> pd.DataFrame:
+    """The given datasets, or the default training data (cpu measured + GPU presets simulated).
+    Raises DatasetError."""
+    if not datasets:
+        return default_training_data()
+    return pd.concat([read_dataset(p) for p in datasets], ignore_index=True)

@@ -2,7 +2,7 @@
 copy engines, event timing.
 
 Safe to import without CUDA: nothing here calls the CUDA runtime until a ``CudaLanes``
-is built. ``loopback.py`` drives these through the same small "lanes" interface as its
+is built. ``data/measure/loopback.py`` drives these through the same small "lanes" interface as its
 CPU lanes, so one rendezvous is correct both with synchronous copies (CPU) and with
 asynchronous streams (CUDA).
 

@@ -1,6 +1,6 @@
 """Opt-in telemetry: every schedule the torch helpers execute, with its measured time.
 
-Off unless ``$FICCO_TELEMETRY`` (or ``configure(telemetry=...)`` in ``ficco_select.torch_ops``)
+Off unless ``$FICCO_TELEMETRY`` (or ``configure(telemetry=...)`` in ``ficco_select.runtime.torch_ops``)
 names a file. One JSON object per line, appended with a single ``write`` so that ranks
 sharing a file do not interleave and a killed job loses at most its last line; a
 ``{rank}`` in the path gives each rank its own file. ``ficco train --telemetry FILE``
@@ -28,7 +28,7 @@ import logging
 import os
 from pathlib import Path
 
-log = logging.getLogger("ficco_select.telemetry")
+log = logging.getLogger("ficco_select.runtime.telemetry")
 
 TELEMETRY_VERSION = 1
 ENV = "FICCO_TELEMETRY"

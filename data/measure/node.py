@@ -25,9 +25,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from ficco_select.executor.peer import (
-    CudaPeerMemory, EngineComm, HostPeerMemory, NcclComm, PeerCopyComm, PeerMemory,
-)
+from ficco_select.executor.peer import CudaPeerMemory, EngineComm, HostPeerMemory, NcclComm, PeerCopyComm, PeerMemory
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -3,22 +3,19 @@
 dead rank) is recorded as failed with its reason and the sweep goes on.
 
 Two row sources feed the same sweep (parts, resume, failed rows, progress, summary):
-- the cpu backend's gloo ranks (``ficco_select.executor.cpu``), spawned here or under
+- the cpu backend's gloo ranks (``data.measure.gloo``), spawned here or under
   torchrun;
-- the loopback executor (``ficco_select.executor.loopback``): P virtual ranks on one
+- the loopback executor (``data.measure.loopback``): P virtual ranks on one
   device, one scenario at a time (``loopback_rows``). It is the cuda backend's single-GPU
   mode; on ``device='cpu'`` it runs the cpu backend's candidates on CPU threads, which
   tests the plumbing (its times are not labels);
-- the cuda backend's node mode (``ficco_select.executor.node``): a gloo-launched process per
+- the cuda backend's node mode (``data.measure.node``): a gloo-launched process per
   GPU, spawned like the cpu backend's ranks (``ranks="node"``).
 """
 
 from __future__ import annotations
 
-import functools
-import math
 import os
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,16 +25,16 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from data.dataset import DatasetError, provenance, read_dataset, write_parquet_atomic
-from ficco_select.executor.cpu import (MeasureConfig, MeasureError, init_from_env,
-                                       measure_in_group, measure_spawned, under_torchrun)
-from ficco_select.executor.harness import (SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES, failed_rows,
-                                           ring_at, schedule_rows, summarize)
-from ficco_select.executor.loopback import LoopbackError, VirtualRanks, run_loopback
-from ficco_select.executor.node import NodeOptions
-from ficco_select.executor.ops import rank_buffer_bytes
+from data.measure.config import MeasureConfig, MeasureError
+from data.measure.gloo import init_from_env, measure_in_group, measure_spawned, under_torchrun
+from data.measure.harness import failed_rows
+from data.measure.loopback import LoopbackError
+from data.measure.loopback_scenario import loopback_rows
+from data.measure.node import NodeOptions
+from ficco_select.executor.operators import rank_buffer_bytes
 from ficco_select.hardware import HardwareError, load_hardware
 from ficco_select.scenario import Scenario
-from ficco_select.schedule import BASELINE, Schedule, candidates, hardware_problem
+from ficco_select.schedule import candidates, hardware_problem
 
 
 def parts_dir(out: str | Path) -> Path:
@@ -57,7 +54,7 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     default ``cuda``), every scenario's P ranks virtual on that device; each scenario's
     hardware column must name the GPU (a preset or spec file), never ``cpu``.
     With ``ranks="node"`` the cuda backend spawns a process per GPU instead
-    (``executor/node.py``: NCCL for ``sm``, copy engines through symmetric memory for
+    (``data/measure/node.py``: NCCL for ``sm``, copy engines through symmetric memory for
     ``dma``); a scenario of world size P needs P visible GPUs.
 
     device: None for the backend's own executor; ``cpu`` with backend ``cpu`` runs the
@@ -342,116 +339,6 @@ def _check_device(device: str, *, after: Scenario) -> None:
                            "rerun the same command in a fresh process to resume") from None
 
 
-def loopback_rows(scenario: Scenario, config: MeasureConfig, *, backend: str = "cuda",
-                  device: str = "cuda") -> list[dict]:
-    """Verify and time every legal schedule of `scenario` on `backend` with the loopback
-    executor on `device`; one dataset row per schedule (without provenance columns).
-
-    Times: ``run_loopback``'s, each repetition the slowest virtual rank's (CUDA events on
-    CUDA); while a schedule's spread exceeds ``config.noisy_spread``, every schedule is re-run (fresh
-    virtual ranks, verified again) up to ``config.max_remeasure`` times, pooling the
-    repetitions, as the harness does. Labels by ``harness.best_labels``. Signatures from
-    skeleton and contended runs (``loopback_signature``).
-    Raises ``LoopbackError`` (or ``LoopbackTimeout``) naming the scenario, schedule and rank.
-    """
-    policy = config.policy()
-    schedules = candidates(scenario, backend)
-    run = functools.partial(run_loopback, scenario, device=device, reps=config.reps,
-                            warmup=config.warmup, seed=config.seed, timeout_s=config.timeout_s)
-    results = run(schedules)
-    pooled = [list(r.times_s) for r in results]
-    errors = [r.rel_error for r in results]
-    attempts = [1] * len(schedules)
-    for _ in range(policy.max_remeasure):  # every schedule again, as the harness does
-        if not any(summarize(t)[1] > policy.noisy_spread for t in pooled):
-            break
-        for i, r in enumerate(run(schedules)):
-            pooled[i] += r.times_s
-            attempts[i] += 1
-            errors[i] = max(errors[i], r.rel_error)  # verified only if every verification run was
-    sig = loopback_signature(scenario, config, backend=backend, device=device)
-    threads = torch.get_num_threads() if torch.device(device).type == "cpu" else 0  # 0 on a GPU
-    return schedule_rows(scenario, schedules, errors, pooled, attempts, policy, sig, threads)
-
-
-def loopback_signature(scenario: Scenario, config: MeasureConfig, *, backend: str = "cuda",
-                       device: str = "cuda") -> dict[str, float]:
-    """The signature columns (``harness.SIGNATURE_COLUMNS``) from loopback runs.
-
-    As ``harness.measure_scenario`` defines them: t_comp = the baseline with comm off (the
-    whole GEMM), t_comm = the baseline with compute off (the whole collective, with the
-    baseline's ``sm`` engine); dil_g / chunk_loss_g from the ring schedule at granularity g
-    (``harness.ring_at``) with comm off / compute off; cil_gemm_sm / cil_overlap_sm from
-    the operator's ``contended`` run (the whole GEMM while the whole collective's ``sm``
-    copies are in flight). Each is the median over ``config.reps`` repetitions (slowest
-    virtual rank's, interleaved passes after ``config.warmup``).
-    """
-    rings = {g: ring_at(g, scenario, backend) for g in SIGNATURE_GRANULARITIES}
-    skeletons = list(dict.fromkeys(s for s in rings.values() if s is not None))  # dP may be d2 or d4
-    jobs: list[tuple[Schedule | None, bool, bool]] = [(BASELINE, True, False), (BASELINE, False, True)]
-    jobs += [(s, True, False) for s in skeletons] + [(s, False, True) for s in skeletons]
-    jobs.append((None, True, True))  # contended: GEMM beside the whole collective
-    world = VirtualRanks(scenario, device=device, seed=config.seed, timeout_s=config.timeout_s)
-    times, inner = _time_skeletons(world, jobs, config.warmup, config.reps)
-    med = [statistics.median(t) for t in times]
-    t_comp, t_comm = med[:2]
-    k = len(skeletons)
-    dil_of = dict(zip(skeletons, med[2:2 + k]))
-    chunk_of = dict(zip(skeletons, med[2 + k:2 + 2 * k]))
-    sig = {c: math.nan for c in SIGNATURE_COLUMNS}
-    sig.update({"t_comp_s": t_comp, "t_comm_s": t_comm,
-                "ideal_speedup": (t_comp + t_comm) / max(t_comp, t_comm),
-                "cil_gemm_sm": statistics.median(inner[-1]) / t_comp - 1,
-                "cil_overlap_sm": med[-1] / max(t_comp, t_comm) - 1})
-    for g, s in rings.items():
-        if s is not None:
-            sig[f"dil_{g}"] = dil_of[s] / t_comp - 1
-            sig[f"chunk_loss_{g}"] = chunk_of[s] / t_comm - 1
-    return sig
-
-
-def _time_skeletons(world: VirtualRanks, jobs: list[tuple[Schedule | None, bool, bool]], warmup: int,
-                    reps: int) -> tuple[list[list[float]], list[list[float]]]:
-    """(times[job][rep], inner[job][rep]) of (schedule, compute on, comm on) skeleton runs,
-    slowest virtual rank's; a job without a schedule is the operator's ``contended`` run,
-    whose inner time is its GEMM's (0 for the others).
-
-    Timed as ``run_loopback`` times a schedule (every rank starts a repetition on an idle
-    device; the lanes' timer on the rank's compute stream), in passes that run every job
-    once in an order rotated per pass, so a noisy phase slows all jobs alike.
-    """
-    n, width = len(jobs), warmup + reps
-    first = world.next_runs(n * width)
-
-    def rank_main(r: int) -> tuple[list[list[float]], list[list[float]]]:
-        op, comm = world.ops[r], world.comms[r]
-        timers: list[list] = [[None] * width for _ in range(n)]
-        gemm = [[0.0] * width for _ in range(n)]
-        for p in range(width):
-            for i in [(p + j) % n for j in range(n)]:
-                schedule, compute_on, comm_on = jobs[i]
-                world.sync_point(r)
-                timer = world.lanes.timer()
-                timer.start()
-                comm.begin_run(first + p * n + i, "sm" if schedule is None else schedule.engine)
-                if schedule is None:
-                    gemm[i][p] = op.contended()
-                else:
-                    with op.skeleton(compute=compute_on, comm=comm_on):
-                        op.run(schedule)
-                timer.stop()
-                timers[i][p] = timer
-        world.lanes.synchronize()
-        return ([[t.seconds() for t in row[warmup:]] for row in timers], [row[warmup:] for row in gemm])
-
-    per_rank = world.each(rank_main, what="signature skeletons")
-
-    def slowest(part: int) -> list[list[float]]:
-        return [[max(pr[part][i][k] for pr in per_rank) for k in range(reps)] for i in range(n)]
-
-    return slowest(0), slowest(1)
-
-
 def _measure_surviving_failures(scenarios: list[Scenario], config: MeasureConfig, backend: str,
                                 on_scenario, bar, node: NodeOptions | None = None) -> list[str]:
     """Measure scenarios of one world size; a scenario whose job fails (timeout, dead rank)
@@ -499,3 +386,22 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
             "realized_frac": (speedup - 1) / (ideal - 1) if ideal > 1 else float("nan"),
         })
     return pd.DataFrame(out)
+
+
+def measure_table(path, *, backend: str, ranks: str, config: MeasureConfig, out, progress: bool
+                  ) -> pd.DataFrame | None:
+    """``ficco measure``: measure the scenario table `path`; the rows, or None on a non-zero
+    torchrun rank. Raises ScenarioError, ValueError, MeasureError."""
+    from data.scenarios import read_scenarios
+
+    scenarios = read_scenarios(path, backend=backend)
+    if ranks == "node" and backend != "cuda":
+        raise ValueError("--ranks node: a process per GPU is the cuda backend's mode; add --backend cuda")
+    return measure(scenarios, backend=backend, config=config, out=out, progress=progress, ranks=ranks)
+
+
+def sweep_summary(df: pd.DataFrame, out) -> dict:
+    """A sweep's JSON summary: the sweep's counts, verified rows, and ``summary_table`` per scenario."""
+    ok = df["status"] == "ok"
+    return {"out": str(out), **df.attrs.get("sweep", {}), "verified": int(df["verified"].sum()),
+            "unverified": int((ok & ~df["verified"]).sum()), "per_scenario": summary_table(df).to_dict("records")}

@@ -19,7 +19,6 @@ NaN where a granularity is not legal for the scenario.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -29,41 +28,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from data.measure.config import TimingPolicy, summarize
 from ficco_select.executor.cuda import make_timer
-from ficco_select.executor.ops import TOLERANCE, Operator, relative_error
+from ficco_select.executor.operators import TOLERANCE, Operator, relative_error
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import BASELINE, SHARD, Schedule, candidates, is_legal
-from ficco_select.signatures import SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES  # noqa: F401 - measured here
-
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TimingPolicy:
-    warmup: int = 2
-    """Untimed passes before timing."""
-    reps: int = 10
-    """Timed repetitions per schedule."""
-    noisy_spread: float = 0.05
-    """A schedule whose relative spread (IQR / median) exceeds this is re-measured."""
-    max_remeasure: int = 1
-    """Re-measurement rounds (each adds `reps` pooled repetitions) before a schedule is
-    kept with its `noisy` flag set."""
-    tie_floor: float = 0.02
-    """A schedule is a near-tie of the best unless its repetitions show it more than this
-    much slower (``best_labels``)."""
-    min_rep_s: float = 0.01
-    """Shortest timed repetition: a repetition runs a function back to back as many times as
-    the scenario's baseline needs to last this long (the same count for every function of
-    the scenario), and its time is the total over that count. 0: one run per repetition."""
-    max_runs: int = 64
-    """At most this many runs per repetition."""
-
-
-def summarize(times: Sequence[float]) -> tuple[float, float]:
-    """(median, relative spread); spread = interquartile range / median."""
-    med = statistics.median(times)
-    q = statistics.quantiles(times, n=4, method="inclusive")
-    return med, (q[2] - q[0]) / med if med > 0 else 0.0
+from ficco_select.signatures import SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES, signature
 
 
 def slowest_rank(values: list[float]) -> list[float]:
@@ -215,21 +185,13 @@ def measure_scenario(op: Operator, scenario: Scenario, policy: TimingPolicy, *,
     k = len(skeletons)
     dil_of = dict(zip(skeletons, med[3:3 + k]))
     chunk_of = dict(zip(skeletons, med[3 + k:3 + 2 * k]))
-    dil = {g: dil_of[s] for g, s in rings.items() if s is not None}
-    chunk = {g: chunk_of[s] for g, s in rings.items() if s is not None}
-    sig = {
-        "t_comp_s": t_comp,
-        "t_comm_s": t_comm,
-        "ideal_speedup": (t_comp + t_comm) / max(t_comp, t_comm),
-        **{f"dil_{g}": dil[g] / t_comp - 1 if g in dil else math.nan for g in SIGNATURE_GRANULARITIES},
-        **{f"chunk_loss_{g}": chunk[g] / t_comm - 1 if g in chunk else math.nan
-           for g in SIGNATURE_GRANULARITIES},
-        "cil_gemm_sm": statistics.median(inner[2]) / t_comp - 1,
-        "cil_overlap_sm": t_pair / max(t_comp, t_comm) - 1,
-    }
+    sig = signature(t_comp=t_comp, t_comm=t_comm, t_pair=t_pair, gemm_slowdown=statistics.median(inner[2]) / t_comp,
+                    ring_comp={g: dil_of[s] for g, s in rings.items() if s is not None},
+                    ring_comm={g: chunk_of[s] for g, s in rings.items() if s is not None})
 
     sched_times = times[3 + 2 * k:]
-    pooled, attempts = _remeasure_noisy(op, schedules, sched_times, policy, heartbeat, runs)
+    pooled, attempts = pool_until_calm(sched_times, policy, lambda: timed_interleaved(
+        [(lambda s=s: run_schedule(op, s)) for s in schedules], 1, policy.reps, op.device, heartbeat, runs)[0])
     return schedule_rows(scenario, schedules, errors, pooled, attempts, policy, sig, torch.get_num_threads(),
                          runs)
 
@@ -244,11 +206,11 @@ def runs_per_rep(op: Operator, policy: TimingPolicy) -> int:
     return max(1, min(policy.max_runs, math.ceil(policy.min_rep_s / t0)))
 
 
-def _remeasure_noisy(op: Operator, schedules: list[Schedule], times: list[list[float]],
-                     policy: TimingPolicy, heartbeat: Callable[[], None] = lambda: None, runs: int = 1
-                     ) -> tuple[list[list[float]], list[int]]:
-    """While any schedule's spread is above the limit, re-time every schedule in fresh
-    interleaved passes and pool the new repetitions.
+def pool_until_calm(times: list[list[float]], policy: TimingPolicy,
+                    retime: Callable[[], Sequence[Sequence[float]]]) -> tuple[list[list[float]], list[int]]:
+    """While any schedule's spread is above the limit, re-time every schedule (``retime()``:
+    fresh repetitions of each, in order) and pool the new repetitions, at most
+    ``policy.max_remeasure`` times. Returns (pooled times, attempts per schedule).
 
     Every schedule, not only the noisy ones: the labels compare schedules, and times of a
     subset taken in a later phase of the machine would be compared with times of the rest
@@ -257,13 +219,11 @@ def _remeasure_noisy(op: Operator, schedules: list[Schedule], times: list[list[f
     round in which every repetition happened to be slow alike.
     """
     pooled = [list(t) for t in times]
-    attempts = [1] * len(schedules)
+    attempts = [1] * len(pooled)
     for _ in range(policy.max_remeasure):
         if not any(summarize(t)[1] > policy.noisy_spread for t in pooled):
             break
-        retimed, _ = timed_interleaved([(lambda s=s: run_schedule(op, s)) for s in schedules],
-                                       1, policy.reps, op.device, heartbeat, runs)
-        for i, t in enumerate(retimed):
+        for i, t in enumerate(retime()):
             attempts[i] += 1
             pooled[i] += t
     return pooled, attempts

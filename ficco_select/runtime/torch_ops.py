@@ -2,7 +2,7 @@
 
 Drop-in for PyTorch's async tensor-parallel ops (``torch.distributed._symmetric_memory``):
 
-    from ficco_select.torch_ops import all_gather_matmul, matmul_reduce_scatter
+    from ficco_select.runtime.torch_ops import all_gather_matmul, matmul_reduce_scatter
     A, (Y,) = all_gather_matmul(A_shard, [B], gather_dim=0, group_name=pg.group_name)
     Z = matmul_reduce_scatter(Y, B2, "sum", scatter_dim=0, group_name=pg.group_name)
 
@@ -49,16 +49,16 @@ from torch.distributed import distributed_c10d as c10d
 
 from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.peer import CudaPeerMemory, HostPeerMemory, NcclComm, PeerCopyComm
-from ficco_select.executor.ops import (TOLERANCE, AllGatherGemm, AllToAllGemm, GemmReduceScatter,
+from ficco_select.executor.operators import (TOLERANCE, AllGatherGemm, AllToAllGemm, GemmReduceScatter,
                                        relative_error)
 from ficco_select.hardware import preset_for_device
 from ficco_select.scenario import Scenario, ScenarioError
 from ficco_select.schedule import BASELINE, Schedule, candidates, is_legal, parse
-from ficco_select.selector import Decision, Selector
-from ficco_select.telemetry import Telemetry
-from ficco_select.telemetry import from_env as telemetry_from_env
+from ficco_select.runtime.selector import Decision, Selector
+from ficco_select.runtime.telemetry import Telemetry
+from ficco_select.runtime.telemetry import from_env as telemetry_from_env
 
-log = logging.getLogger("ficco_select.torch_ops")
+log = logging.getLogger("ficco_select.runtime.torch_ops")
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 

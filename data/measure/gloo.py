@@ -21,7 +21,6 @@ launcher and rank loop with ``node=NodeOptions(...)``.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import os
 import queue as queue_mod
@@ -33,71 +32,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from data.measure.config import MeasureConfig, MeasureError
+from data.measure.harness import measure_scenario
+from data.measure.node import NodeOptions, engine_comm, init_rank, rank_device
 from ficco_select.executor.comm import P2PComm
-from ficco_select.executor.harness import TimingPolicy, measure_scenario
-from ficco_select.executor.node import NodeOptions, engine_comm, init_rank, rank_device
-from ficco_select.executor.ops import build_operator
+from ficco_select.executor.operators import build_operator
 from ficco_select.scenario import Scenario
-
-
-class MeasureError(RuntimeError):
-    """A measurement job failed: a rank died, raised, or hung past the timeout."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class MeasureConfig:
-    warmup: int = 2
-    """Untimed runs of each schedule before timing (after the verification run)."""
-    reps: int = 10
-    """Timed repetitions of each schedule; median and spread are stored."""
-    timeout_s: float = 300.0
-    """A job with no progress (no verification or timed pass finished) for this long is
-    killed as hung."""
-    threads_per_rank: int | None = None
-    """Intra-op threads per rank; None: the machine's cores divided by world size, at least 1."""
-    seed: int = 0
-    """Seed of the random inputs (with scenario id and rank)."""
-    pin_cores: bool = False
-    """Pin each rank (and so its gloo threads) to its own cores. Off by default: on a
-    2-vCPU machine a pinned rank's transport thread waits for a scheduler slice behind
-    its own GEMM or poll loop, which made repetitions bimodal (1 ms vs 4 ms) here."""
-    noisy_spread: float = 0.05
-    """Relative spread (IQR / median) above which a schedule is re-measured."""
-    max_remeasure: int = 1
-    """Re-measurement rounds (every schedule again) before a noisy schedule is kept with its
-    `noisy` flag."""
-    min_rep_s: float = 0.01
-    """Shortest timed repetition, s: each repetition runs a function back to back as often
-    as the scenario's baseline needs to last this long (``harness.runs_per_rep``); 0: one
-    run per repetition. The defaults (10 ms, 10 repetitions, one re-measure round of every
-    schedule) against the old 1 run x 5 (``benchmarks/repeatability.py``, 30 scenarios):
-    best agreement 0.87 -> 0.93, median tau 0.67 -> 0.76, at 5x the sweep time; 20 ms
-    repetitions were no better on tau. Settings this close differ by less than the
-    benchmark's own noise on 30 scenarios; README "Measuring" has the table."""
-    fault: str | None = None
-    """For tests only: ``exit@R[/GROUP]`` (rank R dies), ``hang@R[/GROUP]`` (rank R
-    hangs; at the first scenario, or at the first of that group),
-    ``corrupt@SCHEDULE`` (that schedule's output is altered before verification)."""
-
-    def __post_init__(self) -> None:
-        if self.reps < 5:
-            raise ValueError(f"reps: at least 5 timed repetitions are needed, got {self.reps}")
-        if self.warmup < 0:
-            raise ValueError(f"warmup: must be >= 0, got {self.warmup}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
-        if not self.min_rep_s >= 0:
-            raise ValueError(f"min_rep_s: must be >= 0 seconds, got {self.min_rep_s}")
-
-    def policy(self) -> TimingPolicy:
-        return TimingPolicy(warmup=self.warmup, reps=self.reps, noisy_spread=self.noisy_spread,
-                            max_remeasure=self.max_remeasure, min_rep_s=self.min_rep_s)
-
-    def threads(self, world_size: int) -> int:
-        if self.threads_per_rank is not None:
-            return self.threads_per_rank
-        return max(1, (os.cpu_count() or 1) // world_size)
-
 
 Emit = Callable[[str, Any], None]
 """emit(kind, payload): rank 0's channel to the caller: ("progress", schedules done),
@@ -122,7 +62,7 @@ def measure_rank(scenarios: Sequence[Scenario], config: MeasureConfig, emit: Emi
                 os._exit(3)
             time.sleep(1e9)
         op = build_operator(scenario, comm, seed=config.seed, device=device)
-        rows = measure_scenario(op, scenario, config.policy(), backend=backend,
+        rows = measure_scenario(op, scenario, config, backend=backend,
                                 corrupt=fault_arg if fault_kind == "corrupt" else None,
                                 heartbeat=lambda: emit("alive", None))
         emit("progress", len(rows))

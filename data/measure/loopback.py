@@ -1,7 +1,7 @@
 """Loopback mode: P virtual ranks in one process, their peers are buffers on one device.
 
 The cuda backend's single-GPU mode (DESIGN.md, "Where the labels come from"): every
-virtual rank runs in its own Python thread and builds its own operator (``ops.py``,
+virtual rank runs in its own Python thread and builds its own operator (``ficco_select/executor/operators/``,
 unchanged) on a ``LoopbackComm``. The comms of one scenario share a ``Rendezvous`` that
 matches the two ends of a transfer by (run, src rank, dst rank, tag):
 
@@ -46,7 +46,7 @@ import torch
 
 from ficco_select.executor.comm import Comm, Transfer
 from ficco_select.executor.cuda import COPIES, CudaLanes, HostTimer
-from ficco_select.executor.ops import TOLERANCE, Operator, build_operator, relative_error
+from ficco_select.executor.operators import TOLERANCE, Operator, build_operator, relative_error
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import ENGINES, Schedule, is_legal
 

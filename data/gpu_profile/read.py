@@ -1,6 +1,6 @@
 """Measured GPU profiles: read one, and turn it into a hardware spec the simulator uses.
 
-A profile is the JSON file ``python -m ficco_select.executor.gpu_profile`` (run by
+A profile is the JSON file ``python -m data.gpu_profile.run`` (run by
 ``scripts/gpu_check.sh``) writes on one GPU; every field is documented in
 ``data/profiles/README.md``. This module defines the format (name, version, the fitted
 fields and their checks), reads it with errors that name the field, and maps what one GPU
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ficco_select.hardware import HardwareError, HardwareSpec, spec_as_dict, spec_from_dict
+from ficco_select.hardware import HardwareError, HardwareSpec, load_hardware, spec_as_dict, spec_from_dict
 from ficco_select.scenario import DTYPES
 
 SCHEMA = "ficco-gpu-profile"
@@ -321,3 +321,31 @@ def dil_vs_model(profile: GpuProfile, spec: HardwareSpec) -> list[dict[str, Any]
         out.append({"dtype": dtype, "m": m, "n": n, "k": k, "split": r["split"], "d": d,
                     "dil": r.get("dil"), "dil_model": round(pieces / whole - 1, 4)})
     return out
+
+
+def write_profiled_spec(profile_path, *, base: str | None, out, name: str | None) -> tuple[dict, str | None, str]:
+    """``ficco hardware from-profile``: a measured GPU profile over a base spec, written to
+    `out` and loaded back once.
+
+    Returns (report, the profile's preset, the base spec's name); the report lists each
+    overridden field (base and profiled value), the fields kept, and how far the DIL
+    measured lies from the simulated one. Raises ProfileError, HardwareError.
+    """
+    from data.calibrate import write_spec
+
+    profile = read_profile(profile_path)
+    base = base or profile.preset
+    if not base:
+        raise ProfileError("--base is required: the profile names no preset")
+    base_spec = load_hardware(base)
+    spec, overrides = profiled_spec(profile, base_spec, name=name)
+    write_spec(spec, out, f"ficco hardware from-profile {profile_path} --base {base}")
+    load_hardware(out)  # what the simulator will do with it
+    before = spec_as_dict(base_spec)
+    dil = [r for r in dil_vs_model(profile, spec) if isinstance(r["dil"], (int, float))]
+    dil_err = sorted(abs(r["dil"] - r["dil_model"]) for r in dil)
+    report = {"out": str(out), "name": spec.name, "base": base, "device": profile.device_name,
+              "overrides": {f: {"base": before[f], "profiled": v} for f, v in overrides.items()},
+              "kept": [f for f in before if f not in overrides and f not in ("name", "description")],
+              "dil_rows": len(dil), "dil_median_abs_error": dil_err[len(dil_err) // 2] if dil_err else None}
+    return report, profile.preset, base_spec.name

@@ -10,7 +10,7 @@ The layers (Megatron-style sequence parallelism, the pattern PyTorch's async-TP 
 ``parallelize(model, {"mlp.up": "colwise", "mlp.down": "rowwise"}, group)`` shards a
 plain model's ``nn.Linear`` layers into them. Unhooked, they run PyTorch's plain
 (differentiable) collectives. ``install(model)``
-switches every such layer in a model to ``ficco_select.torch_ops`` (schedule chosen per
+switches every such layer in a model to ``ficco_select.runtime.torch_ops`` (schedule chosen per
 shape, executed by the executor); the returned handle's ``remove()`` restores them.
 Backward of a hooked layer is the mirror op (``torch_ops``' gradients), itself chosen and
 executed by ficco: d(AG(x) @ W^T)/dx = RS(dy @ W) and d(RS(x @ W^T))/dx = AG(dy) @ W.
@@ -26,7 +26,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 
-from ficco_select.torch_ops import all_gather_matmul, matmul_reduce_scatter
+from ficco_select.runtime.torch_ops import all_gather_matmul, matmul_reduce_scatter
 
 
 class ColumnParallelLinear(nn.Module):

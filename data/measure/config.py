@@ -1,0 +1,90 @@
+"""How a measurement is taken: the timing policy of one scenario's schedules, and the
+configuration of a sweep (the policy plus how ranks run). Every backend reads them: the
+cpu backend's gloo ranks (``gloo.py``), the node mode (``node.py``) and the loopback
+executor (``loopback_scenario.loopback_rows``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+from collections.abc import Sequence
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TimingPolicy:
+    """How one scenario's schedules are timed, re-measured and labelled
+    (``harness.measure_scenario``, ``loopback_scenario.loopback_rows``, ``harness.best_labels``)."""
+
+    warmup: int = 2
+    """Untimed passes before timing."""
+    reps: int = 10
+    """Timed repetitions per schedule."""
+    noisy_spread: float = 0.05
+    """A schedule whose relative spread (IQR / median) exceeds this is re-measured."""
+    max_remeasure: int = 1
+    """Re-measurement rounds (every schedule again; each adds `reps` pooled repetitions)
+    before a noisy schedule is kept with its `noisy` flag set."""
+    tie_floor: float = 0.02
+    """A schedule is a near-tie of the best unless its repetitions show it more than this
+    much slower (``best_labels``)."""
+    min_rep_s: float = 0.01
+    """Shortest timed repetition, s: a repetition runs a function back to back as many times
+    as the scenario's baseline needs to last this long (the same count for every function of
+    the scenario, ``harness.runs_per_rep``), and its time is the total over that count; 0:
+    one run per repetition. The defaults (10 ms, 10 repetitions, one re-measure round of every
+    schedule) against the old 1 run x 5 (``benchmarks/repeatability.py``, 30 scenarios):
+    best agreement 0.87 -> 0.93, median tau 0.67 -> 0.76, at 5x the sweep time; 20 ms
+    repetitions were no better on tau. Settings this close differ by less than the
+    benchmark's own noise on 30 scenarios; README "Measuring" has the table."""
+    max_runs: int = 64
+    """At most this many runs per repetition."""
+
+
+
+def summarize(times: Sequence[float]) -> tuple[float, float]:
+    """(median, relative spread); spread = interquartile range / median."""
+    med = statistics.median(times)
+    q = statistics.quantiles(times, n=4, method="inclusive")
+    return med, (q[2] - q[0]) / med if med > 0 else 0.0
+
+
+class MeasureError(RuntimeError):
+    """A measurement job failed: a rank died, raised, or hung past the timeout."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeasureConfig(TimingPolicy):
+    """What a measurement sweep needs: the timing policy (``TimingPolicy``'s fields) and how
+    to run the ranks."""
+    timeout_s: float = 300.0
+    """A job with no progress (no verification or timed pass finished) for this long is
+    killed as hung."""
+    threads_per_rank: int | None = None
+    """Intra-op threads per rank; None: the machine's cores divided by world size, at least 1."""
+    seed: int = 0
+    """Seed of the random inputs (with scenario id and rank)."""
+    pin_cores: bool = False
+    """Pin each rank (and so its gloo threads) to its own cores. Off by default: on a
+    2-vCPU machine a pinned rank's transport thread waits for a scheduler slice behind
+    its own GEMM or poll loop, which made repetitions bimodal (1 ms vs 4 ms) here."""
+    fault: str | None = None
+    """For tests only: ``exit@R[/GROUP]`` (rank R dies), ``hang@R[/GROUP]`` (rank R
+    hangs; at the first scenario, or at the first of that group),
+    ``corrupt@SCHEDULE`` (that schedule's output is altered before verification)."""
+
+    def __post_init__(self) -> None:
+        if self.reps < 5:
+            raise ValueError(f"reps: at least 5 timed repetitions are needed, got {self.reps}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup: must be >= 0, got {self.warmup}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
+        if not self.min_rep_s >= 0:
+            raise ValueError(f"min_rep_s: must be >= 0 seconds, got {self.min_rep_s}")
+
+    def threads(self, world_size: int) -> int:
+        if self.threads_per_rank is not None:
+            return self.threads_per_rank
+        return max(1, (os.cpu_count() or 1) // world_size)

@@ -1,0 +1,190 @@
+"""The data stage's commands: measure, catalog, simulate, and `ficco dataset ...`.
+
+Each parses its options, calls one function of the data stage, and prints the result.
+Heavy imports (pandas, torch, `data`) stay inside the commands: `ficco --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import click
+
+from ficco_cli.output import json_option, naming, naming_rows_of, reported, show
+
+
+@click.command()
+@click.option("--scenarios", "scenarios_path", type=click.Path(dir_okay=False), default=None,
+              help="Scenario table (CSV or Parquet). Default: the shipped small set.")
+@click.option("--backend", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Backend that executes the schedules: cpu (gloo ranks) or cuda (loopback: "
+                   "virtual ranks on this machine's GPU; hardware column = the GPU's preset).")
+@click.option("--ranks", type=click.Choice(["loopback", "node"]), default="loopback", show_default=True,
+              help="cuda only: loopback (the P ranks virtual on one GPU) or node (a process per GPU: "
+                   "NCCL for sm, copy engines for dma; needs P GPUs).")
+@click.option("--out", type=click.Path(dir_okay=False), default="out/measured.parquet",
+              show_default=True, help="Parquet file to write (atomically).")
+@click.option("--reps", type=int, default=None, help="Timed repetitions per schedule (>= 5; default 10).")
+@click.option("--warmup", type=int, default=2, show_default=True, help="Untimed runs before timing.")
+@click.option("--min-rep-s", type=float, default=None,
+              help="Shortest timed repetition in seconds (default 0.01); a repetition runs each schedule back "
+                   "to back as often as the scenario's baseline needs to last this long (0: one run).")
+@click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
+              help="Abort when no schedule finishes for this many seconds (hung rank).")
+@json_option("Print a JSON summary instead of the table.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeout_s, as_json, no_progress) -> None:
+    """Time every legal schedule of every scenario on real ranks and verify each result.
+
+    cpu: under torchrun (`torchrun --nproc-per-node P --no-python ficco measure ...`) this
+    process is one rank; otherwise it spawns the ranks itself, one job per world size.
+
+    cuda: one process, the P ranks of each scenario virtual on the local GPU (loopback), or
+    with --ranks node a process per GPU (rank r on GPU r).
+    """
+    from data.measure.config import MeasureConfig, MeasureError
+    from data.measure.sweep import measure_table, summary_table, sweep_summary
+    from data.scenarios import DEFAULT_SCENARIOS, packaged
+    from ficco_select.scenario import ScenarioError
+
+    path = scenarios_path or packaged(DEFAULT_SCENARIOS)
+    given = {"reps": reps, "min_rep_s": min_rep_s}  # None: MeasureConfig's default
+    with reported(ScenarioError, ValueError, MeasureError, message=naming_rows_of(path)):
+        config = MeasureConfig(warmup=warmup, timeout_s=timeout_s, **{k: v for k, v in given.items() if v is not None})
+        df = measure_table(path, backend=backend, ranks=ranks, config=config, out=out, progress=not no_progress)
+    if df is None:  # a non-zero torchrun rank
+        return
+    table = summary_table(df)
+    sweep = df.attrs.get("sweep", {})
+    # A failed scenario exits 1: the dataset is written, failures and all; a script must still notice.
+    show(as_json, sweep_summary(df, out), lambda: _sweep_lines(df, table, sweep, out),
+         exit_code=1 if sweep.get("failed") else 0)
+
+
+def _sweep_lines(df, table, sweep: dict, out) -> list[str]:
+    lines = [table.to_string(index=False, float_format=lambda x: f"{x:.3f}"),
+             (f"\n{len(df)} rows ({int(df['verified'].sum())} verified) for "
+              f"{df['scenario_id'].nunique()} scenarios -> {out}"),
+             ("measured {measured}, skipped (already done) {skipped}, failed {failed}, "
+              "noisy rows {noisy_rows}").format(**sweep)]
+    if sweep.get("kept_from_out"):
+        lines.append(f"{out} already held {sweep['kept_from_out']} scenarios: kept; those of this table were "
+                     "not re-measured (delete the file to measure them again)")
+    if sweep.get("other_parts_kept"):
+        lines.append(f"{sweep['other_parts_kept']} committed parts of scenarios not in this table were left "
+                     f"in {out}.parts (an interrupted sweep of another table: rerun it to finish)")
+    return lines + [f"  failed: {failure}" for failure in sweep.get("failures", [])]
+
+
+@click.command("catalog")
+@click.option("--scale", type=click.Choice(["cpu", "full"]), default="cpu", show_default=True,
+              help="cpu: shapes scaled down for the 2-core gloo backend; full: published shapes.")
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="Scenario table (.csv or .parquet).")
+@click.option("--world-sizes", default=None, help="Comma-separated world sizes (default: 2,3,4 cpu; 2,4,8 full).")
+@click.option("--models", default=None, help="Comma-separated model names (default: all).")
+@click.option("--dtype", default="float32", show_default=True)
+@click.option("--hardware", default=None, help="Hardware column (default: cpu / h100-nvswitch).")
+@json_option("Print a JSON summary.")
+def catalog_cmd(scale, out, world_sizes, models, dtype, hardware, as_json) -> None:
+    """Write a scenario table from real layer shapes of public model families."""
+    from data.catalog import catalog_to_file
+    from ficco_select.scenario import ScenarioError
+
+    with reported(ValueError, ScenarioError):
+        summary = catalog_to_file(scale, out, dtype=dtype, hardware=hardware,
+                                  world_sizes=tuple(int(x) for x in world_sizes.split(",")) if world_sizes else None,
+                                  models=models.split(",") if models else None)
+    show(as_json, summary, lambda: f"{summary['scenarios']} scenarios "
+         f"({', '.join(f'{k}: {v}' for k, v in summary['by_op'].items())}) "
+         f"from {len(summary['models'])} models -> {out}")
+
+
+@click.command()
+@click.option("--scenarios", "scenarios_path", type=click.Path(dir_okay=False), required=True,
+              help="Scenario table (CSV or Parquet).")
+@click.option("--hardware", default=None,
+              help="Preset name or spec file; default: each row's hardware column.")
+@click.option("--out", type=click.Path(dir_okay=False), required=True, help="Parquet dataset to write.")
+@click.option("--noise", type=float, default=0.0, show_default=True,
+              help="Log-normal sigma of simulated measurement noise (0: exact predictions).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@json_option("Print a JSON summary.")
+def simulate(scenarios_path, hardware, out, noise, seed, as_json) -> None:
+    """Predict every legal schedule's time on hardware we do not have (backend=sim)."""
+    from data.dataset import write_parquet_atomic
+    from data.simulate import simulate_table
+    from ficco_select.hardware import HardwareError
+    from ficco_select.scenario import ScenarioError
+
+    with reported(ScenarioError, HardwareError, ValueError):
+        df, names = simulate_table(scenarios_path, hardware=hardware, noise=noise, seed=seed)
+    write_parquet_atomic(df, out)
+    summary = {"out": out, "scenarios": int(df["scenario_id"].nunique()), "rows": len(df), "hardware": names}
+    show(as_json, summary, lambda: f"{summary['rows']} rows for {summary['scenarios']} scenarios on "
+         f"{', '.join(names)} -> {out}")
+
+
+@click.group()
+def dataset() -> None:
+    """Inspect and check labeled datasets."""
+
+
+@dataset.command()
+@click.argument("path", type=click.Path(dir_okay=False))
+@json_option("Print the problems as JSON.")
+def validate(path, as_json) -> None:
+    """Check a dataset's schema and invariants; exit 1 and name row and column if broken."""
+    from data.dataset import DatasetError, read_dataset
+    from data.dataset import validate as check
+
+    with reported(DatasetError):
+        problems = check(read_dataset(path))
+    show(as_json, {"path": path, "valid": not problems, "problems": problems},
+         lambda: problems or [f"{path}: valid"], exit_code=1 if problems else 0)
+
+
+@dataset.command()
+@click.argument("path", type=click.Path(dir_okay=False))
+@json_option("Print the summary as JSON.")
+def info(path, as_json) -> None:
+    """Summarise a dataset: scenarios, how often each schedule is fastest, speedups, noise."""
+    from data.dataset import DatasetError, read_dataset
+    from data.dataset import info as summarize
+
+    with reported(DatasetError, message=naming(path)):
+        summary = summarize(read_dataset(path))
+    show(as_json, summary, lambda: _nested_lines(summary))
+
+
+def _nested_lines(summary: dict) -> list[str]:
+    """`key: value` per line; a dict value as an indented `key: value` block under its key."""
+    lines = []
+    for key, value in summary.items():
+        if isinstance(value, dict):
+            lines += [f"{key}:", *(f"  {k}: {v}" for k, v in value.items())]
+        else:
+            lines.append(f"{key}: {value}")
+    return lines
+
+
+@dataset.command("compare")
+@click.argument("a", type=click.Path(dir_okay=False))
+@click.argument("b", type=click.Path(dir_okay=False))
+@json_option("Print the summary and every scenario as JSON.")
+def compare_cmd(a, b, as_json) -> None:
+    """Two independent sweeps of the same scenarios: do the labels repeat?
+
+    Per scenario both measured: Kendall tau of the schedule times, whether each sweep's best
+    is a tie of the other's, the repeat capture (B's best / B's time of A's best), median
+    spreads, and whether the best speedup exceeds the ideal beyond its spread.
+    """
+    from data.compare import compare
+    from data.dataset import DatasetError, read_dataset
+
+    with reported(DatasetError, ValueError):
+        summary, per = compare(read_dataset(a), read_dataset(b))
+    show(as_json, {"a": a, "b": b, **summary, "per_scenario": per.to_dict("records")}, lambda: [
+        *(f"{key}: {value}" for key, value in summary.items() if key != "by_world_size"),
+        *(f"P={P}: " + ", ".join(f"{k} {v}" for k, v in block.items())
+          for P, block in summary["by_world_size"].items())])
+
+
+COMMANDS = [measure, catalog_cmd, simulate, dataset]

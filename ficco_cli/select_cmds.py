@@ -1,0 +1,71 @@
+"""`ficco select`: the runtime selector's decision on every row of a scenario table.
+
+Parses its options, loads the selector, calls one function for the decisions and prints
+them (a table, or JSON with --json). Heavy imports stay inside the command.
+"""
+
+from __future__ import annotations
+
+import click
+
+from ficco_cli.output import json_option, reported, show
+
+COLUMNS = ("row", "scenario_id", "op", "m,n,k", "P", "hardware", "schedule", "source", "confidence", "reason")
+
+
+@click.command("select")
+@click.option("--scenarios", "scenarios_path", type=click.Path(dir_okay=False), required=True,
+              help="Scenario table (CSV or Parquet). Rows are not validated first: an invalid row gets "
+                   "the baseline (source fallback) and a null scenario_id.")
+@click.option("--model", "model_path", type=click.Path(file_okay=False), default=None,
+              help="An exported selector folder (`ficco export`). Default: the exported champion "
+                   "($FICCO_SELECTOR or ~/.cache/ficco-select/selector) if there is one, else the heuristic.")
+@click.option("--heuristic-only", is_flag=True, help="No model: the hand heuristic decides every row.")
+@json_option("Print a JSON list, one decision per row.")
+def select_cmd(scenarios_path, model_path, heuristic_only, as_json) -> None:
+    """Which schedule for each row of a scenario table: the runtime selector's decisions.
+
+    One decision per row, in order: row (1-based, header excluded), scenario_id, schedule,
+    source (model | heuristic | fallback), confidence, reason.
+    """
+    from data.scenarios import read_rows
+    from ficco_select.runtime.selector import decide_rows
+    from ficco_select.scenario import ScenarioError
+
+    if model_path and heuristic_only:
+        raise click.UsageError("--model and --heuristic-only exclude each other; drop one")
+    with reported(ScenarioError):
+        records = read_rows(scenarios_path)
+    selector = _selector(model_path, heuristic_only)
+    decisions = decide_rows(selector, records)
+    show(as_json, decisions, lambda: _decision_lines(decisions, records, selector, model_path))
+
+
+def _selector(model_path, heuristic_only: bool):
+    """The heuristic alone, the selector exported at `model_path`, or the default one."""
+    from ficco_select.runtime.selector import Selector
+
+    if heuristic_only:
+        return Selector()
+    selector = Selector.load(model_path)
+    if model_path and selector.model is None:
+        raise click.ClickException(f"--model {model_path}: no usable selector there (see the warning "
+                                   "above); export one with `ficco export` or pass --heuristic-only")
+    return selector
+
+
+def _decision_lines(decisions: list[dict], records: list[dict], selector, model_path) -> list[str]:
+    """A left-aligned table, one line per row, then the count per source."""
+    lines = [COLUMNS] + [(str(d["row"]), d["scenario_id"] or "-", str(r.get("op")),
+                          f"{r.get('m')},{r.get('n')},{r.get('k')}", str(r.get("world_size")),
+                          str(r.get("hardware")), d["schedule"], d["source"], f"{d['confidence']:.3f}", d["reason"])
+                         for d, r in zip(decisions, records)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
+    counts = {s: sum(d["source"] == s for d in decisions) for s in ("model", "heuristic", "fallback")}
+    model = (f"model {selector.meta.get('selector', '?')} from {model_path or 'the default export'}"
+             if selector.model is not None else "heuristic only")
+    return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines] + [
+        f"\n{len(decisions)} rows: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + f" ({model})"]
+
+
+COMMANDS = [select_cmd]

@@ -1,0 +1,155 @@
+"""The training stage's commands: evaluate, train, pipeline, export, report.
+
+Each parses its options, builds a config, calls one function of `train`, and prints the
+result. Heavy imports (pandas, MLflow, `train`) stay inside the commands: `ficco --help`
+stays fast.
+"""
+
+from __future__ import annotations
+
+import click
+
+from ficco_cli.output import json_option, reported, show
+
+SPLITS = "random,family,hardware,topology,world_size"
+
+
+def _names(text: str) -> list[str]:
+    """A comma-separated option as its non-empty, stripped items."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+@click.command()
+@click.option("--dataset", "datasets", multiple=True, type=click.Path(dir_okay=False),
+              help="Dataset(s) to evaluate on (default: the committed cpu dataset + the catalog "
+                   "simulated on every GPU preset and, for training only, on machines sampled around them).")
+@click.option("--splits", default=SPLITS, show_default=True,
+              help="Comma-separated: random, family (leave one model family out), hardware "
+                   "(leave one hardware out), topology (leave one interconnect topology out), "
+                   "world_size (train on smaller, test on the largest).")
+@json_option("Print every split's metrics as JSON.")
+@click.option("--no-progress", is_flag=True)
+def evaluate(datasets, splits, as_json, no_progress) -> None:
+    """Train every selector and the heuristic on some groups, score them on unseen ones."""
+    from data.dataset import DatasetError
+    from train.evaluate import evaluate as run_evaluate
+    from train.training_data import load_training_data
+
+    with reported(DatasetError, ValueError):
+        results = run_evaluate(load_training_data(datasets), splits=_names(splits), progress=not no_progress)
+    show(as_json, results, lambda: _evaluation_lines(results))
+
+
+def _evaluation_lines(results: dict) -> list[str]:
+    """Each comparison table under a heading that says how its folds were combined."""
+    from train.evaluate import tables
+    from train.metrics import format_table
+
+    lines = []
+    for name, table in tables(results).items():
+        split, _, backend = name.partition(".")
+        folds = len(results["splits"][split]["folds"])
+        how = f"{backend} scenarios, {folds} folds pooled" if backend else f"mean over {folds} folds"
+        lines += [f"\n== {name} ({how}) ==", format_table(table)]
+    return lines
+
+
+@click.command("train")
+@click.option("--dataset", "datasets", multiple=True, type=click.Path(dir_okay=False),
+              help="Dataset(s) to train on (default: committed cpu dataset + simulated GPU presets and "
+                   "machines sampled around them).")
+@click.option("--splits", default=SPLITS, show_default=True)
+@click.option("--out", "out_dir", default="out/train", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for the comparison tables (also logged to MLflow).")
+@click.option("--telemetry", "telemetry", multiple=True, type=click.Path(dir_okay=False),
+              help="Telemetry file(s) of running jobs ($FICCO_TELEMETRY); repeatable. Their scenarios "
+                   "join the registered model's training data, not the evaluation (they lack most schedules).")
+@json_option()
+@click.option("--no-progress", is_flag=True)
+def train_cmd(datasets, splits, out_dir, telemetry, as_json, no_progress) -> None:
+    """Evaluate every selector, track it in MLflow, register the best, promote it if it wins.
+
+    Tracking store: $MLFLOW_TRACKING_URI, else MLflow's default (sqlite:///mlflow.db here).
+    """
+    from data.dataset import DatasetError
+    from train.config import TrainConfig
+    from train.run import train_from_files
+
+    with reported(DatasetError, ValueError):
+        config = TrainConfig(splits=tuple(_names(splits)), out_dir=out_dir,
+                             progress=not no_progress)  # checked before any data is read
+        summary, extra = train_from_files(config, datasets, telemetry)
+    added = {"telemetry_rows": len(extra)} if extra is not None else {}
+    show(as_json, {k: v for k, v in summary.items() if k != "text"} | added, lambda: _training_lines(summary, extra))
+
+
+def _training_lines(summary: dict, extra) -> list[str]:
+    """The comparison tables, the telemetry rows added, what was registered and promoted."""
+    lines = [summary["text"]]
+    if extra is not None:
+        lines.append(f"\ntelemetry: {len(extra)} rows of {extra['scenario_id'].nunique()} scenarios added to "
+                     "the registered model's training data (not scored)")
+    return lines + [(f"\nMLflow run {summary['run_id']}: registered {summary['chosen']} as ficco-selector "
+                     f"version {summary['version']}; champion {_champion(summary)}."),
+                    f"report: {summary['report']}"]
+
+
+def _champion(summary: dict) -> str:
+    return "moved to it" if summary["promoted"] else "unchanged"
+
+
+@click.command()
+@click.option("--backend", type=click.Choice(["cpu", "sim"]), default=None,
+              help="Add a machine's rows first: measure this one (cpu) or simulate one (sim).")
+@click.option("--hardware", default=None, help="Preset name or spec file of the machine (with --backend sim).")
+@click.option("--dataset", "datasets", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="A measured dataset to add, e.g. a GPU's from `ficco measure --backend cuda` on that machine.")
+@click.option("--out", "out_dir", default="out/pipeline", show_default=True, type=click.Path(file_okay=False))
+@click.option("--debug", is_flag=True,
+              help="Every stage on a tiny slice with tiny models (seconds): checks that it runs, not how well.")
+@json_option()
+@click.option("--no-progress", is_flag=True)
+def pipeline(backend, hardware, datasets, out_dir, debug, as_json, no_progress) -> None:
+    """The whole pipeline in one command: data, training, grouped evaluation, MLflow, report."""
+    from train.pipeline import run_pipeline
+
+    with reported(ValueError):
+        summary = run_pipeline(backend=backend, hardware=hardware, datasets=datasets, out_dir=out_dir,
+                               progress=not no_progress, debug=debug)
+    show(as_json, {k: v for k, v in summary.items() if k != "text"}, lambda: [
+        summary["text"],
+        (f"\nregistered {summary['chosen']} as ficco-selector version {summary['version']} "
+         f"(champion {_champion(summary)}); MLflow run {summary['run_id']}"),
+        f"report: {summary['report']}   tracking: `mlflow ui` in this folder"])
+
+
+@click.command("export")
+@click.option("--model-uri", default="models:/ficco-selector@champion", show_default=True)
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="Folder to write (default: where Selector.load() looks, $FICCO_SELECTOR or "
+                   "~/.cache/ficco-select/selector).")
+def export_cmd(model_uri, out) -> None:
+    """Copy a registered selector out of MLflow into a runtime folder (XGBoost JSON + selector.json)."""
+    from ficco_select.runtime.selector import DEFAULT_PATH
+    from train.export import export
+
+    # A ValueError is ours and names the folder or the model; MLflow raises many kinds: say which model failed.
+    with reported(Exception, message=lambda e: str(e) if isinstance(e, ValueError) else f"{model_uri}: {e}"):
+        path = export(out or DEFAULT_PATH, model_uri)
+    click.echo(str(path))
+
+
+@click.command()
+@click.option("--dir", "folder", default="out/train", show_default=True, type=click.Path(file_okay=False),
+              help="A training's output folder (what `ficco train` wrote).")
+def report(folder) -> None:
+    """Render a training's comparison tables and plots as one HTML file."""
+    from train.report import write_report
+
+    with reported(FileNotFoundError,
+                  message=lambda e: f"{folder}: not a training output folder ({e.filename} missing)"):
+        path = write_report(folder)
+    click.echo(str(path))
+
+
+COMMANDS = [evaluate, train_cmd, pipeline, export_cmd, report]

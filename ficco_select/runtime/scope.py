@@ -1,0 +1,202 @@
+"""What an exported selector's ``selector.json`` says about where its model may decide,
+parsed and checked once at load (``Scope.from_meta``).
+
+An exported selector is a folder with ``model.json`` (XGBoost JSON, evaluated by
+``ficco_select.runtime.trees``) and ``selector.json``: ``selector`` (``xgb-regressor`` or
+``xgb-ranker``), ``feature_schema_hash``, ``training_ranges`` ([low, high] for m, n, k,
+world_size; the values seen for hardware, dtype and op) and optional ``hardware_specs``
+({name: every HardwareSpec field}), and optional ``abstention`` ({"min_margin": number >= 0
+or null, "fallback": "heuristic" | "baseline"}: the rule fitted on validation folds at
+training, ``train.shipped.fit_abstention``; null: the model never decides; an optional
+``by_kind`` {"gpu" | "cpu": the same two fields} overrides it for that kind of machine;
+without it, a margin below 0.01 goes to the heuristic), and optional ``unseen_hardware`` ({"decide":
+"model" | "heuristic", "kinds": {"gpu" | "cpu": {"topologies": [...], "any_topology":
+bool, "spec_ranges": {field: [low, high]}}}}: fitted at training on machines held out of the fit. With "model", a
+machine not seen in training is decided by the model when the trained machines of its kind
+know its topology and its spec numbers lie inside their ranges; the decision's reason
+says so. Without it, unseen machines go to the heuristic). Both files are checked at load (``Selector.load``):
+anything missing, malformed or inconsistent (another feature schema, a model whose
+``num_feature`` is not ``len(features.FEATURE_NAMES)``, a tree that ``trees`` refuses)
+gives a heuristic-only selector and one warning naming the file and field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ficco_select.hardware import HardwareSpec, spec_from_dict
+from ficco_select.heuristic import backend_for
+
+SELECTORS = ("xgb-regressor", "xgb-ranker")
+"""Learned selectors an export may hold: a regressor predicts time (lower is better), a
+ranker a score (higher is better)."""
+RANGE_COLUMNS = ("m", "n", "k", "world_size")
+"""training_ranges columns given as [low, high]."""
+SEEN_COLUMNS = ("hardware", "dtype", "op")
+"""training_ranges columns given as the list of values seen."""
+DEFAULT_MIN_MARGIN = 0.01
+"""The margin below which a model without a fitted ``abstention`` rule abstains."""
+FALLBACKS = ("heuristic", "baseline")
+"""Where a fitted abstention rule may send a low-margin decision."""
+SPEC_RANGE_FIELDS = ("mem_bw_gbps", "compute_units", "link_bw_gbps", "sm_comm_latency_us", "dma_latency_us",
+                     "copy_engines")
+"""Spec fields (the features' hardware numbers, with ``peak_tflops.<dtype>``) whose trained
+ranges bound the machines an ``unseen_hardware`` rule lets the model decide."""
+MACHINE_KINDS = ("gpu", "cpu")
+"""``unseen_hardware`` ranges are per kind of machine (``machine_kind``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Scope:
+    """What ``selector.json`` says about the model, checked once (``from_meta``)."""
+
+    ranker: bool = False
+    """Higher scores are better (``xgb-ranker``)."""
+    seen: tuple[tuple[str, frozenset], ...] = ()
+    """(column, values seen in training) for the SEEN_COLUMNS the file gives."""
+    ranges: tuple[tuple[str, float, float], ...] = ()
+    """(column, low, high) for the RANGE_COLUMNS the file gives."""
+    specs: Mapping[str, HardwareSpec] = dataclasses.field(default_factory=dict)
+    """``hardware_specs``: the training data's non-preset machines, by name."""
+    abstention: tuple[float | None, str] | None = None
+    """``abstention``: (min_margin or None for never, fallback), if the export has one."""
+    abstention_by_kind: Mapping[str, tuple[float | None, str]] = dataclasses.field(default_factory=dict)
+    """``abstention.by_kind``: the same rule fitted per kind of machine (``machine_kind``):
+    a model's margins mean more on one kind than on another."""
+    unseen: Mapping[str, tuple[frozenset, tuple[tuple[str, float, float], ...]]] = \
+        dataclasses.field(default_factory=dict)
+    """``unseen_hardware`` when its rule lets the model decide machines it never saw: per
+    kind of machine (``machine_kind``), (topologies seen, or None for any, (spec field, low,
+    high) ranges of the trained machines)."""
+
+    @classmethod
+    def from_meta(cls, meta: Any, where: str = "selector.json") -> "Scope":
+        """ValueError naming `where` and the field for anything malformed."""
+        if not isinstance(meta, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(meta).__name__}")
+        name = meta.get("selector")
+        if name not in SELECTORS:
+            raise ValueError(f"{where}: field 'selector' is {name!r}; expected one of {', '.join(SELECTORS)}")
+        ranges = meta.get("training_ranges")
+        if not isinstance(ranges, dict):
+            raise ValueError(f"{where}: field 'training_ranges' must be an object "
+                             f"(column -> range or values), got {type(ranges).__name__}")
+        unknown = [col for col in ranges if col not in RANGE_COLUMNS + SEEN_COLUMNS]
+        if unknown:
+            raise ValueError(f"{where}: field 'training_ranges.{unknown[0]}' is not a scenario column this "
+                             f"runtime checks ({', '.join(RANGE_COLUMNS + SEEN_COLUMNS)})")
+        bounds = []
+        for col in RANGE_COLUMNS:
+            if col in ranges:
+                pair = ranges[col]
+                if not _is_range(pair):
+                    raise ValueError(f"{where}: field 'training_ranges.{col}' must be [low, high], two finite "
+                                     f"numbers with low <= high, got {pair!r}")
+                bounds.append((col, pair[0], pair[1]))
+        seen = []
+        for col in SEEN_COLUMNS:
+            if col in ranges:
+                values = ranges[col]
+                if not (isinstance(values, (list, tuple)) and values and all(isinstance(v, str) for v in values)):
+                    raise ValueError(f"{where}: field 'training_ranges.{col}' must be a non-empty list of "
+                                     f"strings, got {values!r}")
+                seen.append((col, frozenset(values)))
+        specs = meta.get("hardware_specs", {})
+        if not isinstance(specs, dict):
+            raise ValueError(f"{where}: field 'hardware_specs' must be an object (name -> spec), "
+                             f"got {type(specs).__name__}")
+        checked = {}
+        for key, fields in specs.items():
+            spec = spec_from_dict(fields, f"{where}, hardware_specs[{key!r}]")
+            if spec.name != key:
+                raise ValueError(f"{where}, hardware_specs[{key!r}]: field 'name' is {spec.name!r}, not the key")
+            checked[key] = spec
+        rule = meta.get("abstention")
+        abstention, by_kind = None, {}
+        if rule is not None:
+            abstention = _margin_rule(rule, f"{where}: field 'abstention")
+            kinds = rule.get("by_kind", {})
+            if not isinstance(kinds, dict) or not set(kinds) <= set(MACHINE_KINDS):
+                raise ValueError(f"{where}: field 'abstention.by_kind' must be an object keyed by "
+                                 f"{' or '.join(MACHINE_KINDS)}, got {kinds!r}")
+            by_kind = {kind: _margin_rule(r, f"{where}: field 'abstention.by_kind.{kind}") for kind, r in kinds.items()}
+        return cls(ranker=name == "xgb-ranker", seen=tuple(seen), ranges=tuple(bounds), specs=checked,
+                   abstention=abstention, abstention_by_kind=by_kind,
+                   unseen=_unseen_rule(meta.get("unseen_hardware"), where))
+
+
+def _margin_rule(rule: Any, at: str) -> tuple[float | None, str]:
+    """(min_margin, fallback) of an abstention rule; ValueError naming the field (`at` + "...")."""
+    if not isinstance(rule, dict):
+        raise ValueError(f"{at}' must be an object (min_margin, fallback), got {type(rule).__name__}")
+    threshold, fallback = rule.get("min_margin"), rule.get("fallback")
+    if threshold is not None and not (_is_number(threshold) and threshold >= 0):
+        raise ValueError(f"{at}.min_margin' must be a finite number >= 0 or null, got {threshold!r}")
+    if fallback not in FALLBACKS:
+        raise ValueError(f"{at}.fallback' must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
+    return threshold, fallback
+
+
+def _unseen_rule(rule: Any, where: str) -> dict:
+    """``unseen_hardware``: {"decide": "model" | "heuristic", "kinds": {kind: {"topologies":
+    [...], "spec_ranges": {field: [low, high]}}}, ...evidence}; {} unless the model decides."""
+    if rule is None:
+        return {}
+    if not isinstance(rule, dict) or rule.get("decide") not in ("model", "heuristic"):
+        raise ValueError(f"{where}: field 'unseen_hardware' must be an object whose 'decide' is model or "
+                         f"heuristic, got {rule!r}")
+    if rule["decide"] == "heuristic":
+        return {}
+    kinds = rule.get("kinds")
+    if not isinstance(kinds, dict) or not kinds or not set(kinds) <= set(MACHINE_KINDS):
+        raise ValueError(f"{where}: field 'unseen_hardware.kinds' must be a non-empty object keyed by "
+                         f"{' or '.join(MACHINE_KINDS)} (-> topologies and spec_ranges), got {kinds!r}")
+    out = {}
+    for kind, block in kinds.items():
+        at = f"{where}: field 'unseen_hardware.kinds.{kind}"
+        if not isinstance(block, dict):
+            raise ValueError(f"{at}' must be an object, got {type(block).__name__}")
+        topologies, ranges = block.get("topologies"), block.get("spec_ranges")
+        if not (isinstance(topologies, list) and topologies and all(isinstance(t, str) for t in topologies)):
+            raise ValueError(f"{at}.topologies' must be a non-empty list of strings, got {topologies!r}")
+        any_topology = block.get("any_topology", False)
+        if not isinstance(any_topology, bool):
+            raise ValueError(f"{at}.any_topology' must be true or false, got {any_topology!r}")
+        if not isinstance(ranges, dict):
+            raise ValueError(f"{at}.spec_ranges' must be an object (field -> [low, high]), got {ranges!r}")
+        bounds = []
+        for field, pair in ranges.items():
+            if not (field in SPEC_RANGE_FIELDS or field.startswith("peak_tflops.")):
+                raise ValueError(f"{at}.spec_ranges.{field}' is not a spec field this runtime checks "
+                                 f"({', '.join(SPEC_RANGE_FIELDS)}, peak_tflops.<dtype>)")
+            if not _is_range(pair):
+                raise ValueError(f"{at}.spec_ranges.{field}' must be [low, high], two finite numbers with "
+                                 f"low <= high, got {pair!r}")
+            bounds.append((field, float(pair[0]), float(pair[1])))
+        out[kind] = (None if any_topology else frozenset(topologies), tuple(bounds))
+    return out
+
+
+def machine_kind(hw: HardwareSpec) -> str:
+    """``cpu`` or ``gpu``: machines of one kind share candidate sets and feature scales."""
+    return "cpu" if backend_for(hw) == "cpu" else "gpu"
+
+
+def spec_value(hw: HardwareSpec, field: str) -> float | None:
+    """A SPEC_RANGE_FIELDS value of `hw`, or ``peak_tflops.<dtype>`` (None if the spec has no such dtype)."""
+    if field.startswith("peak_tflops."):
+        return hw.peak_tflops.get(field.split(".", 1)[1])
+    return float(getattr(hw, field))
+
+
+def _is_range(pair: Any) -> bool:
+    """[low, high]: two finite numbers with low <= high."""
+    return (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(_is_number(v) for v in pair)
+            and pair[0] <= pair[1])
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,285 @@
+"""The policy that ships: a learned selector inside the runtime ``Selector``, with the rules
+that tell it when to abstain, fitted on validation folds of the training side.
+
+- ``fit_abstention``: the margin threshold and fallback that keep slowdowns within
+  ``SLOWDOWN_CAP`` of validation scenarios (one rule, and one per kind of machine);
+- ``fit_unseen_hardware``: how far outside the trained machines' specs the model may decide;
+- ``ShippedPolicy``: the runtime selector around the model and those rules, scored in the
+  tables as users get it; ``runtime_meta`` / ``training_ranges``: what ``selector.json`` holds.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from data.dataset import user_specs
+from data.machines import base_machine
+from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
+from ficco_select.hardware import HardwareSpec, load_hardware
+from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, SPEC_RANGE_FIELDS, machine_kind, spec_value
+from ficco_select.runtime.selector import Selector as RuntimeSelector
+from ficco_select.runtime.trees import TreeEnsemble
+from ficco_select.schedule import BASELINE
+from train.metrics import true_times, usable_rows
+from train.selectors import (
+    AlwaysBaseline,
+    BaseSelector,
+    Heuristic,
+    XGBRanker,
+    XGBTimeRegressor,
+    clone,
+    feature_pairs,
+    scenario_records,
+)
+
+
+def training_ranges(df: pd.DataFrame) -> dict:
+    """Per scenario column, the range seen in training: the runtime abstains outside it."""
+    ok = usable_rows(df)
+    return {"m": [int(ok["m"].min()), int(ok["m"].max())], "n": [int(ok["n"].min()), int(ok["n"].max())],
+            "k": [int(ok["k"].min()), int(ok["k"].max())],
+            "world_size": [int(ok["world_size"].min()), int(ok["world_size"].max())],
+            "hardware": sorted(set(ok["hardware"])), "dtype": sorted(set(ok["dtype"])),
+            "op": sorted(set(ok["op"]))}
+
+
+def runtime_meta(name: str, df: pd.DataFrame) -> dict:
+    """The fields of an export's ``selector.json`` that the runtime reads, for a model
+    named `name` trained on `df` (``train.run`` adds provenance)."""
+    return {"selector": name, "feature_schema_version": FEATURE_SCHEMA_VERSION,
+            "feature_schema_hash": FEATURE_SCHEMA_HASH, "feature_names": list(FEATURE_NAMES),
+            "target": "log(time / baseline time)" if name == "xgb-regressor" else "rank score (higher is better)",
+            "training_ranges": training_ranges(df), "hardware_specs": user_specs(df)}
+
+
+SLOWER_BY = 0.02
+"""A choice is a slowdown when its true time exceeds the baseline's by more than this."""
+SLOWDOWN_CAP = 0.01
+"""The fitted abstention rule allows slowdowns in at most this share of validation scenarios."""
+
+
+def fit_abstention(make: Callable[[], BaseSelector], df: pd.DataFrame, folds: int = 2) -> dict:
+    """The runtime's abstention rule for models built by ``make()`` (an XGBoost selector),
+    fitted on validation folds of `df`, the training side (never a test fold).
+
+    The data are split into `folds` by model family (the ``group`` column; by scenario when
+    there are fewer families); a model fitted on the other folds decides each held-out
+    scenario as the runtime would: its pick and the margin between its two best candidates
+    (the runtime's ``min_margin`` unit, the model's own). The rule is the margin threshold
+    and fallback (``heuristic``, untuned as it ships, or ``baseline``) with the most
+    validation scenarios within 2% of their best among those whose slowdowns (more than
+    ``SLOWER_BY`` slower than the baseline, on the truth) stay within ``SLOWDOWN_CAP``. The
+    threshold is in each model's units, but what it guarantees is the same for every
+    model. One rule over every validation scenario, and one per kind of machine (gpu, cpu;
+    ``by_kind``, with at least ``MIN_KIND_SCENARIOS`` of them), since a model can be sure
+    on one kind and guess on the other. Returns selector.json's ``abstention`` plus the
+    validation figures.
+    """
+    ok = usable_rows(df)
+    key = ok["group"] if ok["group"].nunique() >= folds else ok["scenario_id"]
+    # Dealt round-robin in a fixed shuffled order, so that every fold gets some groups.
+    order = sorted(set(key), key=lambda v: (zlib.crc32(str(v).encode()), str(v)))
+    fold_of = key.map({v: i % folds for i, v in enumerate(order)})
+    parts = [_validation_outcomes(make().fit(ok[fold_of != f]), ok[fold_of == f])
+             for f in range(folds) if (fold_of != f).any() and (fold_of == f).any()]
+    if not parts:  # nothing to validate on: the runtime's own default
+        return {"min_margin": DEFAULT_MIN_MARGIN, "fallback": "heuristic", "validation_scenarios": 0}
+    v = pd.concat(parts, ignore_index=True)
+    by_kind = {kind: _margin_rule(rows) for kind, rows in v.groupby("kind") if len(rows) >= MIN_KIND_SCENARIOS}
+    return {**_margin_rule(v), "by_kind": by_kind} if by_kind else _margin_rule(v)
+
+
+MIN_KIND_SCENARIOS = 50
+"""Validation scenarios of one kind of machine needed to fit that kind its own rule."""
+
+
+def _margin_rule(v: pd.DataFrame) -> dict:
+    """The threshold and fallback that ``fit_abstention`` picks on validation outcomes `v`."""
+    margin, t_model = v["margin"].to_numpy(float), v["t_model"].to_numpy(float)
+    slow_at, near_at = (1 + SLOWER_BY) * v["t_baseline"].to_numpy(float), 1.02 * v["t_best"].to_numpy(float)
+    thresholds = [0.0, *np.quantile(np.unique(margin), np.linspace(0, 1, 101)).tolist(), None]  # None: never trust
+    best = None
+    for fallback in ("heuristic", "baseline"):
+        t_fallback = v[f"t_{fallback}"].to_numpy(float)
+        for threshold in thresholds:
+            trust, t = _under_rule(margin, t_model, t_fallback, threshold)
+            slow, near = float(np.mean(t > slow_at)), float(np.mean(t <= near_at))
+            if slow <= SLOWDOWN_CAP:
+                rank = (near, -(np.inf if threshold is None else threshold), fallback == "heuristic")
+                if best is None or rank > best[0]:
+                    best = (rank, threshold, fallback, near, slow, float(np.mean(trust)))
+    _, threshold, fallback, near, slow, trusted = best
+    return {"min_margin": threshold, "fallback": fallback, "validation_scenarios": len(v),
+            "validation_near_opt_2": near, "validation_slowdowns": slow, "validation_model_share": trusted}
+
+
+def _under_rule(margin: np.ndarray, t_model: np.ndarray, t_fallback: np.ndarray,
+                threshold: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per validation scenario: whether the runtime trusts the model under a margin rule
+    (None: never), and the true time of what it then runs (the model's pick, else the fallback's)."""
+    trust = margin >= threshold if threshold is not None else np.zeros(len(margin), bool)
+    return trust, np.where(trust, t_model, t_fallback)
+
+
+def _apply_rule(v: pd.DataFrame, abstention: dict) -> np.ndarray:
+    """The true time of what the runtime runs on each validation scenario under `abstention`
+    (its rule for the scenario's kind of machine, if it has one)."""
+    out = np.empty(len(v))
+    for kind in set(v["kind"]):
+        rule = abstention.get("by_kind", {}).get(kind, abstention)
+        at = (v["kind"] == kind).to_numpy()
+        rows = v[at]
+        out[at] = _under_rule(rows["margin"].to_numpy(float), rows["t_model"].to_numpy(float),
+                              rows[f"t_{rule['fallback']}"].to_numpy(float), rule["min_margin"])[1]
+    return out
+
+
+def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abstention: dict) -> dict:
+    """The runtime's rule for machines the model never saw (selector.json's ``unseen_hardware``),
+    fitted on `df`, the training side.
+
+    Per kind of machine (gpu, cpu) with two or more machines: its machines are split in two
+    halves; a model fitted on everything but one half decides that half's scenarios as the
+    runtime would, with the `abstention` rule (``fit_abstention``). The model decides
+    unseen machines of that kind only if there it is ahead of the heuristic: more scenarios
+    within 2% of their best, and slowdowns within ``SLOWDOWN_CAP`` or the heuristic's own
+    share; and only those inside the spec ranges (and topologies) of the trained machines
+    of that kind (``ficco_select.runtime.selector.SPEC_RANGE_FIELDS``), each range widened by the
+    factor by which the validation's held-out machines lay outside their training half's
+    (``widened_by``): the extrapolation the validation tested, no more. Machines of a
+    topology not trained on are let in (``any_topology``) only if a held-out machine's
+    topology was new to its training half.
+    """
+    ok = usable_rows(df)
+    specs = {h: load_hardware(h) for h in sorted(set(ok["hardware"]), key=lambda h: zlib.crc32(h.encode()))}
+    rule: dict = {"decide": "heuristic", "kinds": {}, "validation": {}}
+    for kind in sorted({machine_kind(hw) for hw in specs.values()}):
+        mine = [h for h, hw in specs.items() if machine_kind(hw) == kind]
+        # Halves of machines with the machines sampled around them (``data.machines``),
+        # so that a held-out machine is not in training under another name.
+        bases = sorted({base_machine(h) for h in mine}, key=lambda h: zlib.crc32(h.encode()))
+        if len(bases) < 2:
+            rule["validation"][kind] = "fewer than two machines to hold out"
+            continue
+        halves = [[h for h in mine if base_machine(h) in bases[i::2]] for i in (0, 1)]
+        v = pd.concat([_validation_outcomes(make().fit(ok[~ok["hardware"].isin(half)]), ok[ok["hardware"].isin(half)])
+                       for half in halves], ignore_index=True)
+        policy = _apply_rule(v, abstention)
+        near = {"model": float(np.mean(policy <= 1.02 * v["t_best"])),
+                "heuristic": float(np.mean(v["t_heuristic"] <= 1.02 * v["t_best"]))}
+        slow = {"model": float(np.mean(policy > (1 + SLOWER_BY) * v["t_baseline"])),
+                "heuristic": float(np.mean(v["t_heuristic"] > (1 + SLOWER_BY) * v["t_baseline"]))}
+        ahead = near["model"] > near["heuristic"] and slow["model"] <= max(SLOWDOWN_CAP, slow["heuristic"])
+        rule["validation"][kind] = {"scenarios": len(v), "near_opt_2": near, "slowdowns": slow, "ahead": ahead}
+        if ahead:
+            trained = [specs[h] for h in mine]
+            fields = [*SPEC_RANGE_FIELDS, *(f"peak_tflops.{d}" for d in sorted(set.intersection(
+                *(set(hw.peak_tflops) for hw in trained))))]
+            # The validation had models decide machines outside their own training half's
+            # ranges: the ranges are widened by as much (a factor per field) as it tested.
+            split = [([specs[h] for h in mine if h not in half], [specs[h] for h in half]) for half in halves]
+            tested = {f: max(_beyond(fit_on, held, f) for fit_on, held in split) for f in fields}
+            ranges = {}
+            for f in fields:
+                lo, hi = min(spec_value(hw, f) for hw in trained), max(spec_value(hw, f) for hw in trained)
+                ranges[f] = [lo / tested[f], hi * tested[f]] if lo > 0 else [lo, hi]
+            # Likewise a topology: any, if a held-out machine's was new to its training half.
+            new_topology = any({hw.topology for hw in held} - {hw.topology for hw in fit_on} for fit_on, held in split)
+            rule["kinds"][kind] = {"topologies": sorted({hw.topology for hw in trained}), "spec_ranges": ranges,
+                                   "widened_by": tested, "any_topology": new_topology}
+    if rule["kinds"]:
+        rule["decide"] = "model"
+    else:
+        del rule["kinds"]
+    return rule
+
+
+def _beyond(trained: list[HardwareSpec], held: list[HardwareSpec], field: str) -> float:
+    """How far (a factor >= 1) the held-out machines' `field` lies outside the trained ones' range."""
+    values = [spec_value(hw, field) for hw in trained]
+    lo, hi = min(values), max(values)
+    if lo <= 0:
+        return 1.0
+    return max([1.0, *(max(lo / v, v / hi) for hw in held if (v := spec_value(hw, field)) and v > 0)])
+
+
+def _validation_outcomes(model: BaseSelector, val: pd.DataFrame) -> pd.DataFrame:
+    """Per scenario of `val`: the model's pick's true time and margin, and the true times of
+    the runtime's heuristic, the baseline and the best."""
+    ok, X = feature_pairs(val)
+    raw = model.model_.predict(X)
+    lower_is_better = -raw if isinstance(model, XGBRanker) else raw
+    truth = true_times(ok).to_numpy(float)
+    frame = pd.DataFrame({"sid": ok["scenario_id"].to_numpy(), "schedule": ok["schedule"].to_numpy(),
+                          "p": lower_is_better, "t": truth}).sort_values(["sid", "p", "schedule"], kind="mergesort")
+    first = frame.groupby("sid", sort=False).nth(0).set_index("sid")
+    second = frame.groupby("sid", sort=False).nth(1).set_index("sid")["p"]
+    margin = (second.reindex(first.index) - first["p"]).fillna(1.0)  # one candidate: the runtime's 1.0
+    t_of = dict(zip(zip(frame["sid"], frame["schedule"]), frame["t"]))
+    heuristic = Heuristic(tune=False).predict(val)
+    baseline = AlwaysBaseline().predict(val)
+    kind_of = {h: machine_kind(load_hardware(h)) for h in set(ok["hardware"])}
+    hardware = ok.groupby("scenario_id", sort=False)["hardware"].first()
+    return pd.DataFrame({
+        "kind": hardware.reindex(first.index).map(kind_of).to_numpy(),
+        "margin": margin.to_numpy(float),
+        "t_model": first["t"].to_numpy(float),
+        "t_heuristic": [t_of[(sid, heuristic[sid])] for sid in first.index],
+        "t_baseline": [t_of[(sid, baseline[sid])] for sid in first.index],
+        "t_best": frame.groupby("sid", sort=False)["t"].min().reindex(first.index).to_numpy(float),
+    })
+
+
+class ShippedPolicy(BaseSelector):
+    """What a framework hook runs: the runtime ``ficco_select.runtime.selector.Selector`` around a
+    learned model fitted on the training side, with its abstention rules fitted on
+    validation folds of that side (``fit_abstention``, ``fit_unseen_hardware``), as
+    ``ficco export`` ships it. The tables score the decisions users get beside the bare
+    argmin of each model. ``decisions_``: the runtime's decision (with its source: model,
+    heuristic, fallback) for each scenario of the last ``predict``.
+
+    `inner`: the learned selector (unfitted; default ``XGBTimeRegressor()``). Passed the same
+    instance as a bare row of the same evaluation, its fit on the same training frame is
+    reused rather than repeated (``evaluate`` fits selectors in list order).
+    """
+
+    name = "shipped"
+
+    def __init__(self, inner: BaseSelector | None = None) -> None:
+        self.inner = inner
+
+    def _fresh(self) -> BaseSelector:
+        return clone(self.inner or XGBTimeRegressor())
+
+    def fit(self, df):
+        self.abstention_ = fit_abstention(self._fresh, df)
+        inner = self.inner if self.inner is not None else self._fresh()
+        if getattr(inner, "fitted_on_", lambda: None)() is not df:
+            inner.fit(df)
+        self.model_ = TreeEnsemble.from_json(json.loads(inner.model_.get_booster().save_raw("json")),
+                                             expected_features=len(FEATURE_NAMES))
+        self.meta_ = {**runtime_meta(inner.name, df), "abstention": self.abstention_}
+        self.runtime_ = RuntimeSelector(self.model_, self.meta_)
+        self._train = df  # for fit_unseen_hardware, the first time a machine it never saw comes
+        return self
+
+    def predict(self, df):
+        ok = usable_rows(df)
+        if "unseen_hardware" not in self.meta_ and not set(ok["hardware"]) <= set(self._train["hardware"]):
+            # Computed when first needed (it fits two more models); decisions on trained
+            # machines do not depend on it, so this equals fitting it eagerly.
+            self.unseen_hardware_ = fit_unseen_hardware(self._fresh, self._train, self.abstention_)
+            self.meta_ = {**self.meta_, "unseen_hardware": self.unseen_hardware_}
+            self.runtime_ = RuntimeSelector(self.model_, self.meta_)
+        legal = ok.groupby("scenario_id")["schedule"].agg(set)
+        out, self.decisions_ = {}, {}
+        for rec in scenario_records(ok):
+            sid = rec.pop("scenario_id")
+            decision = self.decisions_[sid] = self.runtime_.select(rec)
+            out[sid] = decision.schedule.name if decision.schedule.name in legal[sid] else BASELINE.name
+        return out
