@@ -24,7 +24,7 @@ from torch import nn
 
 
 def rank_main(rank: int, args, tmp: str) -> None:
-    from ficco_select.runtime import torch_ops
+    from ficco_select.runtime import dispatch, torch_ops
     from ficco_select.runtime.selector import Selector
     from ficco_select.runtime.tp import ColumnParallelLinear, RowParallelLinear, install
 
@@ -60,12 +60,12 @@ def rank_main(rank: int, args, tmp: str) -> None:
         with install(tp):
             y_hooked = tp(x)
     with install(tp):
-        decisions = [d.schedule.name + f" ({d.source})" for _, d in torch_ops._decisions.values()]
-    key = next(iter(torch_ops._decisions))[0]
+        decisions = [d.schedule.name + f" ({d.source})" for d in dispatch.decisions().values()]
+    key = next(iter(dispatch.decisions()))[0]
     n = 100_000
     t0 = time.perf_counter()
     for _ in range(n):
-        torch_ops._decide(key, group, None)
+        dispatch.decide(key, group, None)
     hit_us = (time.perf_counter() - t0) / n * 1e6
     if rank == 0:
         out = {"world_size": P, "seq": args.seq, "hidden": args.hidden, "reps": args.reps,

@@ -18,10 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 
+import pandas as pd
+
+from data.measure.gloo import MeasureConfig, measure_spawned
 from data.measure.sweep import summary_table
 from ficco_select import Scenario
-from data.measure.gloo import MeasureConfig, measure_spawned
-import pandas as pd
 
 SCENARIOS = [
     # (op, m, n, k, P, imbalance): compute-bound, balanced and communication-bound shapes

@@ -23,9 +23,9 @@ import zlib
 from pathlib import Path
 
 from data.compare import compare
+from data.measure.gloo import MeasureConfig
 from data.measure.sweep import measure
 from data.scenarios import packaged, read_scenarios
-from data.measure.gloo import MeasureConfig
 
 AIMS = {"median_spread": {2: 0.10, 3: 0.15, 4: 0.15}, "best_agreement": 0.90, "median_tau": 0.8, "above_ideal": 0.02}
 

@@ -47,8 +47,8 @@ def main() -> None:
     from ficco_select import candidates
     from ficco_select.hardware import load_hardware
     from ficco_select.heuristic import backend_for
-    from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
     from ficco_select.runtime.selector import Selector
+    from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
 
     sel = Selector.load(args.model)
     if sel.model is None:

@@ -23,7 +23,7 @@ from torch import nn
 
 
 def rank_main(rank: int, args, store: str) -> None:
-    from ficco_select.runtime import torch_ops
+    from ficco_select.runtime import dispatch, torch_ops
     from ficco_select.runtime.selector import Selector
     from ficco_select.runtime.tp import ColumnParallelLinear, RowParallelLinear, install
 
@@ -55,7 +55,7 @@ def rank_main(rank: int, args, store: str) -> None:
         if rank == 0 and (step % 5 == 0 or step == args.steps - 1):
             print(f"step {step:3d}  loss {loss.item():.4f}")
     if rank == 0:
-        for (key, _), (_, decision) in torch_ops._decisions.items():
+        for (key, _), decision in dispatch.decisions().items():
             print(f"{key[0]} {key[1:3]}: {decision.schedule.name} ({decision.source})")
     handle.remove()
     dist.barrier()

@@ -205,6 +205,7 @@ def measure(path: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
                                    "--warmup", "0", "--json", *extra], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.gloo
 def test_measure_keeps_earlier_scenarios_and_other_tables_parts(tmp_path):
     a, b = table(tmp_path, A_ROW, name="a.csv"), table(tmp_path, B_ROW, name="b.csv")
     a_only = tmp_path / "a.parquet"
@@ -249,6 +250,7 @@ def test_measure_refuses_an_out_of_another_machine_or_not_a_dataset(tmp_path):
     assert notes.read_text() == "my notes"
 
 
+@pytest.mark.gloo
 def test_a_sweep_with_failures_exits_non_zero(tmp_path):
     out = tmp_path / "m.parquet"
     res = measure(table(tmp_path, A_ROW), out, "--timeout", "0.05")  # no rank can start in time

@@ -14,6 +14,9 @@ from data.measure.gloo import MeasureConfig, MeasureError, background_progress_r
 from ficco_select.executor.operators import TOLERANCE, piece_bounds, relative_error
 from scenario_sets import correctness_set
 
+# Tier: real ranks (processes over gloo); deselect with -m "not gloo"
+pytestmark = pytest.mark.gloo
+
 FAST = MeasureConfig(warmup=0, reps=5, timeout_s=60, max_remeasure=0)
 
 

@@ -17,6 +17,9 @@ from ficco_select import Scenario
 from data.measure.gloo import MeasureConfig
 from data.measure.harness import SIGNATURE_COLUMNS
 
+# Tier: real ranks (processes over gloo); deselect with -m "not gloo"
+pytestmark = pytest.mark.gloo
+
 
 def scenarios():
     common = dict(dtype="float32", hardware="cpu")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
+# Tier: real ranks (processes over gloo); deselect with -m "not gloo"
+pytestmark = [pytest.mark.gloo, pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")]
 
 REPO = Path(__file__).resolve().parents[1]
 

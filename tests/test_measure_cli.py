@@ -12,6 +12,9 @@ import pytest
 
 from data.dataset import SCHEMA_VERSION
 
+# Tier: real ranks (processes over gloo); deselect with -m "not gloo"
+pytestmark = pytest.mark.gloo
+
 REQUIRED = ["scenario_id", "group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "schedule",
             "time_s", "time_spread", "verified", "backend"]
 FICCO = [sys.executable, "-m", "ficco_cli.main"]

@@ -16,17 +16,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from click.testing import CliRunner
+from scenario_sets import correctness_set
 
 from data.dataset import provenance
+from data.measure.gloo import MeasureConfig, MeasureError, measure_spawned
+from data.measure.node import NodeOptions
 from data.measure.sweep import measure
 from ficco_cli.main import main
 from ficco_select import Scenario, candidates
-from data.measure.gloo import MeasureConfig, MeasureError, measure_spawned
-from data.measure.node import NodeOptions
-from ficco_select.executor.peer import (
-    EngineComm, HostPeerMemory, NcclComm, PeerCopyComm, PeerMemory,
-)
-from scenario_sets import correctness_set
+from ficco_select.executor.peer import EngineComm, HostPeerMemory, NcclComm, PeerCopyComm, PeerMemory
+
+# Tier: real ranks (processes over gloo); deselect with -m "not gloo"
+pytestmark = pytest.mark.gloo
 
 FAST = MeasureConfig(warmup=0, reps=5, max_remeasure=0, timeout_s=60)
 

@@ -8,6 +8,10 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
+
+# Tier: real ranks (processes over gloo); deselect with -m "not gloo"
+pytestmark = pytest.mark.gloo
 
 
 def children_of(pid: int) -> list[int]:

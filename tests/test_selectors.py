@@ -19,6 +19,9 @@ from train.selector_sets import all_selectors
 from train.selectors import AlwaysBaseline, Heuristic, Oracle, SimulatorSelector, XGBRanker, XGBTimeRegressor
 from train.shipped import SLOWDOWN_CAP, ShippedPolicy, fit_abstention, fit_unseen_hardware
 
+# Tier: end to end (training, MLflow, evaluation); deselect with -m "not slow"
+pytestmark = pytest.mark.slow
+
 MODELS = ["llama3-8b", "mixtral-8x7b", "gpt3-175b"]
 
 

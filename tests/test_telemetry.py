@@ -14,6 +14,9 @@ from ficco_select import Scenario
 from ficco_select.runtime.telemetry import Telemetry
 from train.training_data import telemetry_training_rows
 
+# Tier: end to end (training, MLflow, evaluation); deselect with -m "not slow"
+pytestmark = pytest.mark.slow
+
 SCENARIO = Scenario(group="tele", op="ag_gemm", m=64, n=32, k=16, dtype="float32", world_size=2, hardware="cpu")
 BASE, SHARD, FICCO = "none.sm", "shard.ring.sm", "ficco.d2.ring.gemm_per_piece.m.sm"
 # Per schedule: each call's time on rank 0 and rank 1 (seconds).

@@ -21,10 +21,13 @@ import torch.distributed._symmetric_memory as symm_mem
 import torch.multiprocessing as mp
 from torch import nn
 
-from ficco_select.runtime import torch_ops
 from ficco_select.executor.operators import TOLERANCE, relative_error
-from ficco_select.schedule import all_schedules
+from ficco_select.runtime import dispatch, torch_ops
 from ficco_select.runtime.selector import Selector
+from ficco_select.schedule import all_schedules
+
+# Tier: real ranks (processes over gloo); deselect with -m "not gloo"
+pytestmark = pytest.mark.gloo
 
 
 def _entry(rank: int, fn, P: int, tmp: str) -> None:
@@ -146,7 +149,7 @@ def check_ops_dma(rank: int, P: int, tmp: Path) -> None:
     # dma comm's host stand-in (shared-memory staging slots, threads as streams).
     torch_ops.configure(hardware="h200-nvswitch")
     check_ops(rank, P, tmp, engine="dma")
-    assert torch_ops._dma_comms, "no dma comm was built"
+    assert dispatch._state.dma_comms, "no dma comm was built"
 
 
 @pytest.mark.parametrize("P", [2, 4])
@@ -161,7 +164,7 @@ class _NoSymmetricMemory:
 
 
 def check_dma_without_transport(rank: int, P: int, tmp: Path) -> None:
-    torch_ops.HostPeerMemory = _NoSymmetricMemory  # this rank's process only
+    dispatch.HostPeerMemory = _NoSymmetricMemory  # this rank's process only
     torch_ops.configure(hardware="h200-nvswitch", schedule="ficco.d2.ring.gemm_per_piece.m.dma")
     gen = torch.Generator().manual_seed(rank)
     A_shard, B = _rand(gen, 6, 5), _rand(gen, 5, 4)

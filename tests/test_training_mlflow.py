@@ -18,6 +18,9 @@ from train.run import ALIAS, EXPERIMENT, REGISTERED_MODEL, _maybe_promote, train
 from train.selectors import AlwaysBaseline, Heuristic, Oracle, XGBRanker, XGBTimeRegressor
 from train.shipped import ShippedPolicy
 
+# Tier: end to end (training, MLflow, evaluation); deselect with -m "not slow"
+pytestmark = pytest.mark.slow
+
 
 def fast_selectors():
     ranker = XGBRanker(n_estimators=40)

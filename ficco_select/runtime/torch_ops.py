@@ -34,258 +34,35 @@ when PyTorch's implementation ran), ``pinned`` (``configure(schedule=...)``) or
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import math
-import os
-import time
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.distributed._symmetric_memory as symm_mem
-from torch.distributed import distributed_c10d as c10d
 
-from ficco_select.executor.comm import P2PComm
-from ficco_select.executor.peer import CudaPeerMemory, HostPeerMemory, NcclComm, PeerCopyComm
-from ficco_select.executor.operators import (TOLERANCE, AllGatherGemm, AllToAllGemm, GemmReduceScatter,
-                                       relative_error)
-from ficco_select.hardware import preset_for_device
-from ficco_select.scenario import Scenario, ScenarioError
-from ficco_select.schedule import BASELINE, Schedule, candidates, is_legal, parse
-from ficco_select.runtime.selector import Decision, Selector
-from ficco_select.runtime.telemetry import Telemetry
-from ficco_select.runtime.telemetry import from_env as telemetry_from_env
+from ficco_select.executor.operators import AllGatherGemm, AllToAllGemm, GemmReduceScatter
+from ficco_select.runtime import dispatch
+from ficco_select.runtime.dispatch import (
+    configure,
+    decide,
+    fall_back,
+    hardware_name,
+    reset,
+    resolve_group,
+    run_decided,
+    scenario_for,
+)
 
-log = logging.getLogger("ficco_select.runtime.torch_ops")
-
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-@dataclasses.dataclass
-class _Config:
-    selector: Selector | None = None
-    hardware: str | None = None
-    telemetry: str | None = None
-    group_label: str = "runtime"
-    schedule: Schedule | None = None
-    """Pinned by the caller (benchmarks, debugging): runs wherever it is legal."""
-    explore_every: int = 0
-    """Every n-th call of a shape runs another candidate, in turn (0: never)."""
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "all_to_all_matmul", "configure", "reset", "hardware_name"]
 
 
-_config = _Config()
-_decisions: dict[tuple, tuple[Scenario | None, Decision]] = {}
-"""(call shape key, group name) -> the rank-agreed (scenario, decision)."""
-_calls: dict[tuple, int] = {}
-"""(call shape key, group name) -> calls so far (the same on every rank: they make the same calls)."""
-_telemetry: dict[str, Telemetry] = {}
-_verified: set[tuple[str, str]] = set()
-_dma_comms: dict[tuple[str, str], PeerCopyComm | None] = {}
-"""(group name, device) -> the dma comm; its staging slots persist, its transfer counts
-match on every rank because every rank runs the same schedules on the group."""
-last_decision: Decision | None = None
-"""The decision of the latest call in this process (for logging and tests)."""
-
-
-def configure(*, selector: Selector | str | os.PathLike | None = None, hardware: str | None = None,
-              telemetry: str | os.PathLike | None = None, group_label: str | None = None,
-              schedule: str | Schedule | None = None, explore_every: int | None = None) -> None:
-    """Set the selector (object or exported folder), the hardware preset name, the
-    telemetry file, the scenario ``group`` label, pin one schedule (``""`` unpins: the
-    decision says ``source="pinned"`` where the schedule is legal, else the selector
-    decides), or explore: every ``explore_every``-th call of a shape runs the next of its
-    candidates, baseline first (``source="explore"``), so that telemetry times the
-    alternatives ``ficco train`` needs on the job's own shapes. Clears the decision cache."""
-    if selector is not None:
-        _config.selector = selector if isinstance(selector, Selector) else Selector.load(selector)
-    if hardware is not None:
-        _config.hardware = hardware
-    if telemetry is not None:
-        _config.telemetry = str(telemetry)
-    if group_label is not None:
-        _config.group_label = group_label
-    if schedule is not None:
-        _config.schedule = parse(schedule) if isinstance(schedule, str) and schedule else schedule or None
-    if explore_every is not None:
-        _config.explore_every = max(0, int(explore_every))
-    _decisions.clear()
-    _calls.clear()
-
-
-def reset() -> None:
-    """Back to defaults: the exported champion (or the heuristic), detected hardware, no telemetry."""
-    global _config, last_decision
-    _config = _Config()
-    _decisions.clear()
-    _calls.clear()
-    _telemetry.clear()
-    _verified.clear()
-    for comm in _dma_comms.values():
-        if comm is not None:
-            comm.memory.close()
-    _dma_comms.clear()
-    last_decision = None
-
-
-def _selector() -> Selector:
-    if _config.selector is None:
-        _config.selector = Selector.load()
-    return _config.selector
-
-
-def hardware_name(device: torch.device) -> str | None:
-    """The hardware preset for tensors on `device`: $FICCO_HARDWARE, cpu, or by GPU name."""
-    if _config.hardware or os.environ.get("FICCO_HARDWARE"):
-        return _config.hardware or os.environ["FICCO_HARDWARE"]
-    if device.type == "cpu":
-        return "cpu"
-    return preset_for_device(torch.cuda.get_device_name(device))
-
-
-def _group(group_name) -> dist.ProcessGroup:
-    if isinstance(group_name, dist.ProcessGroup):
-        return group_name
-    return c10d._resolve_process_group(group_name)
-
-
-# -- deciding ---------------------------------------------------------------------------
-def _decide(key: tuple, group: dist.ProcessGroup, make_scenario) -> tuple[Scenario | None, Decision]:
-    """The cached, rank-agreed decision for a call shape; `make_scenario` -> Scenario or a reason."""
-    global last_decision
-    # Keyed by the group's name: holding ProcessGroup objects in a module global would keep
-    # gloo's threads alive until interpreter teardown, where they can abort the process.
-    key = (key, group.group_name)
-    hit = _decisions.get(key)
-    if hit is None:
-        scenario = decision = None
-        if dist.get_rank(group) == 0:
-            try:
-                scenario = make_scenario()
-            except Exception as e:  # noqa: BLE001 - the other ranks wait for this rank's answer
-                decision = Decision(BASELINE, "fallback", 0.0, f"not a scenario the executor runs: {e}")
-            pinned = _config.schedule
-            if decision is None and pinned is not None and is_legal(pinned, scenario, _backend(scenario)):
-                decision = Decision(pinned, "pinned", 1.0, "configure(schedule=...)")
-            if decision is None:
-                decision = _selector().select(scenario)
-        # One rank decides so that every rank runs the same schedule.
-        box = [(scenario, decision)]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-        hit = _decisions[key] = box[0]
-    if _config.explore_every and hit[0] is not None:
-        hit = _explore(key, *hit)
-    last_decision = hit[1]
-    return hit
-
-
-def _explore(key: tuple, scenario: Scenario, decision: Decision) -> tuple[Scenario, Decision]:
-    # Deterministic in the call count, so every rank explores the same schedule.
-    n = _calls[key] = _calls.get(key, 0) + 1
-    every = _config.explore_every
-    if n % every:
-        return scenario, decision
-    runnable = candidates(scenario, _backend(scenario))
-    pick = runnable[(n // every - 1) % len(runnable)]
-    return scenario, Decision(pick, "explore", 0.0, f"exploration: call {n} of this shape")
-
-
-def _backend(scenario: Scenario) -> str:
-    return "cpu" if scenario.hardware == "cpu" else "cuda"
-
-
-HOST_SLOT_BYTES = 1 << 20
-"""Staging slot size of the CPU stand-in of the dma transport (it lives in /dev/shm)."""
-
-
-def _comm(engine: str, group: dist.ProcessGroup, device: torch.device):
-    """The comm that moves `engine`'s bytes on `group`, or None where dma has no transport.
-
-    A dma comm is built once per group, collectively (every rank runs the same decision).
-    Building it can fail where symmetric memory is not supported; the group then runs
-    dma schedules as their sm twins, with a warning, rather than fail the job.
-    """
-    if engine == "sm":
-        return NcclComm(group) if device.type == "cuda" else P2PComm(group)
-    key = (group.group_name, str(device))  # not the group object: see _decisions
-    if key not in _dma_comms:
-        try:
-            if device.type == "cuda":
-                memory = CudaPeerMemory(group)
-            else:
-                memory = HostPeerMemory(group, slot_bytes=HOST_SLOT_BYTES)
-            _dma_comms[key] = PeerCopyComm(memory)
-        except Exception as e:  # noqa: BLE001 - any failure means: no copy-engine transport
-            log.warning("ficco-select: no dma transport on group %s (%s: %s); dma schedules run as "
-                        "their sm twins", group.group_name, type(e).__name__, e)
-            _dma_comms[key] = None
-    return _dma_comms[key]
-
-
-def _run(op_cls, scenario: Scenario, decision: Decision, group: dist.ProcessGroup, reference, **inputs):
-    """Run the decided schedule with the executor; telemetry (and a first-call check) if on."""
-    global last_decision
-    schedule = decision.schedule
-    device = next(v for v in inputs.values() if isinstance(v, torch.Tensor)).device
-    comm = _comm(schedule.engine, group, device)
-    if comm is None:  # the decision as it really runs (telemetry records this schedule)
-        schedule = dataclasses.replace(schedule, engine="sm")
-        comm = _comm("sm", group, device)
-        last_decision = dataclasses.replace(decision, schedule=schedule,
-                                            reason=f"{decision.schedule.name} as its sm twin: no dma transport")
-    op = op_cls(scenario, comm, device=device, **inputs)
-    rec = _recorder()
-    if rec is None:
-        return op.run(schedule), op
-    call = rec.next_call(scenario.scenario_id, schedule.name)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    out = op.run(schedule)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - t0
-    verified = err = None
-    if (scenario.scenario_id, schedule.name) not in _verified:
-        _verified.add((scenario.scenario_id, schedule.name))
-        err = relative_error(out, reference().float())
-        verified = err <= TOLERANCE[scenario.dtype]
-        if not verified:
-            log.warning("ficco-select: schedule %s gave a wrong result on %s (rel. error %.2e)",
-                        schedule.name, scenario.scenario_id, err)
-    rec.record({**scenario.as_record(), "scenario_id": scenario.scenario_id}, schedule=schedule.name,
-               source=decision.source, call=call, time_s=elapsed, verified=verified,
-               rel_error=None if err is None or math.isinf(err) else err, backend=device.type)
-    return out, op
-
-
-def _recorder() -> Telemetry | None:
-    path = _config.telemetry or os.environ.get("FICCO_TELEMETRY")
-    if not path:
-        return None
-    rank = dist.get_rank()
-    key = f"{path}@{rank}"
-    if key not in _telemetry:
-        _telemetry[key] = Telemetry(path, rank) if _config.telemetry else telemetry_from_env(rank)
-    return _telemetry[key]
-
-
-def _scenario(op: str, m: int, n: int, k: int, dtype: torch.dtype, P: int, device: torch.device,
-              imbalance: float = 1.0) -> Scenario:
-    if dtype not in DTYPE_NAMES:
-        raise ScenarioError(f"column 'dtype': {dtype} is not one of {', '.join(DTYPE_NAMES.values())}")
-    hw = hardware_name(device)
-    if hw is None:
-        raise ScenarioError(f"column 'hardware': no preset for {torch.cuda.get_device_name(device)}; "
-                            "set $FICCO_HARDWARE")
-    return Scenario(group=_config.group_label, op=op, m=m, n=n, k=k, dtype=DTYPE_NAMES[dtype],
-                    world_size=P, hardware=hw, imbalance=imbalance)
-
-
-def _fallback(reason: str) -> None:
-    global last_decision
-    last_decision = Decision(BASELINE, "fallback", 0.0, reason)
+def __getattr__(name: str):
+    # ``torch_ops.last_decision``: the latest call's decision, read from the shared state.
+    if name == "last_decision":
+        return dispatch.last_decision()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- the ops ----------------------------------------------------------------------------
@@ -297,17 +74,17 @@ def all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_
     Differentiable: the gradient of A_shard is itself a matmul + reduce-scatter.
     """
     if _needs_grad(A_shard, *Bs):
-        A, *outs = _AllGatherMatmul.apply(A_shard, gather_dim, _group(group_name), *Bs)
+        A, *outs = _AllGatherMatmul.apply(A_shard, gather_dim, resolve_group(group_name), *Bs)
         return (A if return_A else None), outs
     return _all_gather_matmul(A_shard, Bs, gather_dim, group_name, return_A=return_A)
 
 
 def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A):
-    group = _group(group_name)
+    group = resolve_group(group_name)
     P = dist.get_world_size(group)
     gather_dim = gather_dim % A_shard.ndim
     if gather_dim == A_shard.ndim - 1 or not Bs:
-        _fallback("gather along the contraction dim: PyTorch's implementation")
+        fall_back("gather along the contraction dim: PyTorch's implementation")
         return symm_mem._fused_all_gather_matmul_fallback(A_shard, list(Bs), gather_dim, group.group_name,
                                                           return_A=return_A)
     # Gathered rows in rank order, as the executor's row all-gather produces them.
@@ -316,7 +93,7 @@ def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A):
     A2 = A2.reshape(-1, A2.shape[-1])
     widths = [B.shape[-1] for B in Bs]
     key = ("ag", tuple(A2.shape), sum(widths), A_shard.dtype, A_shard.device.type)
-    scenario, decision = _decide(key, group, lambda: _scenario(
+    scenario, decision = decide(key, group, lambda: scenario_for(
         "ag_gemm", P * A2.shape[0], P * sum(widths), A2.shape[1], A_shard.dtype, P, A_shard.device))
     if scenario is None:
         return symm_mem._fused_all_gather_matmul_fallback(A_shard, list(Bs), gather_dim, group.group_name,
@@ -326,7 +103,7 @@ def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A):
     def reference():
         return symm_mem._fused_all_gather_matmul_fallback(A2, [W], 0, group.group_name, return_A=False)[1][0]
 
-    out, op = _run(AllGatherGemm, scenario, decision, group, reference, A_shard=A2, W=W)
+    out, op = run_decided(AllGatherGemm, scenario, decision, group, reference, A_shard=A2, W=W)
     outs = [o.reshape(P * lead[0], *lead[1:], w).movedim(0, gather_dim)
             for o, w in zip(out.split(widths, dim=1), widths)]
     A = op.A_full.reshape(P * lead[0], *lead[1:], A2.shape[1]).movedim(0, gather_dim) if return_A else None
@@ -341,17 +118,17 @@ def matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scat
     gradient of A is an all-gather + matmul.
     """
     if _needs_grad(A, B):
-        return _MatmulReduceScatter.apply(A, B, reduce_op, scatter_dim, _group(group_name))
+        return _MatmulReduceScatter.apply(A, B, reduce_op, scatter_dim, resolve_group(group_name))
     return _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name)
 
 
 def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
-    group = _group(group_name)
+    group = resolve_group(group_name)
     P = dist.get_world_size(group)
     scatter_dim = scatter_dim % A.ndim
     extent = B.shape[-1] if scatter_dim == A.ndim - 1 else A.shape[scatter_dim]
     if reduce_op not in ("sum", "avg") or extent % P:
-        _fallback(f"reduce_op {reduce_op!r} / scatter extent {extent} over {P} ranks: PyTorch's implementation")
+        fall_back(f"reduce_op {reduce_op!r} / scatter extent {extent} over {P} ranks: PyTorch's implementation")
         return symm_mem._fused_matmul_reduce_scatter_fallback(A, B, reduce_op, scatter_dim, group.group_name)
     if scatter_dim == A.ndim - 1:
         # Scatter the output's columns: (A @ B)^T = B^T @ A^T has them as rows.
@@ -362,7 +139,7 @@ def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
         rows_lead = At.shape[:-1]
         left, right = At.reshape(-1, At.shape[-1]), B
     key = ("rs", tuple(left.shape), right.shape[1], scatter_dim == A.ndim - 1, A.dtype, A.device.type)
-    scenario, decision = _decide(key, group, lambda: _scenario(
+    scenario, decision = decide(key, group, lambda: scenario_for(
         "gemm_rs", left.shape[0], right.shape[1], P * left.shape[1], A.dtype, P, A.device))
     if scenario is None:
         return symm_mem._fused_matmul_reduce_scatter_fallback(A, B, reduce_op, scatter_dim, group.group_name)
@@ -370,7 +147,7 @@ def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     def reference():
         return symm_mem._fused_matmul_reduce_scatter_fallback(left, right, "sum", 0, group.group_name)
 
-    out, _ = _run(GemmReduceScatter, scenario, decision, group, reference, A=left, W=right, eager_buffers=False)
+    out, _ = run_decided(GemmReduceScatter, scenario, decision, group, reference, A=left, W=right, eager_buffers=False)
     if reduce_op == "avg":
         out = out / P
     if scatter_dim == A.ndim - 1:
@@ -445,14 +222,14 @@ def all_to_all_matmul(X: torch.Tensor, W: torch.Tensor, output_split_sizes: Sequ
     """
     splits = (tuple(output_split_sizes), tuple(input_split_sizes))
     if _needs_grad(X, W):
-        return _AllToAllMatmul.apply(X, W, splits, _group(group_name))
+        return _AllToAllMatmul.apply(X, W, splits, resolve_group(group_name))
     return _all_to_all_matmul(X, W, splits, group_name)[0]
 
 
 def _all_to_all_matmul(X, W, splits, group_name) -> tuple[torch.Tensor, torch.Tensor]:
     """(X_recv @ W, X_recv)."""
     output_split_sizes, input_split_sizes = splits
-    group = _group(group_name)
+    group = resolve_group(group_name)
     P = dist.get_world_size(group)
     loads = torch.zeros(P, dtype=torch.int64, device=X.device)
     dist.all_gather_single(loads, torch.tensor([sum(output_split_sizes)], dtype=torch.int64, device=X.device),
@@ -461,7 +238,7 @@ def _all_to_all_matmul(X, W, splits, group_name) -> tuple[torch.Tensor, torch.Te
     m = math.ceil(2 ** (math.ceil(4 * math.log2(mean)) / 4)) if mean >= 1 else 0
     imbalance = min(float(P), math.ceil(8 * loads.max().item() / mean) / 8) if mean > 0 else 1.0
     key = ("a2a", m, imbalance, X.shape[1], W.shape[1], X.dtype, X.device.type)
-    scenario, decision = _decide(key, group, lambda: _scenario(
+    scenario, decision = decide(key, group, lambda: scenario_for(
         "a2a_gemm", m, W.shape[1], X.shape[1], X.dtype, P, X.device, imbalance=imbalance))
 
     def received():
@@ -472,7 +249,7 @@ def _all_to_all_matmul(X, W, splits, group_name) -> tuple[torch.Tensor, torch.Te
     if scenario is None:
         recv = received()
         return recv @ W, recv
-    out, op = _run(AllToAllGemm, scenario, decision, group, lambda: received() @ W, X=X, W=W,
+    out, op = run_decided(AllToAllGemm, scenario, decision, group, lambda: received() @ W, X=X, W=W,
                    send_sizes=list(input_split_sizes), recv_sizes=list(output_split_sizes))
     # Overlapped schedules read the local chunk from X in place: complete X_recv.
     op.X_recv[op.recv_rows(op.r)] = op.send_chunk(op.r)
