@@ -14,6 +14,10 @@
   the slice (each scenario against XGBoost on its own rows).
 - import + load of the selector in a fresh process that has already imported torch
   (target: <= 200 ms).
+- layer tables (``layer_tables``): a new m on a known layer vs a bare dict lookup (target:
+  <= 2x), the first sight of a layer (target: <= 5 ms), a decode-like stream of 10,000
+  calls over 8 layers, m any multiple of P up to 4096 (target: mean <= 1 us per call), and
+  the table's choice within 2% of the direct decision's predicted time (target: >= 99% of m).
 
     python benchmarks/selector_speed.py --model DIR   # DIR from `ficco export`
 """
@@ -88,6 +92,8 @@ def main() -> None:
     t_miss, t_one, t_all, n_cands, source = miss_and_xgb(scenario, 200)
     slice_ = np.array([miss_and_xgb(s, 100)[:4] for s in scenarios])
 
+    tables = layer_tables(sel, args.model)
+
     # -- import + load ----------------------------------------------------------------------
     code = ("import time, torch; t=time.perf_counter(); from ficco_select.runtime.selector import Selector; "
             f"s=Selector.load({args.model!r}); print(time.perf_counter()-t)")
@@ -107,9 +113,101 @@ def main() -> None:
         "slice_mean_miss_over_inplace_1row": float((slice_[:, 0] / slice_[:, 1]).mean()),
         "slice_mean_miss_over_inplace_candidates": float((slice_[:, 0] / slice_[:, 2]).mean()),
         "import_load_ms": 1e3 * float(np.median(loads)),
+        **tables,
     }
     out = {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
     print(json.dumps(out, indent=2) if args.json else "\n".join(f"{k:>40}: {v}" for k, v in out.items()))
+
+
+def layer_tables(sel, model: str, n_layers: int = 8, stream_calls: int = 10_000, max_m: int = 4096,
+                 seed: int = 0) -> dict:
+    """Layer tables (``ficco_select.runtime.layers``) on the catalog's layers (llama3-70b and
+    mixtral-8x7b, mi300x-8, P = 8): a new m on a known layer against a bare dict lookup; the
+    first sight of a layer (its table built); a decode-like stream of calls over the layers
+    with m any multiple of P up to `max_m`, with the tables built during the stream (cold)
+    and already built (warm, as precompiled tables would be); and how close the table's
+    choice is to the direct decision's, in the model's predicted time, at random m."""
+    import dataclasses
+    import random
+    import time
+
+    from data.catalog import catalog
+    from features.build import candidate_features
+    from ficco_select.hardware import load_hardware
+    from ficco_select.heuristic import backend_for
+    from ficco_select.runtime.layers import GRID_STEPS_PER_OCTAVE
+    from ficco_select.runtime.selector import Selector
+    from ficco_select.scenario import Scenario
+    from ficco_select.schedule import legal_candidates
+
+    hw = load_hardware("mi300x-8")
+    layers: dict[tuple, Scenario] = {}
+    for r in catalog("full", world_sizes=(8,), hardware="mi300x-8", models=["llama3-70b", "mixtral-8x7b"]):
+        s = Scenario.from_record(r)
+        layers.setdefault(s.layer, s)
+    layers = dict(list(layers.items())[:n_layers])
+    P = 8
+
+    # New m on a known layer vs a bare dict lookup (both one method call on a warm table).
+    first = next(iter(layers.values()))
+    table = sel.layer_table(first)
+    m = 8 * 37
+    lookup_table = best_of("t.decide(m)", 1_000_000, t=table, m=m)
+    bare = best_of("d.get(k)", 1_000_000, d={first.layer: 1}, k=first.layer)
+
+    # First sight: every layer's table built by a fresh selector.
+    fresh = Selector.load(model)
+    builds = []
+    for s in layers.values():
+        t0 = time.perf_counter()
+        fresh.layer_table(s)
+        builds.append(time.perf_counter() - t0)
+
+    # The stream: (layer, m) calls, each a table lookup (a direct decision outside the table).
+    rng = random.Random(seed)
+    keys = list(layers)
+    calls = [(keys[rng.randrange(len(keys))], P * rng.randint(1, max_m // P)) for _ in range(stream_calls)]
+
+    def stream(selector) -> float:
+        tabs: dict[tuple, object] = {}
+        t0 = time.perf_counter()
+        for key, m in calls:
+            tab = tabs.get(key)
+            if tab is None:
+                tab = tabs[key] = selector.layer_table(layers[key])
+            if tab is None or tab.decide(m) is None:
+                selector.select(dataclasses.replace(layers[key], m=m))
+        return (time.perf_counter() - t0) / len(calls)
+
+    cold = stream(Selector.load(model))
+    warm_selector = Selector.load(model)
+    for s in layers.values():
+        warm_selector.layer_table(s)
+    warm = stream(warm_selector)
+
+    # Accuracy: the model's predicted time of the table's choice vs of the direct decision's.
+    direct_sel = Selector.load(model)
+    ratios, agree = [], 0
+    for key, m in calls[:2000]:
+        s = dataclasses.replace(layers[key], m=m)
+        by_table = sel.layer_table(layers[key]).decide(m)
+        direct = direct_sel._decide(s, None)
+        agree += by_table.schedule == direct.schedule
+        cands = legal_candidates(s, backend_for(hw))
+        pred = dict(zip(cands, np.exp(sel.model.predict(candidate_features(s, cands, hw)))))  # time / baseline
+        ratios.append(pred[by_table.schedule] / pred[direct.schedule])
+    ratios = np.array(ratios)
+    return {
+        "table_grid_steps_per_octave": GRID_STEPS_PER_OCTAVE, "table_layers": len(layers),
+        "table_grid_points_mean": float(np.mean([len(sel.layer_table(s).grid) for s in layers.values()])),
+        "table_new_m_us": lookup_table * 1e6, "table_dict_lookup_us": bare * 1e6,
+        "table_new_m_over_lookup": lookup_table / bare,
+        "table_first_sight_ms_mean": 1e3 * float(np.mean(builds)), "table_first_sight_ms_max": 1e3 * max(builds),
+        "stream_calls": len(calls), "stream_cold_us_per_call": cold * 1e6, "stream_warm_us_per_call": warm * 1e6,
+        "table_agrees_with_direct": agree / len(ratios),
+        "table_within_2pct_of_direct_predicted": float((ratios <= 1.02).mean()),
+        "table_worst_predicted_ratio": float(ratios.max()),
+    }
 
 
 if __name__ == "__main__":

@@ -123,3 +123,23 @@ def read_rows(path) -> list[dict]:
     if missing:
         raise ScenarioError(f"{path}: column '{missing[0]}' is missing (need {', '.join(REQUIRED_COLUMNS)})")
     return table.to_dict("records")
+
+
+def read_layers(path) -> list[Scenario]:
+    """The layers of a scenario table (``ficco export --layers``): its rows with ``m``
+    ignored (set to the world size, valid for every op), validated, spec-file hardware under
+    its spec's name, one scenario per distinct layer. Raises ScenarioError naming the row."""
+    layers: dict[tuple, Scenario] = {}
+    for i, record in enumerate(read_rows(path), start=1):
+        machine = str(record["hardware"]).strip()
+        if is_spec_path(machine):
+            try:
+                record = {**record, "hardware": load_hardware(machine).name}
+            except HardwareError as e:
+                raise ScenarioError(f"{path}: row {i}, column 'hardware': {e}") from None
+        try:
+            s = Scenario.from_record({**record, "m": record.get("world_size")}, row=i)
+        except ScenarioError as e:
+            raise ScenarioError(f"{path}: {e}") from None
+        layers.setdefault(s.layer, s)
+    return list(layers.values())

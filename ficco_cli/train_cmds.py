@@ -107,20 +107,38 @@ def _champion(summary: dict) -> str:
 @click.option("--out", "out_dir", default="out/pipeline", show_default=True, type=click.Path(file_okay=False))
 @click.option("--debug", is_flag=True,
               help="Every stage on a tiny slice with tiny models (seconds): checks that it runs, not how well.")
+@click.option("--export-to", default=None, type=click.Path(file_okay=False),
+              help="Where a new champion is exported for the runtime (default: where Selector.load() looks, "
+                   "$FICCO_SELECTOR or ~/.cache/ficco-select/selector).")
+@click.option("--no-export", is_flag=True, help="Leave the runtime's model as it is, even if the champion moves.")
 @json_option()
 @click.option("--no-progress", is_flag=True)
-def pipeline(backend, hardware, datasets, out_dir, debug, as_json, no_progress) -> None:
-    """The whole pipeline in one command: data, training, grouped evaluation, MLflow, report."""
+def pipeline(backend, hardware, datasets, out_dir, debug, export_to, no_export, as_json, no_progress) -> None:
+    """The whole pipeline in one command: data, training, grouped evaluation, MLflow, report,
+    and, when the champion moves, its export to the runtime folder."""
+    from ficco_select.runtime.selector import DEFAULT_PATH
     from train.pipeline import run_pipeline
 
     with reported(ValueError):
         summary = run_pipeline(backend=backend, hardware=hardware, datasets=datasets, out_dir=out_dir,
-                               progress=not no_progress, debug=debug)
+                               progress=not no_progress, debug=debug,
+                               export_to=None if no_export else export_to or DEFAULT_PATH)
     show(as_json, {k: v for k, v in summary.items() if k != "text"}, lambda: [
         summary["text"],
         (f"\nregistered {summary['chosen']} as ficco-selector version {summary['version']} "
          f"(champion {_champion(summary)}); MLflow run {summary['run_id']}"),
+        *_export_lines(summary, debug),
         f"report: {summary['report']}   tracking: `mlflow ui` in this folder"])
+
+
+def _export_lines(summary: dict, debug: bool) -> list[str]:
+    if "exported" in summary:
+        return [f"exported the champion to {summary['exported']}: Selector.load() and `ficco select` use it now"]
+    if "export_error" in summary:
+        return [f"not exported ({summary['export_error']}); `ficco export --out DIR` copies it"]
+    if debug and summary["promoted"]:
+        return ["not exported: a --debug model never reaches the runtime"]
+    return []
 
 
 @click.command("export")
@@ -128,15 +146,22 @@ def pipeline(backend, hardware, datasets, out_dir, debug, as_json, no_progress) 
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="Folder to write (default: where Selector.load() looks, $FICCO_SELECTOR or "
                    "~/.cache/ficco-select/selector).")
-def export_cmd(model_uri, out) -> None:
-    """Copy a registered selector out of MLflow into a runtime folder (XGBoost JSON + selector.json)."""
+@click.option("--layers", "layers_path", default=None, type=click.Path(dir_okay=False),
+              help="A scenario table (m ignored) whose layers get precompiled decision tables (layers.json).")
+def export_cmd(model_uri, out, layers_path) -> None:
+    """Copy a registered selector out of MLflow into a runtime folder (XGBoost JSON + selector.json,
+    and with --layers the decision tables of those layers over every m)."""
+    from data.scenarios import read_layers
     from ficco_select.runtime.selector import DEFAULT_PATH
+    from ficco_select.scenario import ScenarioError
     from train.export import export
 
+    with reported(ScenarioError):
+        layers = read_layers(layers_path) if layers_path else []
     # A ValueError is ours and names the folder or the model; MLflow raises many kinds: say which model failed.
     with reported(Exception, message=lambda e: str(e) if isinstance(e, ValueError) else f"{model_uri}: {e}"):
-        path = export(out or DEFAULT_PATH, model_uri)
-    click.echo(str(path))
+        path = export(out or DEFAULT_PATH, model_uri, layers)
+    click.echo(str(path) + (f" (tables for {len(layers)} layers: layers.json)" if layers else ""))
 
 
 @click.command()

@@ -62,7 +62,9 @@ def estimates(s: Scenario, hw: HardwareSpec) -> dict[str, float]:
     """Analytic T_comp, T_comm, ideal speedup, DIL per degree, piece transfer per degree."""
     P, b = s.world_size, s.dtype_bytes
     peak = hw.peak_of(s.dtype) * 1e12
-    M, N, K, shard_rows, shard_cols = (float(x) for x in rank_work(OP_CODES[s.op], s.m, s.n, s.k, P, s.imbalance))
+    # Floats, not ints: a huge int would overflow NumPy's int64 (the runtime must not fail on it).
+    work = rank_work(OP_CODES[s.op], float(s.m), float(s.n), float(s.k), P, s.imbalance)
+    M, N, K, shard_rows, shard_cols = (float(x) for x in work)
     shard_bytes = shard_rows * shard_cols * b
     t_comp = float(gemm_time(hw, M, N, K, b, peak))
     ring = (P - 1) * float(transfer_time(hw, shard_bytes, 1, False, P))

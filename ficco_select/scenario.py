@@ -38,6 +38,8 @@ SCENARIO_COLUMNS: tuple[str, ...] = (
 )
 """Columns of a scenario table; ``imbalance`` may be omitted (defaults to 1.0)."""
 REQUIRED_COLUMNS = SCENARIO_COLUMNS[:-1]
+LAYER_COLUMNS: tuple[str, ...] = ("op", "n", "k", "dtype", "world_size", "hardware", "imbalance")
+"""What identifies a layer (``Scenario.layer``): every column but ``m`` and the ``group`` label."""
 
 
 class ScenarioError(ValueError):
@@ -178,6 +180,12 @@ class Scenario:
             for src, c in enumerate(_even_split(load, P, rotate=dst)):
                 counts[src][dst] = c
         return counts
+
+    @property
+    def layer(self) -> tuple:
+        """The values of LAYER_COLUMNS: in serving and with variable sequence lengths only m
+        changes between calls of a layer (``ficco_select.runtime.layers``)."""
+        return (self.op, self.n, self.k, self.dtype, self.world_size, self.hardware, self.imbalance)
 
     # -- per-rank work --------------------------------------------------------------------
     def rank_gemms(self) -> list[tuple[int, int, int]]:

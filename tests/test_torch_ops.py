@@ -397,6 +397,52 @@ def test_tensor_parallel_mlp_same_hooked_and_unhooked(tmp_path):
     spawn(check_tp_mlp, 2, tmp_path)
 
 
+def check_tp_mlp_varying_m(rank: int, P: int, tmp: Path) -> None:
+    from ficco_select.runtime.tp import install, parallelize
+
+    torch.manual_seed(0)
+    hidden, ffn, batch = 12, 8 * P, 3
+    full = nn.Sequential(nn.Linear(hidden, ffn), nn.GELU(), nn.Linear(ffn, hidden))
+    tp = parallelize(copy.deepcopy(full), {"0": "colwise", "2": "rowwise"}, dist.group.WORLD)
+    broadcasts = []
+    real_broadcast = dist.broadcast_object_list
+
+    def counted(*args, **kw):
+        broadcasts.append(1)
+        return real_broadcast(*args, **kw)
+
+    dispatch.dist.broadcast_object_list = counted  # this rank's process only
+    seqs = [3, 5, 7, 9, 16, 40, 5, 3]  # per rank; m = P * seq * batch changes between calls
+    schedules = []
+    for seq in seqs:
+        x = torch.randn(P * seq, batch, hidden).chunk(P, dim=0)[rank].clone().requires_grad_()
+        tp.zero_grad()
+        y_plain = tp(x)
+        y_plain.square().sum().backward()
+        dx_plain, dw_plain = x.grad.clone(), [p.grad.clone() for p in tp.parameters()]
+        x.grad = None
+        tp.zero_grad()
+        with install(tp):
+            y = tp(x)
+            y.square().sum().backward()
+        torch.testing.assert_close(y, y_plain, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(x.grad, dx_plain, rtol=1e-5, atol=1e-5)
+        for got, want in zip([p.grad for p in tp.parameters()], dw_plain):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        schedules.append(sorted((str(k), d.schedule.name) for k, d in dispatch.decisions().items()))
+    tables = dispatch._state.tables
+    assert tables and all(table is not None for _, table in tables.values()), tables
+    # One broadcast per layer (forward and backward GEMMs), none per new m.
+    assert len(broadcasts) == len(tables) <= 4 < len(set(seqs)) * len(tables), (len(broadcasts), len(tables))
+    everyone = [None] * P
+    dist.all_gather_object(everyone, schedules)
+    assert all(other == schedules for other in everyone), "ranks ran different schedules"
+
+
+def test_tensor_parallel_mlp_with_m_varying_between_calls_decides_from_layer_tables(tmp_path):
+    spawn(check_tp_mlp_varying_m, 2, tmp_path)
+
+
 def test_parallelize_names_what_is_wrong_in_the_plan():
     from ficco_select.runtime.tp import parallelize
 

@@ -160,6 +160,47 @@ def test_export_then_the_runtime_selector_decides_without_raising(store, tmp_pat
     assert broken.select(recs[0]).source == "heuristic"
 
 
+def test_export_with_layers_precompiles_tables_that_the_runtime_reads(store, tmp_path, caplog):
+    from ficco_select.runtime.layers import TABLES_FILE
+    from ficco_select.runtime.selector import Selector
+    from train.export import export
+
+    root, first, second = store
+    uri = f"models:/{REGISTERED_MODEL}/{second['version']}"
+    recs = catalog("full", world_sizes=(4, 8), hardware="mi300x-8", models=["llama3-8b", "mixtral-8x7b"])
+    layers = list({s.layer: s for s in map(Scenario.from_record, recs)}.values())
+    folder = export(tmp_path / "sel", uri, layers)
+    text = (folder / TABLES_FILE).read_text()
+    assert "do not edit" in text and export(tmp_path / "again", uri, layers).joinpath(TABLES_FILE).read_text() == text
+    sel, lazy = Selector.load(folder), Selector(Selector.load(folder).model, Selector.load(folder).meta)
+    assert set(sel._tables) == {s.layer for s in layers}  # loaded, not built
+    for layer in layers:
+        pre, built = sel._tables[layer.layer], lazy.layer_table(layer)
+        assert pre.grid == built.grid and [(d.schedule, d.source) for d in pre.decisions] == \
+            [(d.schedule, d.source) for d in built.decisions]
+    # Tables built from another model are not used: a warning, and they are built on first sight.
+    (folder / "selector.json").write_text((folder / "selector.json").read_text() + " ")
+    caplog.clear()
+    stale = Selector.load(folder)
+    assert stale.model is not None and not stale._tables and "layer tables" in caplog.text
+    assert stale.layer_table(layers[0]) is not None
+
+
+def test_a_new_champion_reaches_the_runtime_folder_without_a_manual_step(store, tmp_path):
+    from ficco_select.runtime.selector import Selector
+    from train.pipeline import export_if_promoted
+
+    root, first, second = store
+    first = {**first, "promoted": True}  # as a pipeline's summary is when its version became the champion
+    done = export_if_promoted(first, tmp_path / "runtime")
+    assert done["exported"] == str(tmp_path / "runtime") and Selector.load(done["exported"]).model is not None
+    assert "exported" not in export_if_promoted({**second, "promoted": False}, tmp_path / "runtime2")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("not an export")
+    refused = export_if_promoted(first, tmp_path / "mine")
+    assert "notes.txt" in refused["export_error"] and (tmp_path / "mine" / "notes.txt").exists()
+
+
 def test_the_readme_retrain_flow_with_a_spec_file(tmp_path):
     """README "Retrain on new hardware" with a machine described only by a file: every
     stage, each in a fresh process, finds it by the name the file declares."""

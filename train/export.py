@@ -1,7 +1,8 @@
 """Export a registered selector for the runtime: XGBoost JSON + selector.json in one folder.
 
 The runtime (``ficco_select.runtime.selector``) never talks to MLflow: this explicit step copies
-the model out of the registry once. The folder is written beside its destination and
+the model out of the registry once, with the precompiled layer tables of a scenario table
+if asked (``--layers``). The folder is written beside its destination and
 swapped in, so a reader sees the old export or the new one; a destination holding
 anything an export does not write is refused, never emptied.
 """
@@ -10,15 +11,22 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
+from ficco_select.runtime.layers import write_tables
+from ficco_select.runtime.selector import Selector
+from ficco_select.scenario import Scenario
 from train.run import ALIAS, REGISTERED_MODEL
 
-EXPORT_FILES = ("model.json", "selector.json")
+EXPORT_FILES = ("model.json", "selector.json", "layers.json")
 """What an exported folder holds; a destination with anything else is not ours to replace."""
 
 
-def export(out: str | Path, model_uri: str = f"models:/{REGISTERED_MODEL}@{ALIAS}") -> Path:
+def export(out: str | Path, model_uri: str = f"models:/{REGISTERED_MODEL}@{ALIAS}",
+           layers: Sequence[Scenario] = ()) -> Path:
+    """Write the registered model `model_uri` to the folder `out`, with the precompiled
+    tables of `layers` (``ficco_select.runtime.layers``; their m is ignored) if given."""
     import mlflow
     import xgboost as xgb
 
@@ -36,6 +44,8 @@ def export(out: str | Path, model_uri: str = f"models:/{REGISTERED_MODEL}@{ALIAS
     try:
         booster.save_model(str(new / "model.json"))
         shutil.copy(metas[0], new / "selector.json")
+        if layers:
+            write_tables(Selector.load(new), layers, new)
         if out.exists():  # an earlier export: moved aside, then removed once the new one is in place
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             out.rename(old / out.name)

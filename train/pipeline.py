@@ -33,7 +33,7 @@ def new_hardware_rows(backend: str, hardware: str | None, out_dir: Path, progres
             raise ValueError("--backend sim needs --hardware NAME|FILE (the machine to simulate)")
         return simulated(hardware)
     if backend == "cpu":
-        from data.measure.gloo import MeasureConfig
+        from data.measure.config import MeasureConfig
         from data.measure.sweep import measure
         from data.scenarios import packaged, read_scenarios
 
@@ -50,10 +50,15 @@ DEBUG_SCENARIOS_PER_MACHINE = 12
 
 
 def run_pipeline(*, backend: str | None = None, hardware: str | None = None, datasets: Sequence[str | Path] = (),
-                 out_dir: str | Path = "out/pipeline", progress: bool = True, debug: bool = False) -> dict:
+                 out_dir: str | Path = "out/pipeline", progress: bool = True, debug: bool = False,
+                 export_to: str | Path | None = None) -> dict:
     """`datasets`: measured datasets to add to the default training data (e.g. a GPU's,
     from ``ficco measure --backend cuda``). `debug`: every stage on a tiny slice (a few
-    scenarios per machine, tiny models), to check that it all runs; its numbers mean nothing."""
+    scenarios per machine, tiny models), to check that it all runs; its numbers mean nothing.
+    `export_to`: when the champion moves, export it there (``train.export``), so that the
+    runtime (``Selector.load()``, ``ficco select``) uses it without a manual step; never in
+    `debug` (a tiny model must not reach a job). The summary says where (``exported``) or why
+    not (``export_error``: a folder the export may not replace)."""
     out_dir = Path(out_dir)
     config = TrainConfig(splits=PIPELINE_SPLITS, selectors="debug" if debug else "fast", out_dir=out_dir,
                          progress=progress)  # checked before any data is built
@@ -64,7 +69,23 @@ def run_pipeline(*, backend: str | None = None, hardware: str | None = None, dat
     df = df.drop_duplicates(["scenario_id", "schedule"], keep="last")  # re-adding a preset replaces it
     if debug:
         df = debug_slice(df, DEBUG_SCENARIOS_PER_MACHINE)
-    return train(df, config)
+    summary = train(df, config)
+    return export_if_promoted(summary, export_to) if export_to is not None and not debug else summary
+
+
+def export_if_promoted(summary: dict, export_to: str | Path) -> dict:
+    """`summary` (``train.run.train``'s) with ``exported`` (the folder) if its version became
+    the champion and was exported to `export_to`, or ``export_error`` if the folder may not
+    be replaced (the model is registered either way; ``ficco export`` can still copy it)."""
+    if not summary["promoted"]:
+        return summary
+    from train.export import export
+    from train.run import REGISTERED_MODEL
+
+    try:
+        return {**summary, "exported": str(export(export_to, f"models:/{REGISTERED_MODEL}/{summary['version']}"))}
+    except ValueError as e:
+        return {**summary, "export_error": str(e)}
 
 
 def debug_slice(df: pd.DataFrame, per_machine: int) -> pd.DataFrame:

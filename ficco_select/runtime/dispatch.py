@@ -22,6 +22,7 @@ from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.operators import TOLERANCE, relative_error
 from ficco_select.executor.peer import CudaPeerMemory, HostPeerMemory, NcclComm, PeerCopyComm
 from ficco_select.hardware import preset_for_device
+from ficco_select.runtime.layers import LayerTable
 from ficco_select.runtime.selector import Decision, Selector
 from ficco_select.runtime.telemetry import Telemetry
 from ficco_select.runtime.telemetry import from_env as telemetry_from_env
@@ -54,6 +55,8 @@ class _State:
     settings: Settings = dataclasses.field(default_factory=Settings)
     decisions: dict[tuple, tuple[Scenario | None, Decision]] = dataclasses.field(default_factory=dict)
     """(call shape key, group name) -> the rank-agreed (scenario, decision)."""
+    tables: dict[tuple, tuple[Scenario | None, LayerTable | None]] = dataclasses.field(default_factory=dict)
+    """(call layer key, group name) -> the rank-agreed (layer's first scenario, its layer table)."""
     calls: dict[tuple, int] = dataclasses.field(default_factory=dict)
     """(call shape key, group name) -> calls so far (the same on every rank: they make the same calls)."""
     telemetry: dict[str, Telemetry] = dataclasses.field(default_factory=dict)
@@ -102,6 +105,7 @@ def configure(*, selector: Selector | str | os.PathLike | None = None, hardware:
     if explore_every is not None:
         _state.settings.explore_every = max(0, int(explore_every))
     _state.decisions.clear()
+    _state.tables.clear()
     _state.calls.clear()
 
 
@@ -136,12 +140,24 @@ def resolve_group(group_name) -> dist.ProcessGroup:
 
 
 # -- deciding ---------------------------------------------------------------------------
-def decide(key: tuple, group: dist.ProcessGroup, make_scenario) -> tuple[Scenario | None, Decision]:
-    """The cached, rank-agreed decision for a call shape; `make_scenario` -> Scenario or a reason."""
+def decide(key: tuple, group: dist.ProcessGroup, make_scenario, layer: tuple | None = None,
+           m: int | None = None) -> tuple[Scenario | None, Decision]:
+    """The cached, rank-agreed decision for a call shape; `make_scenario` -> Scenario or a reason.
+
+    `layer`, `m`: the call's shape without its token count, and the token count. A new m of
+    a layer seen before is looked up in the layer's table (``Selector.layer_table``), which
+    rank 0 built and broadcast at the layer's first call: every rank looks up the same
+    table, so the group agrees on every m without another collective. An m outside the
+    table, a pinned schedule, or a layer without a table is decided per shape, as above.
+    """
     # Keyed by the group's name: holding ProcessGroup objects in a module global would keep
     # gloo's threads alive until interpreter teardown, where they can abort the process.
     key = (key, group.group_name)
     hit = _state.decisions.get(key)
+    if hit is None and layer is not None and _state.settings.schedule is None:
+        hit = _from_table((layer, group.group_name), m, group, make_scenario)
+        if hit is not None:
+            _state.decisions[key] = hit
     if hit is None:
         scenario = decision = None
         if dist.get_rank(group) == 0:
@@ -162,6 +178,25 @@ def decide(key: tuple, group: dist.ProcessGroup, make_scenario) -> tuple[Scenari
         hit = _explore(key, *hit)
     _state.last_decision = hit[1]
     return hit
+
+
+def _from_table(key: tuple, m: int, group: dist.ProcessGroup, make_scenario) -> tuple[Scenario, Decision] | None:
+    """The decision for token count `m` from the layer's table, or None (decide per shape)."""
+    entry = _state.tables.get(key)
+    if entry is None:
+        first = table = None
+        if dist.get_rank(group) == 0:
+            try:
+                first = make_scenario()
+                table = _selector().layer_table(first)
+            except Exception:  # noqa: BLE001 - no table: the per-shape path decides and says why
+                first = table = None
+        box = [(first, table)]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+        entry = _state.tables[key] = box[0]
+    first, table = entry
+    decision = table.decide(m) if table is not None else None
+    return None if decision is None else (dataclasses.replace(first, m=m), decision)
 
 
 def _explore(key: tuple, scenario: Scenario, decision: Decision) -> tuple[Scenario, Decision]:

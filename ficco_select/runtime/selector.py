@@ -83,6 +83,7 @@ class Selector:
         self._cache: dict[Scenario, Decision] = {}
         self._by_record: dict[tuple, Decision] = {}
         self._hardware: dict[str, HardwareSpec | None] = {}
+        self._tables: dict[tuple, Any] = {}  # layer key -> LayerTable or None (runtime/layers.py)
         self._warned: set = set()
 
     # -- loading ------------------------------------------------------------------------
@@ -106,10 +107,16 @@ class Selector:
                                  f"{selector.meta.get('feature_schema_hash')!r}, this code's is {FEATURE_SCHEMA_HASH}; "
                                  "re-export a model trained with this version")
             selector.model = TreeEnsemble.load(folder / "model.json", expected_features=len(FEATURE_NAMES))
-            return selector
         except Exception as e:  # noqa: BLE001 - never break the caller's job
             log.warning("ficco-select: no usable model at %s (%s); using the heuristic", where, e)
             return cls(**kw)
+        try:  # precompiled layer tables (ficco export --layers): known layers never walk trees
+            from ficco_select.runtime.layers import read_tables
+
+            selector._tables.update(read_tables(folder))
+        except Exception as e:  # noqa: BLE001 - tables are built on first sight instead
+            log.warning("ficco-select: layer tables at %s not used (%s); building them on first sight", where, e)
+        return selector
 
     # -- deciding -------------------------------------------------------------------------
     def select(self, scenario: Scenario | Mapping[str, Any]) -> Decision:
@@ -122,9 +129,30 @@ class Selector:
             return self._select_slow(scenario)
 
     def clear_cache(self) -> None:
-        """Forget every decision (the next ``select`` of each scenario decides again)."""
+        """Forget every decision (the next ``select`` of each scenario decides again). Layer
+        tables are kept: they are the model's, built for every m of a layer at once."""
         for cache in (self._by_id, self._alive, self._cache, self._by_record):
             cache.clear()
+
+    def layer_table(self, scenario: Scenario):
+        """The ``LayerTable`` of `scenario`'s layer (every column but ``m``): its decisions on a
+        grid of ``m``, built on first sight (``ficco_select.runtime.layers``); None where the
+        layer cannot have one (its hardware unknown, more ranks than devices). Never raises."""
+        from ficco_select.runtime.layers import table_for
+
+        key = scenario.layer
+        try:
+            return self._tables[key]
+        except KeyError:
+            pass
+        try:
+            table = table_for(self, scenario)
+        except Exception as e:  # noqa: BLE001 - no table: the caller decides call by call
+            self._warn_once(("table", type(e).__name__), f"no layer table ({e!r}); deciding per call")
+            table = None
+        _bound(_CACHE_LIMIT, self._tables)
+        self._tables[key] = table
+        return table
 
     def _select_slow(self, raw) -> Decision:
         """A scenario not seen as this object: find its decision by value, or decide."""
@@ -204,8 +232,9 @@ class Selector:
         self._hardware[value] = spec
         return spec
 
-    def _model_or_heuristic(self, s: Scenario, hw: HardwareSpec) -> Decision:
-        """The model's decision, or the heuristic's with why: the model abstained or failed."""
+    def _model_or_heuristic(self, s: Scenario, hw: HardwareSpec, scores: np.ndarray | None = None) -> Decision:
+        """The model's decision, or the heuristic's with why: the model abstained or failed.
+        `scores`: the model's scores of the legal candidates, if already computed (layer tables)."""
         try:
             why = self._abstain_reason(s, hw)
         except Exception as e:  # noqa: BLE001 - the heuristic is still a better guess than the baseline
@@ -213,7 +242,7 @@ class Selector:
             self._warn_once(("abstain", type(e).__name__), f"{why}; using the heuristic")
         if not why:
             try:
-                return self._model_decision(s, hw)
+                return self._model_decision(s, hw, scores)
             except Exception as e:  # noqa: BLE001
                 why = f"model failed: {e!r}"
                 self._warn_once(("model", type(e).__name__), f"{why}; using the heuristic")
@@ -266,12 +295,18 @@ class Selector:
                 return f"{field}={value:g} outside the trained machines' range [{lo:g}, {hi:g}]"
         return ""
 
-    def _model_decision(self, s: Scenario, hw: HardwareSpec) -> Decision:
+    def _model_decision(self, s: Scenario, hw: HardwareSpec, scores: np.ndarray | None = None) -> Decision:
         cands = _candidates(s, backend_for(hw))
         if not cands:
             return self._heuristic(s, hw, "no legal candidate schedule to score")
-        X = _candidate_features()(s, cands, hw)  # (n_candidates, n_features)
-        scores = self.model.predict(X)
+        if scores is None:
+            scores = self.model.predict(_candidate_features()(s, cands, hw))  # X: (n_candidates, n_features)
+        return self._decision_from_scores(s, hw, cands, scores)
+
+    def _decision_from_scores(self, s: Scenario, hw: HardwareSpec, cands: Sequence[Schedule],
+                              scores: np.ndarray) -> Decision:
+        """The model's pick among `cands` from their scores (n_candidates,), or the
+        abstention its margin calls for."""
         if not np.isfinite(scores).all():  # checked trees cannot give one; a bug or a hand-edited model can
             self._warn_once(("non-finite",), "the model predicted a non-finite score; using the heuristic")
             return self._heuristic(s, hw, "model predicted a non-finite score")

@@ -94,7 +94,8 @@ def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A):
     widths = [B.shape[-1] for B in Bs]
     key = ("ag", tuple(A2.shape), sum(widths), A_shard.dtype, A_shard.device.type)
     scenario, decision = decide(key, group, lambda: scenario_for(
-        "ag_gemm", P * A2.shape[0], P * sum(widths), A2.shape[1], A_shard.dtype, P, A_shard.device))
+        "ag_gemm", P * A2.shape[0], P * sum(widths), A2.shape[1], A_shard.dtype, P, A_shard.device),
+        layer=key[:1] + key[2:] + (A2.shape[1],), m=P * A2.shape[0])
     if scenario is None:
         return symm_mem._fused_all_gather_matmul_fallback(A_shard, list(Bs), gather_dim, group.group_name,
                                                           return_A=return_A)
@@ -140,7 +141,8 @@ def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
         left, right = At.reshape(-1, At.shape[-1]), B
     key = ("rs", tuple(left.shape), right.shape[1], scatter_dim == A.ndim - 1, A.dtype, A.device.type)
     scenario, decision = decide(key, group, lambda: scenario_for(
-        "gemm_rs", left.shape[0], right.shape[1], P * left.shape[1], A.dtype, P, A.device))
+        "gemm_rs", left.shape[0], right.shape[1], P * left.shape[1], A.dtype, P, A.device),
+        layer=key[:1] + key[2:] + (left.shape[1],), m=left.shape[0])
     if scenario is None:
         return symm_mem._fused_matmul_reduce_scatter_fallback(A, B, reduce_op, scatter_dim, group.group_name)
 
@@ -239,7 +241,8 @@ def _all_to_all_matmul(X, W, splits, group_name) -> tuple[torch.Tensor, torch.Te
     imbalance = min(float(P), math.ceil(8 * loads.max().item() / mean) / 8) if mean > 0 else 1.0
     key = ("a2a", m, imbalance, X.shape[1], W.shape[1], X.dtype, X.device.type)
     scenario, decision = decide(key, group, lambda: scenario_for(
-        "a2a_gemm", m, W.shape[1], X.shape[1], X.dtype, P, X.device, imbalance=imbalance))
+        "a2a_gemm", m, W.shape[1], X.shape[1], X.dtype, P, X.device, imbalance=imbalance),
+        layer=key[:1] + key[2:], m=m)
 
     def received():
         recv = X.new_empty(sum(output_split_sizes), X.shape[1])

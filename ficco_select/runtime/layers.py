@@ -1,0 +1,190 @@
+"""Layer tables: a selector's decisions for one layer over the token count ``m``.
+
+In serving (continuous batching, decode) and in training with variable sequence lengths,
+``m`` changes from call to call while the rest of the scenario stays: the layer (op, n, k,
+dtype, world size, hardware, imbalance). Each new ``m`` would be a cache miss, a walk of
+every tree for every candidate. Instead, the first time a layer is seen its decisions are
+computed on a grid of ``m`` in one batch (the grid's feature rows, one tree walk); from then on
+any ``m`` of the layer is a bisect (``LayerTable.decide``).
+
+- The grid: ``GRID_STEPS_PER_OCTAVE`` points per doubling of ``m``, rounded up to valid
+  values (multiples of P for ``ag_gemm`` and ``gemm_rs``), from the smallest valid ``m`` to
+  the largest inside the model's trained range (``DEFAULT_M_RANGE`` without a model).
+- Between grid points an ``m`` gets the decision of the grid point below it. Its schedule
+  is legal at ``m`` too: legality asks only for enough rows per shard, and ``m`` has more.
+- At grid points a table's decision is the selector's direct one (tested); between them it
+  is measured against the direct decision (``benchmarks/selector_speed.py``).
+- Outside the grid, or for an ``m`` that is not valid for the layer, ``decide`` answers None
+  and the caller decides that call directly (``Selector.select``).
+
+Precompiled tables: ``ficco export --layers FILE`` writes the tables of a scenario table's
+layers into the export folder (``layers.json``, generated, deterministic, with the digest
+of the model and selector.json they came from); ``Selector.load`` reads them, so known
+layers never walk trees. A file whose digest is not the folder's is ignored with a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+from bisect import bisect_right
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ficco_select.hardware import is_spec_path
+from ficco_select.heuristic import backend_for
+from ficco_select.scenario import LAYER_COLUMNS, Scenario
+from ficco_select.schedule import legal_candidates, parse
+
+if TYPE_CHECKING:
+    from ficco_select.runtime.selector import Decision, Selector
+
+GRID_STEPS_PER_OCTAVE = 8
+"""Grid points per doubling of m (neighbours about 9% apart)."""
+DEFAULT_M_RANGE = (1, 1 << 20)
+"""The m range of a table without a model's trained range (a heuristic-only selector)."""
+TABLES_FILE = "layers.json"
+"""Precompiled tables in an export folder (``ficco export --layers``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerTable:
+    """One layer's decisions at the grid points of ``m`` (ascending); ``step``: valid ``m``
+    are its multiples."""
+
+    layer: tuple
+    grid: tuple[int, ...]
+    decisions: tuple[Decision, ...]
+    step: int
+
+    def decide(self, m: int) -> Decision | None:
+        """The decision for token count `m` (a positive int), or None outside the table."""
+        grid = self.grid
+        if m < grid[0] or m > grid[-1] or m % self.step:
+            return None
+        return self.decisions[bisect_right(grid, m) - 1]
+
+
+def m_grid(lo: int, hi: int, step: int) -> tuple[int, ...]:
+    """Valid m (multiples of `step`) in [lo, hi], GRID_STEPS_PER_OCTAVE per doubling, the
+    smallest and the largest included."""
+    first, last = step * math.ceil(max(lo, 1) / step), step * (hi // step)
+    if first > last:
+        return ()
+    octaves = math.log2(last / first)
+    points = {first, last}
+    for i in range(1, int(octaves * GRID_STEPS_PER_OCTAVE) + 1):
+        points.add(min(last, step * math.ceil(first * 2 ** (i / GRID_STEPS_PER_OCTAVE) / step)))
+    return tuple(sorted(points))
+
+
+def table_for(selector: Selector, scenario: Scenario) -> LayerTable | None:
+    """`scenario`'s layer decided on its grid of m by `selector`, in one batch; None where
+    no table applies (unknown hardware, more ranks than the machine's devices: every m of
+    such a layer falls back, which the direct path says with its reason)."""
+    hw = selector._spec(scenario.hardware)
+    if hw is None or scenario.world_size > hw.devices and backend_for(hw) != "cpu":
+        return None
+    if is_spec_path(scenario.hardware):  # decided under the machine's name, as training saw it
+        scenario = dataclasses.replace(scenario, hardware=hw.name)
+    trained = dict((col, (lo, hi)) for col, lo, hi in selector._scope.ranges)
+    lo, hi = trained.get("m", DEFAULT_M_RANGE) if selector.model is not None else DEFAULT_M_RANGE
+    step = scenario.world_size if scenario.op in ("ag_gemm", "gemm_rs") else 1
+    grid = m_grid(int(lo), int(hi), step)
+    if not grid:
+        return None
+    points = [dataclasses.replace(scenario, m=m) for m in grid]
+    scores = _batch_scores(selector, points, hw) if selector.model is not None else {}
+    decisions = tuple(selector._model_or_heuristic(s, hw, scores.get(i)) for i, s in enumerate(points))
+    return LayerTable(scenario.layer, grid, decisions, step)
+
+
+def _batch_scores(selector: Selector, points: list[Scenario], hw) -> dict[int, np.ndarray]:
+    """The model's scores of each grid point's legal candidates, from one feature matrix and
+    one tree walk; only for the points where the model would decide."""
+    backend = backend_for(hw)
+    todo = [(i, s, legal_candidates(s, backend)) for i, s in enumerate(points)
+            if not selector._abstain_reason(s, hw)]
+    todo = [(i, s, cands) for i, s, cands in todo if cands]
+    if not todo:
+        return {}
+    features = _candidate_features()
+    X = np.concatenate([features(s, cands, hw) for _, s, cands in todo])  # (sum of n_candidates, n_features)
+    scores = selector.model.predict(X)
+    bounds = np.cumsum([0] + [len(cands) for _, _, cands in todo])
+    return {i: scores[a:b] for (i, _, _), a, b in zip(todo, bounds[:-1], bounds[1:])}
+
+
+@functools.cache
+def _candidate_features():
+    """``features.build.candidate_features``, imported on the first table with a model."""
+    from features.build import candidate_features
+
+    return candidate_features
+
+
+# -- precompiled tables ------------------------------------------------------------------
+def export_digest(folder: str | Path) -> str:
+    """The digest of an export's model.json and selector.json: what its tables were built from."""
+    h = hashlib.sha256()
+    for name in ("model.json", "selector.json"):
+        h.update(Path(folder, name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def write_tables(selector: Selector, layers: Iterable[Scenario], folder: str | Path) -> Path:
+    """Build the tables of `layers` (their m ignored) with `selector` (loaded from `folder`)
+    and write them to ``folder/layers.json``; deterministic: the same export and layers give
+    the same bytes. Layers that cannot have a table (see ``table_for``) are left out."""
+    tables = {}
+    for s in layers:
+        table = selector.layer_table(s)
+        if table is not None:
+            tables[table.layer] = table
+    doc = {
+        "generated": "by ficco export --layers from the model in this folder; do not edit",
+        "model_digest": export_digest(folder), "grid_steps_per_octave": GRID_STEPS_PER_OCTAVE,
+        "layers": [{**dict(zip(LAYER_COLUMNS, key)), "step": t.step, "grid": list(t.grid),
+                    "decisions": [[d.schedule.name, d.source, d.confidence, d.reason] for d in t.decisions]}
+                   for key, t in sorted(tables.items(), key=lambda kv: json.dumps(kv[0]))],
+    }
+    head = json.dumps({k: v for k, v in doc.items() if k != "layers"}, indent=1)[:-2]
+    body = ",\n".join("  " + json.dumps(entry) for entry in doc["layers"])  # a layer per line: diffs read
+    path = Path(folder, TABLES_FILE)
+    path.write_text(f'{head},\n "layers": [\n{body}\n ]\n}}\n')
+    return path
+
+
+def read_tables(folder: str | Path) -> dict[tuple, LayerTable]:
+    """The precompiled tables of an export folder ({} without ``layers.json``); ValueError
+    naming the file and field if they are malformed or were built from another model."""
+    from ficco_select.runtime.selector import Decision
+
+    path = Path(folder, TABLES_FILE)
+    if not path.exists():
+        return {}
+    doc = json.loads(path.read_text())
+    if doc.get("model_digest") != export_digest(folder):
+        raise ValueError(f"{path}: field 'model_digest' is {doc.get('model_digest')!r}, not this export's "
+                         f"{export_digest(folder)}: built from another model; re-run ficco export --layers")
+    tables = {}
+    for i, entry in enumerate(doc.get("layers", [])):
+        at = f"{path}: layers[{i}]"
+        try:
+            key = tuple(entry[c] for c in LAYER_COLUMNS)
+            grid = tuple(int(m) for m in entry["grid"])
+            decisions = tuple(Decision(parse(name), str(source), float(confidence), str(reason))
+                              for name, source, confidence, reason in entry["decisions"])
+            step = int(entry["step"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{at}: {type(e).__name__}: {e}") from None
+        if not grid or len(grid) != len(decisions) or list(grid) != sorted(set(grid)) or step < 1:
+            raise ValueError(f"{at}: 'grid' must be ascending, one decision per point")
+        tables[key] = LayerTable(key, grid, decisions, step)
+    return tables
