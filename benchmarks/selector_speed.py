@@ -124,8 +124,9 @@ def layer_tables(sel, model: str, n_layers: int = 8, stream_calls: int = 10_000,
     """Layer tables (``ficco_select.runtime.layers``) on the catalog's layers (llama3-70b and
     mixtral-8x7b, mi300x-8, P = 8): a new m on a known layer against a bare dict lookup; the
     first sight of a layer (its table built); a decode-like stream of calls over the layers
-    with m any multiple of P up to `max_m`, with the tables built during the stream (cold)
-    and already built (warm, as precompiled tables would be); and how close the table's
+    with m any multiple of P up to `max_m`, without tables (each new (layer, m) a miss, as
+    before tables), with the tables built during the stream (cold) and already built (warm,
+    as precompiled tables would be); and how close the table's
     choice is to the direct decision's, in the model's predicted time, at random m."""
     import dataclasses
     import random
@@ -179,6 +180,13 @@ def layer_tables(sel, model: str, n_layers: int = 8, stream_calls: int = 10_000,
                 selector.select(dataclasses.replace(layers[key], m=m))
         return (time.perf_counter() - t0) / len(calls)
 
+    def stream_without_tables(selector) -> float:  # every new (layer, m) a miss, as before tables
+        t0 = time.perf_counter()
+        for key, m in calls:
+            selector.select(dataclasses.replace(layers[key], m=m))
+        return (time.perf_counter() - t0) / len(calls)
+
+    direct = stream_without_tables(Selector.load(model))
     cold = stream(Selector.load(model))
     warm_selector = Selector.load(model)
     for s in layers.values():
@@ -203,7 +211,8 @@ def layer_tables(sel, model: str, n_layers: int = 8, stream_calls: int = 10_000,
         "table_new_m_us": lookup_table * 1e6, "table_dict_lookup_us": bare * 1e6,
         "table_new_m_over_lookup": lookup_table / bare,
         "table_first_sight_ms_mean": 1e3 * float(np.mean(builds)), "table_first_sight_ms_max": 1e3 * max(builds),
-        "stream_calls": len(calls), "stream_cold_us_per_call": cold * 1e6, "stream_warm_us_per_call": warm * 1e6,
+        "stream_calls": len(calls), "stream_without_tables_us_per_call": direct * 1e6,
+        "stream_cold_us_per_call": cold * 1e6, "stream_warm_us_per_call": warm * 1e6,
         "table_agrees_with_direct": agree / len(ratios),
         "table_within_2pct_of_direct_predicted": float((ratios <= 1.02).mean()),
         "table_worst_predicted_ratio": float(ratios.max()),

@@ -22,8 +22,9 @@ from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.operators import TOLERANCE, relative_error
 from ficco_select.executor.peer import CudaPeerMemory, HostPeerMemory, NcclComm, PeerCopyComm
 from ficco_select.hardware import preset_for_device
+from ficco_select.runtime.decision import Decision
 from ficco_select.runtime.layers import LayerTable
-from ficco_select.runtime.selector import Decision, Selector
+from ficco_select.runtime.selector import Selector
 from ficco_select.runtime.telemetry import Telemetry
 from ficco_select.runtime.telemetry import from_env as telemetry_from_env
 from ficco_select.scenario import Scenario, ScenarioError

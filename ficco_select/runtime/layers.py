@@ -43,11 +43,12 @@ import numpy as np
 
 from ficco_select.hardware import is_spec_path
 from ficco_select.heuristic import backend_for
+from ficco_select.runtime.decision import Decision
 from ficco_select.scenario import LAYER_COLUMNS, Scenario
 from ficco_select.schedule import legal_candidates, parse
 
-if TYPE_CHECKING:
-    from ficco_select.runtime.selector import Decision, Selector
+if TYPE_CHECKING:  # annotations only: the selector imports this module
+    from ficco_select.runtime.selector import Selector
 
 GRID_STEPS_PER_OCTAVE = 16
 """Grid points per doubling of m (neighbours about 4.4% apart). With the bisection of
@@ -191,8 +192,6 @@ def write_tables(selector: Selector, layers: Iterable[Scenario], folder: str | P
 def read_tables(folder: str | Path) -> dict[tuple, LayerTable]:
     """The precompiled tables of an export folder ({} without ``layers.json``); ValueError
     naming the file and field if they are malformed or were built from another model."""
-    from ficco_select.runtime.selector import Decision
-
     path = Path(folder, TABLES_FILE)
     if not path.exists():
         return {}

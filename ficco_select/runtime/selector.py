@@ -42,6 +42,8 @@ import numpy as np
 
 from ficco_select.hardware import HardwareError, HardwareSpec, hardware_name, is_spec_path, load_hardware
 from ficco_select.heuristic import backend_for, choose
+from ficco_select.runtime.decision import Decision
+from ficco_select.runtime.layers import read_tables, table_for
 from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, Scope, machine_kind, spec_value
 from ficco_select.runtime.trees import TreeEnsemble, read_json
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario, ScenarioError
@@ -51,17 +53,6 @@ log = logging.getLogger("ficco_select.runtime.selector")
 
 DEFAULT_PATH = Path(os.environ.get("FICCO_SELECTOR", Path.home() / ".cache" / "ficco-select" / "selector"))
 """Where ``ficco export`` puts the champion and ``Selector.load()`` looks for it."""
-@dataclasses.dataclass(frozen=True)
-class Decision:
-    schedule: Schedule
-    source: str
-    """``model``, ``heuristic`` or ``fallback``."""
-    confidence: float
-    """Model: predicted relative gap between the best and second-best candidate (0..1);
-    heuristic and fallback: 0."""
-    reason: str = ""
-
-
 class Selector:
     def __init__(self, model: TreeEnsemble | None = None, meta: Mapping[str, Any] | None = None, *,
                  min_margin: float | None = None) -> None:
@@ -111,8 +102,6 @@ class Selector:
             log.warning("ficco-select: no usable model at %s (%s); using the heuristic", where, e)
             return cls(**kw)
         try:  # precompiled layer tables (ficco export --layers): known layers never walk trees
-            from ficco_select.runtime.layers import read_tables
-
             selector._tables.update(read_tables(folder))
         except Exception as e:  # noqa: BLE001 - tables are built on first sight instead
             log.warning("ficco-select: layer tables at %s not used (%s); building them on first sight", where, e)
@@ -138,8 +127,6 @@ class Selector:
         """The ``LayerTable`` of `scenario`'s layer (every column but ``m``): its decisions on a
         grid of ``m``, built on first sight (``ficco_select.runtime.layers``); None where the
         layer cannot have one (its hardware unknown, more ranks than devices). Never raises."""
-        from ficco_select.runtime.layers import table_for
-
         key = scenario.layer
         try:
             return self._tables[key]
