@@ -186,7 +186,7 @@ def layer_tables(sel, model: str, n_layers: int = 8, stream_calls: int = 10_000,
             selector.select(dataclasses.replace(layers[key], m=m))
         return (time.perf_counter() - t0) / len(calls)
 
-    direct = stream_without_tables(Selector.load(model))
+    without_tables = stream_without_tables(Selector.load(model))
     cold = stream(Selector.load(model))
     warm_selector = Selector.load(model)
     for s in layers.values():
@@ -211,7 +211,7 @@ def layer_tables(sel, model: str, n_layers: int = 8, stream_calls: int = 10_000,
         "table_new_m_us": lookup_table * 1e6, "table_dict_lookup_us": bare * 1e6,
         "table_new_m_over_lookup": lookup_table / bare,
         "table_first_sight_ms_mean": 1e3 * float(np.mean(builds)), "table_first_sight_ms_max": 1e3 * max(builds),
-        "stream_calls": len(calls), "stream_without_tables_us_per_call": direct * 1e6,
+        "stream_calls": len(calls), "stream_without_tables_us_per_call": without_tables * 1e6,
         "stream_cold_us_per_call": cold * 1e6, "stream_warm_us_per_call": warm * 1e6,
         "table_agrees_with_direct": agree / len(ratios),
         "table_within_2pct_of_direct_predicted": float((ratios <= 1.02).mean()),
