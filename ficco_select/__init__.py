@@ -1,6 +1,7 @@
-"""ficco-select runtime: the schedule vocabulary (scenario, schedule, hardware, costs),
-the executor (``ficco_select.executor``, torch), the runtime selector
-(``ficco_select.runtime.selector``) and the framework hooks (``torch_ops``, ``tp``).
+"""ficco-select: the vocabulary every stage shares (scenario, schedule, hardware, costs,
+heuristic, signatures). What a job runs lives below it: the operators in
+``ficco_select.executor`` (torch) and the runtime in ``ficco_select.runtime`` (selector,
+layer tables, torch ops, TP hooks); README.md draws the layers.
 
 Light on purpose: importing this package pulls in neither torch nor pandas.
 """
