@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from ficco_select.hardware import HardwareError, is_spec_path, load_hardware
+from ficco_select.hardware import HardwareError, HardwareSpec, is_spec_path, load_hardware
 from ficco_select.scenario import REQUIRED_COLUMNS, Scenario, ScenarioError
 from ficco_select.schedule import backend_problem, candidates, hardware_problem
 
@@ -81,26 +81,14 @@ def read_scenarios(path: str | Path, *, backend: str | None = None, hardware: st
     hardware: a machine (name or spec file) that replaces every row's. Spec-file hardware
     becomes the spec's name.
     """
-    table = read_table(path)
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
-    if missing:
-        raise ScenarioError(f"{path}: column '{missing[0]}' is missing (need {', '.join(REQUIRED_COLUMNS)})")
     scenarios: list[Scenario] = []
     seen: dict[str, int] = {}
-    for i, record in enumerate(table.to_dict("records"), start=1):
+    for i, record in enumerate(read_rows(path), start=1):
         machine = hardware or str(record["hardware"]).strip()
         spec = None
         if is_spec_path(machine) or backend is not None:
-            try:
-                spec = load_hardware(machine)
-            except HardwareError as e:
-                where = f"--hardware {hardware}" if hardware else f"row {i}, column 'hardware'"
-                raise ScenarioError(f"{path}: {where}: {e}") from None
-            record = {**record, "hardware": spec.name}
-        try:
-            s = Scenario.from_record(record, row=i)
-        except ScenarioError as e:
-            raise ScenarioError(f"{path}: {e}") from None
+            record, spec = _under_spec_name(path, i, record, machine, hardware)
+        s = _scenario(path, i, record)
         if backend is not None:
             problem = backend_problem(s, backend) or hardware_problem(s, backend, spec)
             if problem:
@@ -133,13 +121,25 @@ def read_layers(path) -> list[Scenario]:
     for i, record in enumerate(read_rows(path), start=1):
         machine = str(record["hardware"]).strip()
         if is_spec_path(machine):
-            try:
-                record = {**record, "hardware": load_hardware(machine).name}
-            except HardwareError as e:
-                raise ScenarioError(f"{path}: row {i}, column 'hardware': {e}") from None
-        try:
-            s = Scenario.from_record({**record, "m": record.get("world_size")}, row=i)
-        except ScenarioError as e:
-            raise ScenarioError(f"{path}: {e}") from None
+            record, _ = _under_spec_name(path, i, record, machine)
+        s = _scenario(path, i, {**record, "m": record.get("world_size")})
         layers.setdefault(s.layer, s)
     return list(layers.values())
+
+
+def _under_spec_name(path, row: int, record: dict, machine: str, given: str | None = None) -> tuple[dict, HardwareSpec]:
+    """`record` with its hardware under the spec's name, and the spec of `machine` (a name
+    or a spec file); ScenarioError naming the row, or `given` (--hardware) if it was given."""
+    try:
+        spec = load_hardware(machine)
+    except HardwareError as e:
+        where = f"--hardware {given}" if given else f"row {row}, column 'hardware'"
+        raise ScenarioError(f"{path}: {where}: {e}") from None
+    return {**record, "hardware": spec.name}, spec
+
+
+def _scenario(path, row: int, record: dict) -> Scenario:
+    try:
+        return Scenario.from_record(record, row=row)
+    except ScenarioError as e:
+        raise ScenarioError(f"{path}: {e}") from None

@@ -55,7 +55,7 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeou
     table = summary_table(df)
     sweep = df.attrs.get("sweep", {})
     # A failed scenario exits 1: the dataset is written, failures and all; a script must still notice.
-    show(as_json, sweep_summary(df, out), lambda: _sweep_lines(df, table, sweep, out),
+    show(as_json, sweep_summary(df, table, out), lambda: _sweep_lines(df, table, sweep, out),
          exit_code=1 if sweep.get("failed") else 0)
 
 

@@ -31,6 +31,7 @@ from data.measure.harness import failed_rows
 from data.measure.loopback import LoopbackError
 from data.measure.loopback_scenario import loopback_rows
 from data.measure.node import NodeOptions
+from data.scenarios import read_scenarios
 from ficco_select.executor.operators import rank_buffer_bytes
 from ficco_select.hardware import HardwareError, load_hardware
 from ficco_select.scenario import Scenario
@@ -392,16 +393,15 @@ def measure_table(path, *, backend: str, ranks: str, config: MeasureConfig, out,
                   ) -> pd.DataFrame | None:
     """``ficco measure``: measure the scenario table `path`; the rows, or None on a non-zero
     torchrun rank. Raises ScenarioError, ValueError, MeasureError."""
-    from data.scenarios import read_scenarios
-
     scenarios = read_scenarios(path, backend=backend)
     if ranks == "node" and backend != "cuda":
         raise ValueError("--ranks node: a process per GPU is the cuda backend's mode; add --backend cuda")
     return measure(scenarios, backend=backend, config=config, out=out, progress=progress, ranks=ranks)
 
 
-def sweep_summary(df: pd.DataFrame, out) -> dict:
-    """A sweep's JSON summary: the sweep's counts, verified rows, and ``summary_table`` per scenario."""
+def sweep_summary(df: pd.DataFrame, table: pd.DataFrame, out) -> dict:
+    """A sweep's JSON summary: the sweep's counts, verified rows, and `table` (its
+    ``summary_table``) per scenario."""
     ok = df["status"] == "ok"
     return {"out": str(out), **df.attrs.get("sweep", {}), "verified": int(df["verified"].sum()),
-            "unverified": int((ok & ~df["verified"]).sum()), "per_scenario": summary_table(df).to_dict("records")}
+            "unverified": int((ok & ~df["verified"]).sum()), "per_scenario": table.to_dict("records")}

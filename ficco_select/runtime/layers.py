@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ficco_select.hardware import is_spec_path
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime.decision import Decision
 from ficco_select.scenario import LAYER_COLUMNS, Scenario
@@ -99,13 +98,12 @@ def m_grid(lo: int, hi: int, step: int) -> tuple[int, ...]:
 
 def table_for(selector: Selector, scenario: Scenario) -> LayerTable | None:
     """`scenario`'s layer decided on its grid of m by `selector`, in one batch; None where
-    no table applies (unknown hardware, more ranks than the machine's devices: every m of
-    such a layer falls back, which the direct path says with its reason)."""
-    hw = selector._spec(scenario.hardware)
-    if hw is None or scenario.world_size > hw.devices and backend_for(hw) != "cpu":
+    no table applies (where the selector sends every m of the layer to the baseline, an
+    unknown machine or more ranks than its devices: the direct path says why)."""
+    machine = selector._machine(scenario)
+    if isinstance(machine, Decision):
         return None
-    if is_spec_path(scenario.hardware):  # decided under the machine's name, as training saw it
-        scenario = dataclasses.replace(scenario, hardware=hw.name)
+    scenario, hw = machine
     trained = dict((col, (lo, hi)) for col, lo, hi in selector._scope.ranges)
     lo, hi = trained.get("m", DEFAULT_M_RANGE) if selector.model is not None else DEFAULT_M_RANGE
     step = scenario.world_size if scenario.op in ("ag_gemm", "gemm_rs") else 1

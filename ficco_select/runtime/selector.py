@@ -43,7 +43,7 @@ import numpy as np
 from ficco_select.hardware import HardwareError, HardwareSpec, hardware_name, is_spec_path, load_hardware
 from ficco_select.heuristic import backend_for, choose
 from ficco_select.runtime.decision import Decision
-from ficco_select.runtime.layers import read_tables, table_for
+from ficco_select.runtime.layers import LayerTable, read_tables, table_for
 from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, Scope, machine_kind, spec_value
 from ficco_select.runtime.trees import TreeEnsemble, read_json
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario, ScenarioError
@@ -74,7 +74,7 @@ class Selector:
         self._cache: dict[Scenario, Decision] = {}
         self._by_record: dict[tuple, Decision] = {}
         self._hardware: dict[str, HardwareSpec | None] = {}
-        self._tables: dict[tuple, Any] = {}  # layer key -> LayerTable or None (runtime/layers.py)
+        self._tables: dict[tuple, LayerTable | None] = {}  # by Scenario.layer (runtime/layers.py)
         self._warned: set = set()
 
     # -- loading ------------------------------------------------------------------------
@@ -184,23 +184,29 @@ class Selector:
             self._warn_once(key, f"invalid scenario {key!r}: {e}; running the baseline")
             return Decision(BASELINE, "fallback", 0.0, str(e))
         try:
-            hw = self._spec(scenario.hardware)
-            if hw is None:
-                return Decision(BASELINE, "fallback", 0.0, f"unknown hardware {scenario.hardware!r}")
-            if scenario.world_size > hw.devices and backend_for(hw) != "cpu":
-                # A spec describes one node: its costs say nothing about a larger job. The
-                # datasets follow the same rule (schedule.hardware_problem); cpu ranks are
-                # processes, not devices, so the cpu backend runs any world size.
-                why = (f"world_size={scenario.world_size} exceeds the {hw.devices} devices of hardware "
-                       f"{hw.name} (a spec describes one node)")
-                self._warn_once(("devices", hw.name), f"{why}; running the baseline")
-                return Decision(BASELINE, "fallback", 0.0, why)
-            if is_spec_path(scenario.hardware):  # decided under the machine's name, as training saw it
-                scenario = dataclasses.replace(scenario, hardware=hw.name)
-            return self._model_or_heuristic(scenario, hw)
+            machine = self._machine(scenario)
+            return machine if isinstance(machine, Decision) else self._model_or_heuristic(*machine)
         except Exception as e:  # noqa: BLE001 - even the heuristic failed: the baseline runs anywhere
             self._warn_once(("error", key), f"selector failed on {key!r}: {e}; running the baseline")
             return Decision(BASELINE, "fallback", 0.0, str(e))
+
+    def _machine(self, scenario: Scenario) -> tuple[Scenario, HardwareSpec] | Decision:
+        """The scenario (under its machine's name) and its machine's spec, or the baseline's
+        decision where the scenario cannot be decided on any machine we know."""
+        hw = self._spec(scenario.hardware)
+        if hw is None:
+            return Decision(BASELINE, "fallback", 0.0, f"unknown hardware {scenario.hardware!r}")
+        if scenario.world_size > hw.devices and backend_for(hw) != "cpu":
+            # A spec describes one node: its costs say nothing about a larger job. The
+            # datasets follow the same rule (schedule.hardware_problem); cpu ranks are
+            # processes, not devices, so the cpu backend runs any world size.
+            why = (f"world_size={scenario.world_size} exceeds the {hw.devices} devices of hardware "
+                   f"{hw.name} (a spec describes one node)")
+            self._warn_once(("devices", hw.name), f"{why}; running the baseline")
+            return Decision(BASELINE, "fallback", 0.0, why)
+        if is_spec_path(scenario.hardware):  # decided under the machine's name, as training saw it
+            scenario = dataclasses.replace(scenario, hardware=hw.name)
+        return scenario, hw
 
     def _spec(self, value: str) -> HardwareSpec | None:
         """The machine a scenario's hardware names: the model's own specs first, then a
