@@ -15,7 +15,8 @@ perfect overlap, max(T_comp, T_comm).
 Shapes: ``pair_features(records, schedules, hardware)`` -> (n_pairs, n_features) float64,
 NaN where a value does not apply. ``candidate_features(scenario, schedules, hw)`` gives the
 same rows, bit for bit, for one scenario and its candidate schedules, fast: the runtime
-selector's path on a cache miss.
+selector's path on a cache miss; ``grid_features(scenario, ms, schedules, hw)`` gives them
+for every token count of ``ms`` at once (the runtime's layer tables).
 """
 
 from __future__ import annotations
@@ -222,18 +223,39 @@ def candidate_features(scenario: Scenario, schedules: Sequence[str | Schedule], 
     (world size, candidate list), and one batched ``gemm_time`` and ``transfer_time`` call
     for all the estimates of the decision.
     """
-    n = len(schedules)
-    if not n:
+    if not len(schedules):
         return np.empty((0, len(FEATURE_NAMES)))
     given_tuple = type(schedules) is tuple  # immutable: its layout can be found by its id next time
     layout = _layout(scenario.world_size, schedules if given_tuple else tuple(schedules), remember=given_tuple)
+    return _candidate_rows(scenario, float(scenario.m), layout, hw)
+
+
+def grid_features(scenario: Scenario, ms: Sequence[int], schedules: Sequence[str | Schedule],
+                  hw: HardwareSpec) -> np.ndarray:
+    """``candidate_features`` of `scenario` at every token count of `ms` at once, bit for bit:
+    (len(ms), n_schedules, n_features), block i the rows of ``replace(scenario, m=ms[i])``.
+    The layer tables' path (``ficco_select.runtime.layers``): one layer on a grid of m."""
+    if not len(schedules) or not len(ms):
+        return np.empty((len(ms), len(schedules), len(FEATURE_NAMES)))
+    layout = _layout(scenario.world_size, tuple(schedules))
+    return _candidate_rows(scenario, np.asarray(ms, dtype=float)[:, None], layout, hw)
+
+
+def _candidate_rows(scenario: Scenario, m: float | np.ndarray, layout: _CandidateLayout, hw: HardwareSpec):
+    """The rows of ``candidate_features`` (m a float) or ``grid_features`` (m a column
+    (G, 1): every value below gets a leading axis of G). The same operations in the same
+    order either way, so the same bits: on floats with Python arithmetic, which is cheaper
+    for one decision, and on arrays for a grid."""
+    grid = isinstance(m, np.ndarray)
+    maximum, minimum = (np.maximum, np.minimum) if grid else (_maximum, _minimum)
+    n = len(layout.degree)
     op = scenario.op
-    m, nn, k = float(scenario.m), float(scenario.n), float(scenario.k)
+    nn, k = float(scenario.n), float(scenario.k)
     P = float(scenario.world_size)
     imb = float(scenario.imbalance or 1.0)
     b = float(DTYPES[scenario.dtype])
     peak = hw.peak_of(scenario.dtype) * 1e12
-    M, N, K, shard_rows, shard_cols = (float(x) for x in rank_work(OP_CODES[op], m, nn, k, P, imb))
+    M, N, K, shard_rows, shard_cols = (x if grid else float(x) for x in rank_work(OP_CODES[op], m, nn, k, P, imb))
     shard_bytes = shard_rows * shard_cols * b
     flops = 2 * M * N * K
     moved = (P - 1) * shard_bytes
@@ -244,37 +266,47 @@ def candidate_features(scenario: Scenario, schedules: Sequence[str | Schedule], 
         gemm = gemm_time(hw, gemm_M, N / layout.gemm_N_div, K, b, peak)
         comm_bytes = shard_bytes / layout.comm_bytes_div
         comm = transfer_time(hw, comm_bytes, layout.concurrent, layout.dma, P)
+        gemm, comm = gemm.T, comm.T  # the estimates first: gemm[i] is entry i, one value or one per m
         t_comp = gemm[0]
         ring = (P - 1) * comm[0]
-        t_comm = _minimum(ring, comm[1])
+        t_comm = minimum(ring, comm[1])
         raw = {
             **{name: float(op == o) for name, o in _OP_COLUMNS},
             "log2_m": m, "log2_n": nn, "log2_k": k, "dtype_bytes": b, "world_size": P, "imbalance": imb,
             "log2_rank_M": M, "log2_rank_N": N, "log2_rank_K": K, "log2_shard_rows": shard_rows,
-            "log2_flops": flops, "log2_bytes_moved": moved, "log2_intensity": flops / _maximum(moved, 1.0),
+            "log2_flops": flops, "log2_bytes_moved": moved, "log2_intensity": flops / maximum(moved, 1.0),
             "log2_peak_flops": peak, "log2_mem_bw": hw.mem_bw_gbps * GB, "compute_units": float(hw.compute_units),
             "log2_link_bw": hw.link_bw_gbps * GB, "log2_sm_latency": hw.sm_comm_latency_us * US,
             "log2_dma_latency": max(hw.dma_latency_us, 1e-3) * US, "copy_engines": float(hw.copy_engines),
             **{name: float(hw.topology == t) for name, t in _TOPOLOGY_COLUMNS},
             "log2_t_comp_est": t_comp, "log2_t_comm_est": t_comm, "log2_comp_comm_ratio": t_comp / t_comm,
-            "ideal_est": (t_comp + t_comm) / _maximum(t_comp, t_comm),
+            "ideal_est": (t_comp + t_comm) / maximum(t_comp, t_comm),
             "dil_d2_est": P * 2 * gemm[1] / t_comp - 1, "dil_d4_est": P * 4 * gemm[2] / t_comp - 1,
             "chunk_d2_est": (P - 1) * 2 * comm[2] / ring - 1, "chunk_d4_est": (P - 1) * 4 * comm[3] / ring - 1,
         }
-        scenario_row = np.array([raw[name] for name in SCENARIO_FEATURES], dtype=float)
+        values = [raw[name] for name in SCENARIO_FEATURES]
+        if grid:  # (G, n_scenario_features): each value, one or one per m, assigned down its column
+            scenario_row = np.empty((len(m), len(values)))
+            for j, v in enumerate(values):
+                scenario_row[:, j] = v.ravel() if type(v) is np.ndarray else v
+        else:
+            scenario_row = np.array(values, dtype=float)
         scenario_row = np.where(_LOG2_SCENARIO, np.log2(np.maximum(scenario_row, 1e-30)), scenario_row)  # _log2
-        X = np.empty((n, len(FEATURE_NAMES)))
-        X[:, _SCENARIO_AT] = scenario_row
-        X[:, _AXES_AT] = layout.axes
-        # (len(_PIECE_COLUMNS), n): the raw values of _PIECE_COLUMNS, then their log2 in place
-        pieces = np.concatenate((gemm_M[3:], comm_bytes[4:], gemm[3:], comm[4:])).reshape(len(_PIECE_COLUMNS), n)
-        X[:, _PIECES_AT] = np.log2(np.maximum(pieces, 1e-30, out=pieces), out=pieces).T  # _log2
-    full = lambda v: np.full(n, v, dtype=float)  # noqa: E731 - the batch path's per-row arrays
+        X = np.empty((*np.shape(m)[:1], n, len(FEATURE_NAMES)))
+        X[..., _SCENARIO_AT] = scenario_row[..., None, :]
+        X[..., _AXES_AT] = layout.axes
+        # (len(_PIECE_COLUMNS), n[, G]): the raw values of _PIECE_COLUMNS, then their log2 in place
+        if grid:
+            pieces = np.stack((gemm_M.T[3:], comm_bytes.T[4:], gemm[3:], comm[4:]))
+        else:
+            pieces = np.concatenate((gemm_M[3:], comm_bytes[4:], gemm[3:], comm[4:])).reshape(len(_PIECE_COLUMNS), n)
+        X[..., _PIECES_AT] = np.log2(np.maximum(pieces, 1e-30, out=pieces), out=pieces).T  # _log2
+    whole_m = m if grid else np.full(n, m)  # the batch path's per-row arrays
     over_base, over_bound = _whole_schedule(
-        hw, op=np.full(n, OP_CODES[op]), m=full(m), n=full(nn), k=full(k), P=full(P),
-        imbalance=full(imb), dtype_bytes=full(b), peak=full(peak), gran=layout.gran,
+        hw, op=np.full(n, OP_CODES[op]), m=whole_m, n=np.full(n, nn), k=np.full(n, k), P=np.full(n, P),
+        imbalance=np.full(n, imb), dtype_bytes=np.full(n, b), peak=np.full(n, peak), gran=layout.gran,
         degree=layout.degree, a2a=layout.a2a, per_step=layout.per_step, split_n=layout.split_n, dma=layout.dma[4:])
-    X[:, _WHOLE_AT] = np.column_stack((over_base, over_bound))
+    X[..., _WHOLE_AT] = np.stack((over_base, over_bound), axis=-1)
     return X
 
 

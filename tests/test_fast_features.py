@@ -1,11 +1,13 @@
 """The runtime's feature builder gives pair_features' rows bit for bit (NaN where it has NaN)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from data.catalog import catalog
 from features import FEATURE_NAMES, pair_features
-from features.build import candidate_features
+from features.build import candidate_features, grid_features
 from ficco_select import Scenario, candidates
 from ficco_select.hardware import load_hardware, preset_names
 from ficco_select.heuristic import backend_for
@@ -110,3 +112,20 @@ def test_equal_on_tiny_odd_and_imbalanced_shapes(hardware):
                         cands = candidates(s, backend)
                         np.testing.assert_array_equal(candidate_features(s, tuple(cands), hw),
                                                       reference(s, cands, hw), err_msg=f"{s}")
+
+
+@pytest.mark.parametrize("hardware", ["mi300x-8", "l40s-pcie-8", "cpu"])
+def test_the_grid_path_gives_each_m_s_rows_bit_for_bit(hardware):
+    # Layer tables score a layer on a grid of m at once (grid_features): every block must be
+    # the rows the direct decision would score at that m.
+    hw = load_hardware(hardware)
+    for s in [s for s, name in SCENARIOS if name == hardware][::3]:
+        cands = candidates(s, backend_for(hw))
+        P = s.world_size
+        ms = [P, 3 * P, s.m, 1000 * P, P << 20]
+        blocks = grid_features(s, ms, cands, hw)
+        assert blocks.shape == (len(ms), len(cands), len(FEATURE_NAMES))
+        for m, block in zip(ms, blocks):
+            np.testing.assert_array_equal(block, candidate_features(dataclasses.replace(s, m=m), cands, hw),
+                                          err_msg=f"{s} at m={m}")
+    assert grid_features(s, [], cands, hw).shape == (0, len(cands), len(FEATURE_NAMES))

@@ -2,16 +2,19 @@
 sight; equal to the direct decision at grid points, legal everywhere they answer."""
 
 import dataclasses
+import pickle
+from bisect import bisect_right
 
 import pytest
 from test_selector_runtime import model_folder, write_selector  # noqa: F401 - the fixture, shared
 
 from data.catalog import catalog
 from ficco_select.heuristic import backend_for
-from ficco_select.runtime.layers import GRID_STEPS_PER_OCTAVE, m_grid
+from ficco_select.runtime.decision import Decision
+from ficco_select.runtime.layers import DENSE_M_LIMIT, GRID_STEPS_PER_OCTAVE, LayerTable, m_grid
 from ficco_select.runtime.selector import Selector
 from ficco_select.scenario import Scenario
-from ficco_select.schedule import is_legal
+from ficco_select.schedule import BASELINE, is_legal
 
 LAYERS = {s.layer: s for s in (Scenario.from_record(r) for r in catalog(
     "full", world_sizes=(2, 8), hardware="mi300x-8", models=["llama3-8b", "mixtral-8x7b"]))}
@@ -86,3 +89,18 @@ def test_layers_without_a_table_say_none_and_never_raise():
                                      "k": 16 * 64 if layer.op == "gemm_rs" else layer.k})
     assert sel.layer_table(too_many) is None  # 16 ranks on an 8-device spec: the baseline, per call
     assert sel.layer_table(layer) is sel.layer_table(dataclasses.replace(layer, m=layer.m * 2, group="other"))
+
+
+def test_every_m_gets_the_decision_of_the_grid_point_below_it_on_both_sides_of_the_dense_index():
+    # The lookup indexes every m up to DENSE_M_LIMIT and bisects beyond: both must answer
+    # as the grid says, None for an m the layer cannot have or outside the grid.
+    step = 8
+    grid = (8, 16, 1000, DENSE_M_LIMIT - step, DENSE_M_LIMIT + step, 3 * DENSE_M_LIMIT)
+    decisions = tuple(Decision(BASELINE, "heuristic", 0.0, f"point {i}") for i in range(len(grid)))
+    table = LayerTable(("layer",), grid, decisions, step)
+    ms = [*range(0, 2100), *range(DENSE_M_LIMIT - 40, DENSE_M_LIMIT + 40), 2 * DENSE_M_LIMIT + 4,
+          3 * DENSE_M_LIMIT - step, 3 * DENSE_M_LIMIT, 3 * DENSE_M_LIMIT + step, 10 * DENSE_M_LIMIT]
+    for m in ms:
+        want = None if m % step or not grid[0] <= m <= grid[-1] else decisions[bisect_right(grid, m) - 1]
+        assert table.decide(m) is want, m
+    assert pickle.loads(pickle.dumps(table)).decide(1000).reason == "point 2"  # broadcast to other ranks

@@ -4,8 +4,9 @@ In serving (continuous batching, decode) and in training with variable sequence 
 ``m`` changes from call to call while the rest of the scenario stays: the layer (op, n, k,
 dtype, world size, hardware, imbalance). Each new ``m`` would be a cache miss, a walk of
 every tree for every candidate. Instead, the first time a layer is seen its decisions are
-computed on a grid of ``m`` in one batch (the grid's feature rows, one tree walk); from then on
-any ``m`` of the layer is a bisect (``LayerTable.decide``).
+computed on a grid of ``m`` in one batch (the grid's feature rows, built for all m at once by
+``features.build.grid_features``, and one tree walk); from then on any ``m`` of the layer is
+two indexings (``LayerTable.decide``: an index over every m up to the table's end).
 
 - The grid: ``GRID_STEPS_PER_OCTAVE`` points per doubling of ``m``, rounded up to valid
   values (multiples of P for ``ag_gemm`` and ``gemm_rs``), from the smallest valid ``m`` to
@@ -34,6 +35,7 @@ import functools
 import hashlib
 import json
 import math
+from array import array
 from bisect import bisect_right
 from collections.abc import Iterable
 from pathlib import Path
@@ -56,11 +58,13 @@ mixtral on mi300x-8, the pipeline's 100-tree champion) got the direct decision e
 16, 98.1% at 4 and 97.8% at 2; the table's first build took about the same time at 8 and 16."""
 DEFAULT_M_RANGE = (1, 1 << 20)
 """The m range of a table without a model's trained range (a heuristic-only selector)."""
+DENSE_M_LIMIT = 1 << 17
+"""Up to this m a table answers from an index over every m (2 bytes each); beyond, by bisection."""
 TABLES_FILE = "layers.json"
 """Precompiled tables in an export folder (``ficco export --layers``)."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class LayerTable:
     """One layer's decisions at the grid points of ``m`` (ascending); ``step``: valid ``m``
     are its multiples."""
@@ -69,18 +73,31 @@ class LayerTable:
     grid: tuple[int, ...]
     decisions: tuple[Decision, ...]
     step: int
-    # The lookup's own layout: bounds (the grid and one past its end) and the answers for
-    # bisect_right's every index, None below and above, so `decide` compares nothing itself.
-    _bounds: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
-    _answers: tuple[Decision | None, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    # The lookup's own layout, so that `decide` is two indexings: for every m up to the grid's
+    # end (at most DENSE_M_LIMIT), the position in _choices of its answer: 0 (None) for an m
+    # the layer cannot have or below the grid, else 1 + the index of the grid point below m.
+    # 2 bytes per m: 128 KiB for a table up to m = 65536. Larger m are bisected.
+    _index: array = dataclasses.field(init=False, repr=False, compare=False)
+    _choices: tuple[Decision | None, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_bounds", (*self.grid, self.grid[-1] + 1))
-        object.__setattr__(self, "_answers", (None, *self.decisions, None))
+        if len(self.grid) >= 1 << 16:
+            raise ValueError(f"a layer table holds at most {(1 << 16) - 1} points, got {len(self.grid)}")
+        ms = np.arange(min(self.grid[-1], DENSE_M_LIMIT) + 1)
+        at = np.searchsorted(self.grid, ms, side="right")  # 1 + the grid point at or below m
+        at[(ms % self.step != 0) | (ms < self.grid[0])] = 0
+        object.__setattr__(self, "_index", array("H", at.astype(np.uint16).tobytes()))
+        object.__setattr__(self, "_choices", (None, *self.decisions))
 
     def decide(self, m: int) -> Decision | None:
-        """The decision for token count `m` (a positive int), or None outside the table."""
-        return None if m % self.step else self._answers[bisect_right(self._bounds, m)]
+        """The decision for token count `m` (a tensor's row count: an int, not negative), or
+        None outside the table or for an m the layer cannot have."""
+        try:
+            return self._choices[self._index[m]]
+        except IndexError:  # beyond the dense index
+            if m % self.step or m > self.grid[-1]:
+                return None
+            return self.decisions[bisect_right(self.grid, m) - 1]
 
 
 def m_grid(lo: int, hi: int, step: int) -> tuple[int, ...]:
@@ -104,7 +121,7 @@ def table_for(selector: Selector, scenario: Scenario) -> LayerTable | None:
     if isinstance(machine, Decision):
         return None
     scenario, hw = machine
-    trained = dict((col, (lo, hi)) for col, lo, hi in selector._scope.ranges)
+    trained = {col: (lo, hi) for col, lo, hi in selector._scope.ranges}
     lo, hi = trained.get("m", DEFAULT_M_RANGE) if selector.model is not None else DEFAULT_M_RANGE
     step = scenario.world_size if scenario.op in ("ag_gemm", "gemm_rs") else 1
     grid = m_grid(int(lo), int(hi), step)
@@ -133,26 +150,36 @@ def _decide_points(selector: Selector, scenario: Scenario, ms, hw) -> list[Decis
 
 def _batch_scores(selector: Selector, points: list[Scenario], hw) -> dict[int, np.ndarray]:
     """The model's scores of each grid point's legal candidates, from one feature matrix and
-    one tree walk; only for the points where the model would decide."""
+    one tree walk; only for the points where the model would decide. The features come a
+    candidate list at a time (points with fewer rows per shard have fewer legal schedules),
+    each over its points' m at once (``features.build.grid_features``)."""
     backend = backend_for(hw)
-    todo = [(i, s, legal_candidates(s, backend)) for i, s in enumerate(points)
-            if not selector._abstain_reason(s, hw)]
-    todo = [(i, s, cands) for i, s, cands in todo if cands]
-    if not todo:
+    by_candidates: dict[int, tuple[tuple, list[int]]] = {}  # id(candidate tuple): (the tuple, its points)
+    for i, s in enumerate(points):
+        if not selector._abstain_reason(s, hw):
+            cands = legal_candidates(s, backend)  # shared tuples: one per legality key
+            if cands:
+                by_candidates.setdefault(id(cands), (cands, []))[1].append(i)
+    if not by_candidates:
         return {}
-    features = _candidate_features()
-    X = np.concatenate([features(s, cands, hw) for _, s, cands in todo])  # (sum of n_candidates, n_features)
+    grid_features = _grid_features()
+    X = np.concatenate([grid_features(points[0], [points[i].m for i in at], cands, hw).reshape(-1, selector.model.n_features)
+                        for cands, at in by_candidates.values()])  # (sum of n_candidates, n_features)
     scores = selector.model.predict(X)
-    bounds = np.cumsum([0] + [len(cands) for _, _, cands in todo])
-    return {i: scores[a:b] for (i, _, _), a, b in zip(todo, bounds[:-1], bounds[1:])}
+    out, start = {}, 0
+    for cands, at in by_candidates.values():
+        for i in at:
+            out[i] = scores[start:start + len(cands)]
+            start += len(cands)
+    return out
 
 
 @functools.cache
-def _candidate_features():
-    """``features.build.candidate_features``, imported on the first table with a model."""
-    from features.build import candidate_features
+def _grid_features():
+    """``features.build.grid_features``, imported on the first table with a model."""
+    from features.build import grid_features
 
-    return candidate_features
+    return grid_features
 
 
 # -- precompiled tables ------------------------------------------------------------------

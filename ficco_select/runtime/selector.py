@@ -137,7 +137,7 @@ class Selector:
         except Exception as e:  # noqa: BLE001 - no table: the caller decides call by call
             self._warn_once(("table", type(e).__name__), f"no layer table ({e!r}); deciding per call")
             table = None
-        _bound(_CACHE_LIMIT, self._tables)
+        _bound(_TABLES_LIMIT, self._tables)
         self._tables[key] = table
         return table
 
@@ -331,6 +331,8 @@ class Selector:
 # a cache that starts over only costs the misses.
 _CACHE_LIMIT = 1 << 16
 """Decisions (or hardware values) a by-value cache holds before it starts over."""
+_TABLES_LIMIT = 1 << 10
+"""Layer tables a selector holds before it starts over (each up to 256 KiB: its index over m)."""
 _OBJECTS_LIMIT = 1 << 12
 """Scenario objects the by-id cache holds (alive) before it starts over."""
 

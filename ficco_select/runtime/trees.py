@@ -45,7 +45,8 @@ import numpy as np
 MAX_PADDED_SLOTS = 1 << 22
 """Largest n_trees * 2**depth accepted; deeper models are refused at load."""
 KEEP_STARTS_UP_TO = 256
-"""Row counts up to which predict keeps its starting arrays between calls."""
+"""Row counts up to which predict keeps its starting arrays between calls; larger batches
+are walked in blocks of this many rows."""
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -110,6 +111,13 @@ class TreeEnsemble:
         X = np.asarray(X, dtype=np.float32)
         if X.ndim != 2 or X.shape[1] != self.n_features:
             raise ValueError(f"predict: X must be (n_rows, {self.n_features}), got {X.shape}")
+        n = X.shape[0]
+        if n > KEEP_STARTS_UP_TO:  # a layer table's grid: in blocks whose walk stays in cache (~2x faster)
+            return np.concatenate([self._predict(X[i:i + KEEP_STARTS_UP_TO])
+                                   for i in range(0, n, KEEP_STARTS_UP_TO)])
+        return self._predict(X)
+
+    def _predict(self, X: np.ndarray) -> np.ndarray:
         n = X.shape[0]
         signed = np.concatenate([X, -X], axis=1)  # (n_rows, 2 * n_features)
         flat = signed.ravel()
