@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import minimize
+from scipy.optimize import least_squares, minimize
 from scipy.stats import kendalltau
 
 from data.simulate import build_rows, predict, simulate_rows
@@ -203,3 +203,72 @@ def _with_devices(spec: HardwareSpec, devices: int) -> HardwareSpec:
 def write_spec(spec: HardwareSpec, out, made_by: str) -> None:
     """Write `spec` as the YAML file `out`, headed by the command that made it."""
     Path(out).write_text(spec_yaml(spec, made_by))
+
+
+# -- adapting a spec to a machine from a few measured scenarios (``ficco adapt``) ----------
+RECALIBRATED = ("peak_tflops", "mem_bw_gbps", "gemm_launch_us", "link_bw_gbps", "sm_comm_latency_us",
+                "sm_comm_units", "dma_latency_us", "dma_bw_gbps", "dma_mem_contention")
+"""The spec's numbers ``recalibrate`` rescales (all dtypes' peaks together); of the counts it
+searches the compute units (``COMPUTE_UNIT_STEPS``); devices, tiles, copy engines and the
+topology stay as the spec says."""
+RECALIBRATE_PRIOR = 0.05
+"""Weight of a pull of each log factor towards 1 (the spec as given): with a handful of
+scenarios, numbers the measurements say little about stay where the data sheet put them."""
+
+
+COMPUTE_UNIT_STEPS = tuple(2 ** (j / 8) for j in range(-4, 5))
+"""The compute-unit counts ``recalibrate`` tries, as factors of the spec's (up to x1.41 either
+way): a count is not a rate to rescale smoothly (it sets the wave quantization), so each
+is fitted in turn and the best fit kept."""
+
+
+def recalibrate(spec: HardwareSpec, df: pd.DataFrame) -> HardwareSpec:
+    """`spec` fitted to the measured rows `df`: its primitive numbers (``RECALIBRATED``)
+    rescaled (``_rescaled``) at each compute-unit count of ``COMPUTE_UNIT_STEPS``; the count
+    whose fit is best wins. Unchanged if `df` has no usable row."""
+    ok = df[(df["status"] == "ok") & df["verified"].astype(bool)]
+    ok = ok[np.isfinite(ok["time_s"].astype(float)) & (ok["time_s"].astype(float) > 0)]
+    if ok.empty:
+        return spec
+    counts = sorted({max(1, round(spec.compute_units * f)) for f in COMPUTE_UNIT_STEPS})
+    fits = [_rescaled(dataclasses.replace(spec, compute_units=c), ok) for c in counts]
+    return min(fits, key=lambda fit: fit[1])[0]
+
+
+def _rescaled(spec: HardwareSpec, ok: pd.DataFrame) -> tuple[HardwareSpec, float]:
+    """`spec` with its primitive numbers (``RECALIBRATED``) rescaled to fit the usable measured
+    rows `ok` (any backend; every schedule time counts): one log factor per number, fitted
+    by robust least squares (soft L1: a few outlying times do not pull the fit) to the log
+    ratios of simulated to measured schedule times, plus ``RECALIBRATE_PRIOR`` x the squared
+    log factors. The copy-engine numbers are left alone on a spec without copy engines.
+    Returns the spec and the fit's cost."""
+    scenarios = [Scenario.from_record(r) for r in ok.groupby("scenario_id", sort=False).first()
+                 .reset_index()[list(SCENARIO_COLUMNS)].to_dict("records")]
+    cols = build_rows(scenarios, spec)
+    keys = pd.DataFrame({"scenario_id": cols["scenario_id"], "schedule": cols["schedule"]})
+    measured = keys.merge(ok[["scenario_id", "schedule", "time_s"]].drop_duplicates(["scenario_id", "schedule"]),
+                          how="left")["time_s"].to_numpy(float)
+    have = np.isfinite(measured)
+    fields = [f for f in RECALIBRATED if spec.copy_engines or not f.startswith("dma_")]
+
+    def scaled(x: np.ndarray) -> HardwareSpec:
+        changes = {}
+        for field, v in zip(fields, np.exp(x)):
+            value = getattr(spec, field)
+            if field == "peak_tflops":
+                changes[field] = {d: p * float(v) for d, p in value.items()}
+            elif field == "sm_comm_units":
+                changes[field] = float(min(value * v, 0.9))
+            elif field == "dma_mem_contention":
+                changes[field] = float(min(value * v, 1.0))
+            else:
+                changes[field] = float(value * v)
+        return dataclasses.replace(spec, **changes)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        s = scaled(x)  # the rows hold each scenario's peak: rescaled with the spec's
+        t = predict({**cols, "_peak": cols["_peak"] * (s.peak_of("float32") / spec.peak_of("float32"))}, s)["time_s"]
+        return np.concatenate([np.log(t[have] / measured[have]), np.sqrt(RECALIBRATE_PRIOR) * x])
+
+    fit = least_squares(residuals, np.zeros(len(fields)), loss="soft_l1", f_scale=0.05, diff_step=1e-3)
+    return scaled(fit.x), float(fit.cost)

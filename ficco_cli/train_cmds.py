@@ -177,4 +177,41 @@ def report(folder) -> None:
     click.echo(str(path))
 
 
-COMMANDS = [evaluate, train_cmd, pipeline, export_cmd, report]
+
+
+@click.command("adapt")
+@click.option("--hardware", required=True, help="The new machine: a preset name or a spec file (.yaml).")
+@click.option("--backend", type=click.Choice(["sim", "cpu", "cuda"]), default="sim", show_default=True,
+              help="How to measure: sim (the spec simulated with noise, for experiments); cpu and cuda: not yet.")
+@click.option("--start", default=None, help="The spec to start from (a preset or a file; default: --hardware's).")
+@click.option("--budget", type=float, default=0.1, show_default=True, help="Fraction of the machine's grid to measure.")
+@click.option("--rounds", type=int, default=4, show_default=True, help="Rounds the budget is spent in.")
+@click.option("--strategy", type=click.Choice(["active", "random"]), default="active", show_default=True,
+              help="active: where the model is least sure, spread over operators and sizes; random: a draw.")
+@click.option("--perturb", type=float, default=1.0, show_default=True,
+              help="sim: the measured machine's numbers are --hardware's, each off by up to this factor.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/adapt", show_default=True,
+              help="State (resumable), adapted spec, summary.")
+@click.option("--no-track", is_flag=True, help="Do not log the run to MLflow.")
+@json_option("Print the summary as JSON.")
+def adapt_cmd(hardware, backend, start, budget, rounds, strategy, perturb, seed, out_dir, no_track, as_json) -> None:
+    """Adapt the selector to a new machine in a few measurements, round by round."""
+    from train.adapt import run_adapt
+
+    def line(r) -> None:
+        if not as_json:
+            s = r.scores
+            click.echo(f"{100 * r.fraction:5.1f}% measured ({r.measured:4d} scenarios): " + (
+                f"near-opt@2% {s['near_opt_2']:.3f} (simulator on the adapted spec {s['simulator']['near_opt_2']:.3f})"
+                if s else "no truth to score against"))
+
+    with reported(ValueError):
+        summary = run_adapt(hardware=hardware, backend=backend, start=start, budget=budget, rounds=rounds,
+                            strategy=strategy, perturb=perturb, seed=seed, out_dir=out_dir, track=not no_track,
+                            on_round=line)
+    run = f"; MLflow run {summary['mlflow_run_id']}" if "mlflow_run_id" in summary else ""
+    show(as_json, summary, lambda: [f"adapted spec: {summary['spec']}; state and summary in {summary['out_dir']}{run}"])
+
+
+COMMANDS = [evaluate, train_cmd, pipeline, export_cmd, report, adapt_cmd]

@@ -174,12 +174,13 @@ def is_spec_path(value: str | Path) -> bool:
 _REGISTERED: dict[str, HardwareSpec] = {}
 
 
-def register_hardware(spec: HardwareSpec, where: str = "") -> HardwareSpec:
+def register_hardware(spec: HardwareSpec, where: str = "", *, replace: bool = False) -> HardwareSpec:
     """Make `spec` findable by its name in this process.
 
     A preset's name is refused for a spec with other numbers (the presets mean one thing
     everywhere). A user's machine may be re-described (an edited spec file read again):
-    the latest spec wins, with a warning when its numbers changed.
+    the latest spec wins, with a warning when its numbers changed, unless `replace` says
+    that is the point (``ficco adapt`` refines a machine's spec round by round).
     """
     if spec.name in preset_names():
         if _preset(spec.name) != spec:
@@ -187,7 +188,7 @@ def register_hardware(spec: HardwareSpec, where: str = "") -> HardwareSpec:
                                 "give this machine its own name (field 'name')")
         return spec
     known = _REGISTERED.get(spec.name)
-    if known is not None and known != spec:
+    if known is not None and known != spec and not replace:
         log.warning("hardware %r: the spec from %s replaces an earlier one with other numbers in this process",
                     spec.name, where or "a mapping")
     _REGISTERED[spec.name] = spec

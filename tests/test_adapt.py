@@ -1,0 +1,113 @@
+"""ficco adapt: the round logic (budget, no scenario measured twice, resume after a kill),
+the choice of scenarios, and the spec's recalibration from a few measured scenarios."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from data.calibrate import recalibrate
+from data.catalog import catalog
+from data.simulate import simulate, simulate_rows
+from ficco_select.hardware import load_hardware
+from ficco_select.scenario import Scenario
+from train import adapt as A
+from train.selectors import with_features
+from train.training_data import simulated
+
+GRID = [Scenario.from_record(r) for r in catalog("full", hardware="mi300x-8", world_sizes=(2, 4),
+                                                  models=["llama3-8b", "mixtral-8x7b"])]
+
+
+@pytest.fixture(scope="module")
+def base():
+    return with_features(simulated("h100-nvswitch", world_sizes=(2, 4), share=0.25, seed=3))
+
+
+def test_choose_respects_k_and_never_takes_a_measured_or_repeated_scenario():
+    ids = [f"s{i}" for i in range(30)]
+    groups = [i % 3 for i in range(30)]
+    priority = [float(i) for i in range(30)]
+    measured = {"s0", "s1", "s5"}
+    picks = A.choose(ids, groups, 7, measured=measured, priority=priority)
+    assert len(picks) == 7 == len(set(picks)) and not set(picks) & measured
+    # round-robin over the strata, each stratum's most uncertain (lowest priority) first
+    assert picks[:3] == ["s2", "s3", "s4"]
+    random_picks = A.choose(ids, groups, 7, measured=measured, priority=None, seed=1)
+    assert len(set(random_picks)) == 7 and not set(random_picks) & measured
+    assert random_picks == A.choose(ids, groups, 7, measured=measured, priority=None, seed=1)
+    assert len(A.choose(ids, groups, 100, measured=measured, priority=priority)) == 27  # all that is left
+    assert A.choose(ids, groups, 0, measured=measured, priority=priority) == []
+
+
+def test_recalibration_recovers_a_machine_whose_data_sheet_is_off():
+    spec = load_hardware("mi300x-8")
+    truth = A.perturbed(spec, "mi300x-8-test-truth", spread=1.3, seed=4)
+    measured = simulate(GRID[::8], truth, noise=0.03, seed=0)
+    fitted = recalibrate(spec, measured)
+    want = simulate_rows(GRID, truth)["time_s"].to_numpy()
+    error = {name: float(np.median(np.abs(np.log(simulate_rows(GRID, s)["time_s"].to_numpy() / want))))
+             for name, s in (("start", spec), ("fitted", fitted))}
+    assert error["fitted"] < error["start"] / 3, error
+    assert recalibrate(spec, measured.iloc[:0]) is spec  # nothing measured: the spec as given
+
+
+class CountingMachine:
+    """A simulated machine whose measure calls are counted and can be made to fail."""
+
+    def __init__(self, fail_on_call: int | None = None):
+        spec = load_hardware("mi300x-8")
+        truth = A.perturbed(spec, "mi300x-8-test", spread=1.2, seed=1)
+        self.machine = A.sim_machine("mi300x-8-test", spec, truth, GRID, seed=0)
+        inner = self.machine.measure
+        self.calls: list[list[str]] = []
+
+        def measure(scenarios):
+            self.calls.append([s.scenario_id for s in scenarios])
+            if fail_on_call is not None and len(self.calls) == fail_on_call:
+                raise KeyboardInterrupt("killed")
+            return inner(scenarios)
+
+        self.machine.measure = measure
+
+
+def test_rounds_spend_the_budget_and_measure_each_scenario_once(base, tmp_path):
+    counting = CountingMachine()
+    rounds = A.adapt(counting.machine, base, checkpoints=(0.0, 0.05, 0.15), strategy="active", out_dir=tmp_path)
+    n = len(GRID)
+    assert [r.measured for r in rounds] == [0, round(0.05 * n), round(0.15 * n)]
+    measured = [sid for call in counting.calls for sid in call]
+    assert len(measured) == len(set(measured)) == round(0.15 * n)
+    assert all(0 <= r.scores["near_opt_2"] <= 1 for r in rounds)
+    rows = pd.read_parquet(tmp_path / "measured.parquet")
+    assert set(rows["scenario_id"]) == set(measured)
+
+
+def test_a_killed_adapt_resumes_without_measuring_again(base, tmp_path):
+    killed = CountingMachine(fail_on_call=2)
+    with pytest.raises(KeyboardInterrupt):
+        A.adapt(killed.machine, base, checkpoints=(0.0, 0.05, 0.15), out_dir=tmp_path)
+    first = set(killed.calls[0])  # round 1 finished and was saved; round 2 died measuring
+    resumed = CountingMachine()
+    rounds = A.adapt(resumed.machine, base, checkpoints=(0.0, 0.05, 0.15), out_dir=tmp_path)
+    assert [r.measured for r in rounds] == [0, round(0.05 * len(GRID)), round(0.15 * len(GRID))]
+    assert len(resumed.calls) == 1 and not set(resumed.calls[0]) & first  # round 2 only, nothing twice
+    again = CountingMachine()
+    assert len(A.adapt(again.machine, base, checkpoints=(0.0, 0.05, 0.15), out_dir=tmp_path)) == 3
+    assert again.calls == []  # finished: nothing left to measure
+
+
+def test_another_machine_s_folder_is_refused(base, tmp_path):
+    A.adapt(CountingMachine().machine, base, checkpoints=(0.0,), out_dir=tmp_path)
+    other = CountingMachine().machine
+    other.name = "another-machine"
+    with pytest.raises(ValueError, match="field 'machine'"):
+        A.adapt(other, base, checkpoints=(0.0, 0.05), out_dir=tmp_path)
+
+
+def test_bad_options_are_named():
+    with pytest.raises(ValueError, match="strategy"):
+        A.adapt(CountingMachine().machine, pd.DataFrame(), checkpoints=(0.0,), strategy="greedy")
+    with pytest.raises(ValueError, match="checkpoints"):
+        A.adapt(CountingMachine().machine, pd.DataFrame(), checkpoints=(0.2, 0.1))
+    with pytest.raises(ValueError, match="not yet"):
+        A.run_adapt(hardware="mi300x-8", backend="cpu")

@@ -1,0 +1,449 @@
+"""New hardware in a few measurements: ``ficco adapt``.
+
+Start from a model trained without the machine and from its spec (a data sheet's numbers,
+or a preset to start from); then, in rounds until the budget (a fraction of the machine's
+grid of scenarios) is spent:
+
+1. choose the scenarios to measure next (``choose``): the ``active`` rule takes those where
+   the model is least sure (the smallest predicted gap between its two best schedules),
+   scenarios where it disagrees with the simulator on the current spec first, spread over
+   strata of operator, world size and size; ``random`` draws them (the reference);
+2. measure them (``--backend sim``: the machine's spec simulated with noise, for
+   experiments; rows in the schema of ``ficco measure``);
+3. recalibrate the spec's primitive numbers from every row measured so far
+   (``data.calibrate.recalibrate``), so the features of *every* scenario on the machine,
+   measured or not, use what the machine showed;
+4. refit the model on the training data plus the measured rows.
+
+The state lives in the output folder and survives a kill: ``measured.parquet`` (every
+measured row, written atomically after each round) and ``rounds.json`` (what each round
+chose, the spec after it, its score). A restarted run reads both, never measures a scenario
+twice, and goes on from the last finished round.
+
+Scored on the rest of the machine's grid (the scenarios not measured) against the truth:
+noise-free simulated times on ``sim``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from data.calibrate import recalibrate
+from data.dataset import write_parquet_atomic
+from data.machines import base_machine
+from data.simulate import simulate, simulate_rows
+from ficco_select.hardware import HardwareSpec, register_hardware, spec_as_dict
+from ficco_select.scenario import Scenario
+from train.metrics import score, usable_rows
+from train.selectors import FEATURE_COLUMNS, XGBTimeRegressor, feature_pairs, with_features
+
+log = logging.getLogger("train.adapt")
+
+STRATEGIES = ("active", "random")
+ADAPT_NOISE = 0.03
+"""Log-normal sigma of a simulated measurement (``--backend sim``): a quiet GPU's."""
+
+
+def adapted_model() -> XGBTimeRegressor:
+    """The model refitted each round: the pipeline champion's (100 trees, rate 0.12)."""
+    return XGBTimeRegressor(n_estimators=100, learning_rate=0.12)
+
+
+# -- which scenarios next -------------------------------------------------------------------
+def strata(scenarios: Sequence[Scenario]) -> list[tuple]:
+    """Each scenario's stratum: operator, world size, and the octave band of its per-rank
+    FLOPs (4 octaves wide), so that a round's picks spread over kinds and sizes."""
+    return [(s.op, s.world_size, int(math.log2(max(s.busiest_rank_gflop(), 1e-9) * 1e9) // 4)) for s in scenarios]
+
+
+def choose(ids: Sequence[str], groups: Sequence, k: int, *, measured: set[str], priority: Sequence[float] | None,
+           seed: int = 0) -> list[str]:
+    """`k` scenario ids to measure next among `ids` not in `measured`.
+
+    `priority` (lower first, one per id): the active rule, taken round-robin over the
+    strata `groups` (one per id) so every stratum gives its most uncertain scenario before
+    any gives a second; None: a uniform random draw (`seed`). Never an id in `measured`,
+    never one twice, at most what is left."""
+    left = [i for i, sid in enumerate(ids) if sid not in measured]
+    k = min(k, len(left))
+    if k <= 0:
+        return []
+    if priority is None:
+        picks = np.random.default_rng(seed).choice(len(left), size=k, replace=False)
+        return [ids[left[j]] for j in sorted(picks)]
+    by_stratum: dict = {}
+    for i in sorted(left, key=lambda i: (priority[i], ids[i])):
+        by_stratum.setdefault(groups[i], []).append(i)
+    queues = sorted(by_stratum.values(), key=lambda q: (priority[q[0]], ids[q[0]]))
+    out: list[str] = []
+    while len(out) < k:
+        for q in queues:
+            if q and len(out) < k:
+                out.append(ids[q.pop(0)])
+    return out
+
+
+# -- one machine's adaptation ------------------------------------------------------------
+@dataclasses.dataclass
+class Machine:
+    """The machine being adapted to: its name (in every row), the spec the run believes
+    (registered under the name, replaced each round), its grid of scenarios, and how to
+    measure some of them (a function of scenarios -> rows in the dataset schema)."""
+
+    name: str
+    spec: HardwareSpec
+    grid: list[Scenario]
+    measure: Callable[[list[Scenario]], pd.DataFrame]
+    truth: pd.DataFrame | None = None
+    """Every grid scenario's rows with true times (``time_model_s`` on sim), to score against."""
+
+
+def sim_machine(name: str, start: HardwareSpec, truth_spec: HardwareSpec, grid: Sequence[Scenario], *,
+                noise: float = ADAPT_NOISE, seed: int = 0) -> Machine:
+    """A simulated machine: measurements follow `truth_spec` with `noise`; the run starts
+    from `start`. Rows carry `name`."""
+    grid = [dataclasses.replace(s, hardware=name) for s in grid]
+    calls = iter(range(1 << 30))
+    return Machine(name, dataclasses.replace(start, name=name), grid,
+                   lambda scenarios: simulate(scenarios, truth_spec, noise=noise, seed=seed * 1000 + next(calls)),
+                   truth=simulate_rows(grid, truth_spec).assign(
+                       time_model_s=lambda d: d["time_s"], status="ok", verified=True, near_best=False))
+
+
+PERTURBED = ("peak_tflops", "gemm_efficiency", "mem_bw_gbps", "gemm_launch_us", "compute_units", "link_bw_gbps",
+             "sm_comm_latency_us", "sm_comm_units", "dma_latency_us", "dma_bw_gbps", "dma_mem_contention")
+"""The numbers ``perturbed`` draws: every rate, latency, unit count and contention factor.
+The compute units are among them, though ``recalibrate`` keeps them: a data sheet's count
+can be wrong in ways a rescaled rate only approximates."""
+
+
+def perturbed(spec: HardwareSpec, name: str, *, spread: float = 1.3, seed: int = 0) -> HardwareSpec:
+    """`spec` with each of ``PERTURBED`` times its own log-uniform factor in [1/spread,
+    spread] (bounded fractions stay in range): a machine whose data sheet is off by up to
+    that much, for experiments. Named `name`."""
+    rng = np.random.default_rng(seed)
+    factor = {f: float(spread ** rng.uniform(-1, 1)) for f in PERTURBED}
+    changes = {f: getattr(spec, f) * factor[f] for f in PERTURBED if f != "peak_tflops"}
+    changes["peak_tflops"] = {d: v * factor["peak_tflops"] for d, v in spec.peak_tflops.items()}
+    changes["compute_units"] = max(1, round(changes["compute_units"]))
+    changes["gemm_efficiency"] = min(changes["gemm_efficiency"], 0.95)
+    changes["sm_comm_units"] = min(changes["sm_comm_units"], 0.9)
+    changes["dma_mem_contention"] = min(changes["dma_mem_contention"], 1.0)
+    return dataclasses.replace(spec, name=name, description=f"{spec.name}, every number off by up to x{spread:g}",
+                               **changes)
+
+
+def _register(spec: HardwareSpec) -> None:
+    register_hardware(spec, "ficco adapt", replace=True)
+
+
+def _fit(base: pd.DataFrame, measured: pd.DataFrame) -> XGBTimeRegressor:
+    rows = pd.concat([base, with_features(measured)], ignore_index=True) if len(measured) else base
+    return adapted_model().fit(rows)
+
+
+def _predictions(model: XGBTimeRegressor, grid_rows: pd.DataFrame) -> pd.DataFrame:
+    """Per scenario of `grid_rows`: the model's pick and its margin (second-best minus best
+    predicted log time)."""
+    ok, X = feature_pairs(grid_rows)
+    frame = pd.DataFrame({"sid": ok["scenario_id"].to_numpy(), "schedule": ok["schedule"].to_numpy(),
+                          "p": model.model_.predict(X)}).sort_values(["sid", "p", "schedule"])
+    first = frame.groupby("sid", sort=False)
+    best = first.nth(0).set_index("sid")
+    second = first.nth(1).set_index("sid")["p"]
+    return pd.DataFrame({"pick": best["schedule"], "margin": (second - best["p"]).reindex(best.index).fillna(np.inf)})
+
+
+def _candidate_rows(machine: Machine) -> pd.DataFrame:
+    """Every grid scenario's legal schedules on the believed spec (the rows to predict on),
+    with the simulator's pick there (time_s: the spec's model time)."""
+    rows = simulate_rows(machine.grid, machine.spec)
+    return rows.assign(status="ok", verified=True)
+
+
+@dataclasses.dataclass
+class Round:
+    measured: int
+    fraction: float
+    chosen: list[str]
+    spec: dict
+    scores: dict
+
+
+def adapt(machine: Machine, base: pd.DataFrame, *, checkpoints: Sequence[float], strategy: str = "active",
+          out_dir: str | Path | None = None, seed: int = 0, progress: Callable[[Round], None] | None = None
+          ) -> list[Round]:
+    """Adapt to `machine` in rounds, one per fraction of its grid in `checkpoints`
+    (ascending, cumulative; 0 scores the start alone). `base`: the training rows, with
+    their features (``with_features``); the machine's own rows must not be in it.
+    With `out_dir`, the state is kept there and a restarted call resumes (module docstring).
+    Returns every round, in order, resumed ones included."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    if list(checkpoints) != sorted(checkpoints) or not all(0 <= c <= 1 for c in checkpoints):
+        raise ValueError(f"checkpoints must ascend within [0, 1], got {list(checkpoints)}")
+    out = Path(out_dir) if out_dir is not None else None
+    start_spec = machine.spec
+    measured, rounds = _resume(out, machine)
+    ids = [s.scenario_id for s in machine.grid]
+    groups = strata(machine.grid)
+    for target in checkpoints[len(rounds):]:
+        done = set(measured["scenario_id"]) if len(measured) else set()
+        spec = recalibrate(start_spec, measured) if len(measured) else start_spec
+        machine.spec = dataclasses.replace(spec, name=machine.name)
+        _register(machine.spec)
+        model = _fit(base, measured)
+        candidates = _candidate_rows(machine)
+        k = round(target * len(ids)) - len(done)
+        priority = None
+        if strategy == "active" and k > 0:
+            pred = _predictions(model, candidates)
+            physics = candidates.sort_values(["scenario_id", "time_s", "schedule"]).groupby("scenario_id").first()
+            agree = (pred["pick"] == physics["schedule"].reindex(pred.index)).astype(float)
+            priority = [(agree.get(sid, 1.0), pred["margin"].get(sid, np.inf)) for sid in ids]
+        chosen = choose(ids, groups, k, measured=done, priority=priority, seed=seed + len(rounds))
+        if chosen:
+            by_id = dict(zip(ids, machine.grid))
+            new = machine.measure([by_id[sid] for sid in chosen])
+            measured = pd.concat([measured, new], ignore_index=True) if len(measured) else new
+            measured = measured.drop(columns=[c for c in FEATURE_COLUMNS if c in measured.columns])
+            spec = recalibrate(start_spec, measured)
+            machine.spec = dataclasses.replace(spec, name=machine.name)
+            _register(machine.spec)
+            model = _fit(base, measured)
+            candidates = _candidate_rows(machine)
+        scores = _score(model, candidates, machine, set(measured["scenario_id"]) if len(measured) else set())
+        r = Round(measured=int(measured["scenario_id"].nunique()) if len(measured) else 0,
+                  fraction=target, chosen=chosen, spec=spec_as_dict(machine.spec), scores=scores)
+        rounds.append(r)
+        if out is not None:
+            _save(out, measured, rounds)
+        if progress is not None:
+            progress(r)
+    return rounds
+
+
+def _score(model, candidates: pd.DataFrame, machine: Machine, measured: set[str]) -> dict:
+    """The model's picks on the scenarios not measured, scored against the machine's truth
+    (an empty dict without one)."""
+    if machine.truth is None:
+        return {}
+    rest = candidates[~candidates["scenario_id"].isin(measured)]
+    if rest.empty:
+        return {}
+    picks = _predictions(model, rest)["pick"].to_dict()
+    physics = rest.sort_values(["scenario_id", "time_s", "schedule"]).groupby("scenario_id")["schedule"].first()
+    return {**score(machine.truth, picks), "simulator": score(machine.truth, physics.to_dict())}
+
+
+def _resume(out: Path | None, machine: Machine) -> tuple[pd.DataFrame, list[Round]]:
+    if out is None or not (out / "rounds.json").exists():
+        return pd.DataFrame(), []
+    state = json.loads((out / "rounds.json").read_text())
+    if state.get("machine") != machine.name:
+        raise ValueError(f"{out / 'rounds.json'}: field 'machine' is {state.get('machine')!r}, not "
+                         f"{machine.name!r}: another run's folder")
+    rounds = [Round(**r) for r in state["rounds"]]
+    measured = pd.read_parquet(out / "measured.parquet") if (out / "measured.parquet").exists() else pd.DataFrame()
+    have = int(measured["scenario_id"].nunique()) if len(measured) else 0
+    # More rows than the last finished round says: a round killed after its measurements were
+    # saved. They are kept (never measured again); its redo measures only what it still lacks.
+    log.info("resuming %s: %d round(s) done, %d scenario(s) measured", out, len(rounds), have)
+    return measured, rounds
+
+
+def _save(out: Path, measured: pd.DataFrame, rounds: list[Round]) -> None:
+    """measured.parquet first, then rounds.json, each replaced atomically: a kill between
+    them leaves a round's rows that rounds.json does not list yet, which a resume keeps."""
+    out.mkdir(parents=True, exist_ok=True)
+    if len(measured):
+        write_parquet_atomic(measured, out / "measured.parquet")
+    tmp = out / "rounds.json.tmp"
+    tmp.write_text(json.dumps({"machine": rounds[0].spec["name"] if rounds else "",
+                               "rounds": [dataclasses.asdict(r) for r in rounds]}, indent=1))
+    tmp.replace(out / "rounds.json")
+
+
+def usable_base(df: pd.DataFrame, machine: str) -> pd.DataFrame:
+    """The training rows without `machine` and the machines sampled around it (its preset's
+    family): the start must not have seen the machine."""
+    base = df["hardware"].map({h: base_machine(h) for h in set(df["hardware"])})
+    return usable_rows(df[base != base_machine(machine)]).reset_index(drop=True)
+
+
+
+
+# -- ficco adapt ------------------------------------------------------------------------------
+EXPERIMENT = "ficco-adapt"
+
+
+def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, budget: float = 0.1,
+              rounds: int = 4, strategy: str = "active", perturb: float = 1.0, seed: int = 0,
+              out_dir: str | Path = "out/adapt", track: bool = True,
+              on_round: Callable[[Round], None] | None = None) -> dict:
+    """``ficco adapt``: adapt to `hardware` (a preset or a spec file) within `budget` (a
+    fraction of its full-scale grid) in `rounds` equal steps, starting from `start`'s spec
+    (default: the hardware's own) and a model trained on the default training data without
+    the hardware's preset family. ``sim``: the measurements follow the hardware's spec, each
+    number off by up to `perturb` (1: exactly), with noise. Keeps its state in `out_dir`
+    (resumable), writes the adapted spec there (``spec.yaml``) and, with `track`, logs the
+    run and its learning curve to MLflow. Returns the summary."""
+    from data.calibrate import write_spec
+    from data.catalog import catalog
+    from ficco_select.hardware import load_hardware, preset_names
+    from train.training_data import default_training_data
+
+    if backend != "sim":
+        raise ValueError(f"--backend {backend}: not yet; this version adapts on sim only (measuring with the "
+                         "harness on cpu and cuda comes next)")
+    if not 0 < budget <= 1 or rounds < 1:
+        raise ValueError(f"--budget must be in (0, 1] and --rounds at least 1, got {budget} and {rounds}")
+    spec = load_hardware(hardware)
+    start_spec = load_hardware(start) if start else spec
+    name = f"{spec.name}-adapted" if spec.name in preset_names() else spec.name
+    truth = perturbed(spec, name, spread=perturb, seed=seed) if perturb > 1 else dataclasses.replace(spec, name=name)
+    grid = [Scenario.from_record(r) for r in catalog("full", hardware=spec.name, world_sizes=(2, 4, 8))
+            if r["world_size"] <= spec.devices]
+    machine = sim_machine(name, start_spec, truth, grid, seed=seed)
+    base = with_features(usable_base(default_training_data(), spec.name))
+    checkpoints = [0.0] + [budget * (i + 1) / rounds for i in range(rounds)]
+    out = Path(out_dir)
+    done = adapt(machine, base, checkpoints=checkpoints, strategy=strategy, out_dir=out, seed=seed, progress=on_round)
+    write_spec(machine.spec, out / "spec.yaml", f"ficco adapt --hardware {hardware} --backend {backend}, "
+               f"{done[-1].measured} scenarios measured")
+    summary = {"machine": name, "hardware": hardware, "backend": backend, "strategy": strategy, "grid": len(grid),
+               "rounds": [{"fraction": r.fraction, "measured": r.measured, **_headline(r.scores)} for r in done],
+               "spec": str(out / "spec.yaml"), "out_dir": str(out)}
+    if track:
+        params = dict(hardware=hardware, backend=backend, start=start or hardware, budget=budget, rounds=rounds,
+                      strategy=strategy, perturb=perturb, seed=seed)
+        summary["mlflow_run_id"] = _track(summary, out, params)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _headline(scores: dict) -> dict:
+    if not scores:
+        return {}
+    return {"near_opt_2": scores["near_opt_2"], "speedup": scores["speedup"],
+            "simulator_near_opt_2": scores["simulator"]["near_opt_2"]}
+
+
+def _track(summary: dict, out: Path, params: dict) -> str:
+    """One MLflow run: the options, near-opt@2% per round (step: scenarios measured), the
+    curve's plot and the output folder."""
+    import mlflow
+
+    mlflow.set_experiment(EXPERIMENT)
+    with mlflow.start_run(run_name=f"adapt-{summary['machine']}") as run:
+        mlflow.log_params(params)
+        for r in summary["rounds"]:
+            for key in ("near_opt_2", "speedup", "simulator_near_opt_2"):
+                if key in r:
+                    mlflow.log_metric(key, float(r[key]), step=int(r["measured"]))
+        curve = pd.DataFrame([{"preset": summary["machine"], "strategy": summary["strategy"], **r}
+                              for r in summary["rounds"]])
+        if "near_opt_2" in curve:
+            plot_curve(curve, out / "curve.png")
+        mlflow.log_artifacts(str(out), artifact_path="adapt")
+        return run.info.run_id
+
+# -- the learning curve: every GPU preset held out in turn ---------------------------------
+CURVE_CHECKPOINTS = (0.0, 0.02, 0.05, 0.10, 0.20)
+FULL_FOLDS = 5
+
+
+def full_retrain(machine: Machine, base: pd.DataFrame, *, seed: int = 0) -> dict:
+    """The reference of measuring everything: the machine's whole grid measured, then
+    ``FULL_FOLDS``-fold cross-fitting (recalibrate and refit on the other folds, score the
+    held-out fold); the folds' picks pooled into one score. 80% of the grid measured."""
+    start = machine.spec
+    ids = [s.scenario_id for s in machine.grid]
+    everything = machine.measure(machine.grid)
+    fold = np.random.default_rng(seed).permutation(len(ids)) % FULL_FOLDS
+    picks: dict[str, str] = {}
+    for f in range(FULL_FOLDS):
+        train_ids = {sid for sid, g in zip(ids, fold) if g != f}
+        measured = everything[everything["scenario_id"].isin(train_ids)]
+        machine.spec = dataclasses.replace(recalibrate(start, measured), name=machine.name)
+        _register(machine.spec)
+        model = _fit(base, measured)
+        rest = _candidate_rows(machine)
+        rest = rest[~rest["scenario_id"].isin(train_ids)]
+        picks.update(_predictions(model, rest)["pick"].to_dict())
+    machine.spec = start
+    return score(machine.truth, picks)
+
+
+def learning_curve(df: pd.DataFrame, presets: Sequence[str], *, spread: float = 1.3, seed: int = 0,
+                   checkpoints: Sequence[float] = CURVE_CHECKPOINTS, world_sizes=(2, 4, 8),
+                   progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """For each preset: a machine whose true numbers are the preset's perturbed by up to
+    `spread` (``perturbed``), adapted from the preset's own spec and a model trained on `df`
+    without that preset's family; near-opt@2% (and the simulator's on the adapted spec) on
+    the grid's unmeasured rest at each checkpoint, for the active and the random choice,
+    and the full retrain's. One row per (preset, strategy, fraction)."""
+    from data.catalog import catalog
+    from ficco_select.hardware import load_hardware
+
+    rows = []
+    for i, preset in enumerate(presets):
+        spec = load_hardware(preset)
+        name = f"{preset}-new"
+        truth = perturbed(spec, name, spread=spread, seed=seed + i)
+        grid = [Scenario.from_record(r) for r in catalog("full", hardware=preset, world_sizes=world_sizes)]
+        base = usable_base(df, preset)
+        for strategy in STRATEGIES:
+            machine = sim_machine(name, spec, truth, grid, seed=seed + i)
+            for r in adapt(machine, base, checkpoints=checkpoints, strategy=strategy, seed=seed + i):
+                rows.append({"preset": preset, "strategy": strategy, "fraction": r.fraction, "measured": r.measured,
+                             "near_opt_2": r.scores["near_opt_2"], "speedup": r.scores["speedup"],
+                             "simulator_near_opt_2": r.scores["simulator"]["near_opt_2"]})
+            if progress is not None:
+                progress(f"{preset} {strategy} done")
+        full = full_retrain(sim_machine(name, spec, truth, grid, seed=seed + i), base, seed=seed + i)
+        rows.append({"preset": preset, "strategy": "full", "fraction": 1 - 1 / FULL_FOLDS,
+                     "measured": round(len(grid) * (1 - 1 / FULL_FOLDS)), "near_opt_2": full["near_opt_2"],
+                     "speedup": full["speedup"], "simulator_near_opt_2": float("nan")})
+        if progress is not None:
+            progress(f"{preset} full retrain done")
+    return pd.DataFrame(rows)
+
+
+def plot_curve(curve: pd.DataFrame, path: str | Path) -> Path:
+    """Near-opt@2% against the fraction measured, one panel per preset: active, random, and
+    the full retrain as a level line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    presets = list(dict.fromkeys(curve["preset"]))
+    fig, axes = plt.subplots(1, len(presets), figsize=(3.2 * len(presets), 3.2), sharey=True, squeeze=False)
+    for ax, preset in zip(axes[0], presets):
+        rows = curve[curve["preset"] == preset]
+        for strategy, style in (("active", "o-"), ("random", "s--")):
+            r = rows[rows["strategy"] == strategy]
+            if r.empty:
+                continue
+            ax.plot(100 * r["fraction"], r["near_opt_2"], style, label=strategy)
+        full = rows[rows["strategy"] == "full"]["near_opt_2"]
+        if len(full):
+            ax.axhline(float(full.iloc[0]), color="gray", lw=1, label="full retrain (80%)")
+        ax.axhline(0.95, color="red", lw=0.6, ls=":")
+        ax.set_title(preset, fontsize=9)
+        ax.set_xlabel("% of grid measured")
+    axes[0][0].set_ylabel("near-opt@2% on the rest")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
