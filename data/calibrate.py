@@ -217,22 +217,36 @@ scenarios, numbers the measurements say little about stay where the data sheet p
 
 
 COMPUTE_UNIT_STEPS = tuple(2 ** (j / 8) for j in range(-4, 5))
-"""The compute-unit counts ``recalibrate`` tries, as factors of the spec's (up to x1.41 either
-way): a count is not a rate to rescale smoothly (it sets the wave quantization), so each
-is fitted in turn and the best fit kept."""
+"""The compute-unit counts ``recalibrate`` tries first, as factors of the spec's (up to x1.41
+either way): a count is not a rate to rescale smoothly (it sets the wave quantization), so
+each is fitted in turn; then the counts between the best one's neighbours (at most 25 of
+them), and the best fit of all is kept."""
 
 
 def recalibrate(spec: HardwareSpec, df: pd.DataFrame) -> HardwareSpec:
     """`spec` fitted to the measured rows `df`: its primitive numbers (``RECALIBRATED``)
-    rescaled (``_rescaled``) at each compute-unit count of ``COMPUTE_UNIT_STEPS``; the count
-    whose fit is best wins. Unchanged if `df` has no usable row."""
+    rescaled (``_rescaled``) at each compute-unit count tried (``COMPUTE_UNIT_STEPS``); the
+    count whose fit is best wins. Unchanged if `df` has no usable row."""
     ok = df[(df["status"] == "ok") & df["verified"].astype(bool)]
     ok = ok[np.isfinite(ok["time_s"].astype(float)) & (ok["time_s"].astype(float) > 0)]
     if ok.empty:
         return spec
-    counts = sorted({max(1, round(spec.compute_units * f)) for f in COMPUTE_UNIT_STEPS})
-    fits = [_rescaled(dataclasses.replace(spec, compute_units=c), ok) for c in counts]
-    return min(fits, key=lambda fit: fit[1])[0]
+    fits: dict[int, tuple[HardwareSpec, float]] = {}
+
+    def fit(count: int) -> float:
+        if count not in fits:
+            fits[count] = _rescaled(dataclasses.replace(spec, compute_units=count), ok)
+        return fits[count][1]
+
+    coarse = sorted({max(1, round(spec.compute_units * f)) for f in COMPUTE_UNIT_STEPS})
+    best = min(coarse, key=fit)
+    # Then every count between the best coarse one's neighbours: the wave quantization of a
+    # count a few units off already misplaces schedules.
+    at = coarse.index(best)
+    lo, hi = coarse[max(at - 1, 0)], coarse[min(at + 1, len(coarse) - 1)]
+    for count in range(lo, hi + 1, max(1, (hi - lo) // 24)):
+        fit(count)
+    return fits[min(fits, key=lambda c: fits[c][1])][0]
 
 
 def _rescaled(spec: HardwareSpec, ok: pd.DataFrame) -> tuple[HardwareSpec, float]:

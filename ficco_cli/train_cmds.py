@@ -182,14 +182,16 @@ def report(folder) -> None:
 @click.command("adapt")
 @click.option("--hardware", required=True, help="The new machine: a preset name or a spec file (.yaml).")
 @click.option("--backend", type=click.Choice(["sim", "cpu", "cuda"]), default="sim", show_default=True,
-              help="How to measure: sim (the spec simulated with noise, for experiments); cpu and cuda: not yet.")
+              help="How to measure: sim (the spec simulated with noise, for experiments), cpu (this machine's "
+                   "gloo ranks, for real; --hardware cpu); cuda: not yet.")
 @click.option("--start", default=None, help="The spec to start from (a preset or a file; default: --hardware's).")
 @click.option("--budget", type=float, default=0.1, show_default=True, help="Fraction of the machine's grid to measure.")
 @click.option("--rounds", type=int, default=4, show_default=True, help="Rounds the budget is spent in.")
 @click.option("--strategy", type=click.Choice(["active", "random"]), default="active", show_default=True,
               help="active: where the model is least sure, spread over operators and sizes; random: a draw.")
 @click.option("--perturb", type=float, default=1.0, show_default=True,
-              help="sim: the measured machine's numbers are --hardware's, each off by up to this factor.")
+              help="How far the spec to start from is off, at most, per number: on sim the measured machine "
+                   "is --hardware's spec perturbed so; on cpu the spec to start from is.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/adapt", show_default=True,
               help="State (resumable), adapted spec, summary.")
@@ -203,7 +205,8 @@ def adapt_cmd(hardware, backend, start, budget, rounds, strategy, perturb, seed,
         if not as_json:
             s = r.scores
             click.echo(f"{100 * r.fraction:5.1f}% measured ({r.measured:4d} scenarios): " + (
-                f"near-opt@2% {s['near_opt_2']:.3f} (simulator on the adapted spec {s['simulator']['near_opt_2']:.3f})"
+                f"near-opt@2% {s['near_opt_2']:.3f} (simulator on the adapted spec {s['simulator']['near_opt_2']:.3f}; "
+                f"ceiling {s['ceiling']['near_opt_2']:.3f})"
                 if s else "no truth to score against"))
 
     with reported(ValueError):

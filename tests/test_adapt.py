@@ -110,4 +110,23 @@ def test_bad_options_are_named():
     with pytest.raises(ValueError, match="checkpoints"):
         A.adapt(CountingMachine().machine, pd.DataFrame(), checkpoints=(0.2, 0.1))
     with pytest.raises(ValueError, match="not yet"):
+        A.run_adapt(hardware="mi300x-8", backend="cuda")
+    with pytest.raises(ValueError, match="--hardware cpu"):
         A.run_adapt(hardware="mi300x-8", backend="cpu")
+    with pytest.raises(ValueError, match="--budget"):
+        A.run_adapt(hardware="mi300x-8", budget=0)
+
+
+@pytest.mark.gloo
+def test_the_cpu_backend_measures_for_real_and_scores_against_the_committed_sweep(base, tmp_path):
+    machine = A.cpu_machine("cpu-adapt-test", load_hardware("cpu"), tmp_path, progress=False)
+    assert len(machine.grid) == 600 and {s.hardware for s in machine.grid} == {"cpu-adapt-test"}
+    machine.grid = machine.grid[:60:3]  # 20 scenarios: one round measures one of them
+    rounds = A.adapt(machine, base, checkpoints=(0.0, 0.05), out_dir=tmp_path)
+    assert [r.measured for r in rounds] == [0, 1]
+    rows = pd.read_parquet(tmp_path / "measured.parquet")
+    assert set(rows["hardware"]) == {"cpu-adapt-test"} and rows["verified"].all()
+    assert set(rows["scenario_id"]) <= {s.scenario_id for s in machine.grid}
+    assert (tmp_path / "harness.parquet").exists()  # the harness's own crash-safe file
+    scores = rounds[-1].scores
+    assert scores["n"] == 19 and 0 < scores["ceiling"]["near_opt_2"] <= 1

@@ -8,20 +8,27 @@ grid of scenarios) is spent:
    the model is least sure (the smallest predicted gap between its two best schedules),
    scenarios where it disagrees with the simulator on the current spec first, spread over
    strata of operator, world size and size; ``random`` draws them (the reference);
-2. measure them (``--backend sim``: the machine's spec simulated with noise, for
-   experiments; rows in the schema of ``ficco measure``);
+2. measure them (rows in the schema of ``ficco measure``): ``sim`` simulates the machine's
+   spec with noise, for experiments; ``cpu`` times them on this machine's gloo ranks with
+   the harness (``cpu_machine``);
 3. recalibrate the spec's primitive numbers from every row measured so far
    (``data.calibrate.recalibrate``), so the features of *every* scenario on the machine,
    measured or not, use what the machine showed;
 4. refit the model on the training data plus the measured rows.
 
 The state lives in the output folder and survives a kill: ``measured.parquet`` (every
-measured row, written atomically after each round) and ``rounds.json`` (what each round
-chose, the spec after it, its score). A restarted run reads both, never measures a scenario
-twice, and goes on from the last finished round.
+measured row, written atomically after each round, carrying the adapted spec),
+``rounds.json`` (what each round chose, the spec after it, its score) and ``pending.json``
+(the scenarios of the round under way, written before it measures). A restarted run reads
+them, redoes a killed round on the same scenarios (the cpu harness keeps what it finished
+itself), never measures a scenario twice, and goes on from the last finished round.
 
-Scored on the rest of the machine's grid (the scenarios not measured) against the truth:
-noise-free simulated times on ``sim``.
+Scored on the rest of the machine's grid (the scenarios not measured) against the truth,
+beside the ceiling (what a perfect selector scores on the same labels): noise-free
+simulated times on ``sim`` (ceiling 1); on ``cpu`` the committed full measurement, judged
+on its repeat sweep where there is one (the repeat oracle).
+
+``train.adapt_curve`` draws the learning curve over the GPU presets.
 """
 
 from __future__ import annotations
@@ -37,12 +44,12 @@ import numpy as np
 import pandas as pd
 
 from data.calibrate import recalibrate
-from data.dataset import write_parquet_atomic
+from data.dataset import read_dataset, write_parquet_atomic
 from data.machines import base_machine
 from data.simulate import simulate, simulate_rows
 from ficco_select.hardware import HardwareSpec, register_hardware, spec_as_dict
 from ficco_select.scenario import Scenario
-from train.metrics import score, usable_rows
+from train.metrics import ceiling_choices, score, usable_rows
 from train.selectors import FEATURE_COLUMNS, XGBTimeRegressor, feature_pairs, with_features
 
 log = logging.getLogger("train.adapt")
@@ -141,16 +148,50 @@ def perturbed(spec: HardwareSpec, name: str, *, spread: float = 1.3, seed: int =
                                **changes)
 
 
-def _register(spec: HardwareSpec) -> None:
+def cpu_machine(name: str, start: HardwareSpec, out_dir: str | Path, *, progress: bool = True) -> Machine:
+    """This machine's cpu backend, measured for real: the grid is the committed cpu catalog
+    (``data/scenarios/catalog_cpu.csv``), each round's scenarios are timed by the harness
+    (gloo ranks, the ``ficco measure`` defaults) into ``<out_dir>/harness.parquet``, which
+    is crash-safe on its own; the truth to score against is the committed full measurement
+    (its repeat sweep where there is one: ``train.metrics``). Rows carry `name`, not
+    ``cpu``: the adapted spec cannot take a preset's name."""
+    from data.dataset import attach_repeat, read_dataset
+    from data.measure.config import MeasureConfig
+    from data.measure.sweep import measure
+    from data.scenarios import packaged, read_scenarios
+    from train.training_data import MEASURED_REPEAT, measured_path
+
+    on_cpu = read_scenarios(packaged("catalog_cpu.csv"), backend="cpu")
+    grid = [dataclasses.replace(s, hardware=name) for s in on_cpu]
+    renamed = {s.scenario_id: g.scenario_id for s, g in zip(on_cpu, grid)}
+    back = dict(zip(renamed.values(), on_cpu))
+
+    def relabel(rows: pd.DataFrame) -> pd.DataFrame:
+        rows = rows[rows["scenario_id"].isin(renamed)]
+        return rows.assign(hardware=name, scenario_id=rows["scenario_id"].map(renamed))
+
+    def measure_here(scenarios: list[Scenario]) -> pd.DataFrame:
+        ids = {back[s.scenario_id].scenario_id for s in scenarios}
+        rows = measure([back[s.scenario_id] for s in scenarios], backend="cpu", config=MeasureConfig(),
+                       out=Path(out_dir) / "harness.parquet", progress=progress)
+        return relabel(rows[rows["scenario_id"].isin(ids)])
+
+    truth = read_dataset(measured_path())
+    if MEASURED_REPEAT is not None:
+        truth = attach_repeat(truth, read_dataset(measured_path(MEASURED_REPEAT)))
+    return Machine(name, dataclasses.replace(start, name=name), grid, measure_here, truth=relabel(truth))
+
+
+def register_spec(spec: HardwareSpec) -> None:
     register_hardware(spec, "ficco adapt", replace=True)
 
 
-def _fit(base: pd.DataFrame, measured: pd.DataFrame) -> XGBTimeRegressor:
+def fit_model(base: pd.DataFrame, measured: pd.DataFrame) -> XGBTimeRegressor:
     rows = pd.concat([base, with_features(measured)], ignore_index=True) if len(measured) else base
     return adapted_model().fit(rows)
 
 
-def _predictions(model: XGBTimeRegressor, grid_rows: pd.DataFrame) -> pd.DataFrame:
+def predictions(model: XGBTimeRegressor, grid_rows: pd.DataFrame) -> pd.DataFrame:
     """Per scenario of `grid_rows`: the model's pick and its margin (second-best minus best
     predicted log time)."""
     ok, X = feature_pairs(grid_rows)
@@ -162,7 +203,7 @@ def _predictions(model: XGBTimeRegressor, grid_rows: pd.DataFrame) -> pd.DataFra
     return pd.DataFrame({"pick": best["schedule"], "margin": (second - best["p"]).reindex(best.index).fillna(np.inf)})
 
 
-def _candidate_rows(machine: Machine) -> pd.DataFrame:
+def candidate_rows(machine: Machine) -> pd.DataFrame:
     """Every grid scenario's legal schedules on the believed spec (the rows to predict on),
     with the simulator's pick there (time_s: the spec's model time)."""
     rows = simulate_rows(machine.grid, machine.spec)
@@ -199,17 +240,21 @@ def adapt(machine: Machine, base: pd.DataFrame, *, checkpoints: Sequence[float],
         done = set(measured["scenario_id"]) if len(measured) else set()
         spec = recalibrate(start_spec, measured) if len(measured) else start_spec
         machine.spec = dataclasses.replace(spec, name=machine.name)
-        _register(machine.spec)
-        model = _fit(base, measured)
-        candidates = _candidate_rows(machine)
+        register_spec(machine.spec)
+        model = fit_model(base, measured)
+        candidates = candidate_rows(machine)
         k = round(target * len(ids)) - len(done)
         priority = None
         if strategy == "active" and k > 0:
-            pred = _predictions(model, candidates)
+            pred = predictions(model, candidates)
             physics = candidates.sort_values(["scenario_id", "time_s", "schedule"]).groupby("scenario_id").first()
             agree = (pred["pick"] == physics["schedule"].reindex(pred.index)).astype(float)
             priority = [(agree.get(sid, 1.0), pred["margin"].get(sid, np.inf)) for sid in ids]
-        chosen = choose(ids, groups, k, measured=done, priority=priority, seed=seed + len(rounds))
+        chosen = _pending(out, target) or choose(ids, groups, k, measured=done, priority=priority,
+                                                 seed=seed + len(rounds))
+        chosen = [sid for sid in chosen if sid not in done]  # a killed round's measured ones stay measured
+        if out is not None:  # before measuring: a killed round is redone on the same scenarios
+            _write_json(out / "pending.json", {"fraction": target, "chosen": chosen})
         if chosen:
             by_id = dict(zip(ids, machine.grid))
             new = machine.measure([by_id[sid] for sid in chosen])
@@ -217,9 +262,9 @@ def adapt(machine: Machine, base: pd.DataFrame, *, checkpoints: Sequence[float],
             measured = measured.drop(columns=[c for c in FEATURE_COLUMNS if c in measured.columns])
             spec = recalibrate(start_spec, measured)
             machine.spec = dataclasses.replace(spec, name=machine.name)
-            _register(machine.spec)
-            model = _fit(base, measured)
-            candidates = _candidate_rows(machine)
+            register_spec(machine.spec)
+            model = fit_model(base, measured)
+            candidates = candidate_rows(machine)
         scores = _score(model, candidates, machine, set(measured["scenario_id"]) if len(measured) else set())
         r = Round(measured=int(measured["scenario_id"].nunique()) if len(measured) else 0,
                   fraction=target, chosen=chosen, spec=spec_as_dict(machine.spec), scores=scores)
@@ -239,9 +284,27 @@ def _score(model, candidates: pd.DataFrame, machine: Machine, measured: set[str]
     rest = candidates[~candidates["scenario_id"].isin(measured)]
     if rest.empty:
         return {}
-    picks = _predictions(model, rest)["pick"].to_dict()
+    picks = predictions(model, rest)["pick"].to_dict()
     physics = rest.sort_values(["scenario_id", "time_s", "schedule"]).groupby("scenario_id")["schedule"].first()
-    return {**score(machine.truth, picks), "simulator": score(machine.truth, physics.to_dict())}
+    truth = machine.truth[machine.truth["scenario_id"].isin(picks)]
+    return {**score(truth, picks), "simulator": score(truth, physics.to_dict()),
+            "ceiling": score(truth, ceiling_choices(truth))}
+
+
+def _pending(out: Path | None, target: float) -> list[str]:
+    """The scenarios a killed round chose for `target`, if that round was under way."""
+    path = None if out is None else out / "pending.json"
+    if path is None or not path.exists():
+        return []
+    pending = json.loads(path.read_text())
+    return list(pending["chosen"]) if pending.get("fraction") == target else []
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)
 
 
 def _resume(out: Path | None, machine: Machine) -> tuple[pd.DataFrame, list[Round]]:
@@ -252,7 +315,7 @@ def _resume(out: Path | None, machine: Machine) -> tuple[pd.DataFrame, list[Roun
         raise ValueError(f"{out / 'rounds.json'}: field 'machine' is {state.get('machine')!r}, not "
                          f"{machine.name!r}: another run's folder")
     rounds = [Round(**r) for r in state["rounds"]]
-    measured = pd.read_parquet(out / "measured.parquet") if (out / "measured.parquet").exists() else pd.DataFrame()
+    measured = read_dataset(out / "measured.parquet") if (out / "measured.parquet").exists() else pd.DataFrame()
     have = int(measured["scenario_id"].nunique()) if len(measured) else 0
     # More rows than the last finished round says: a round killed after its measurements were
     # saved. They are kept (never measured again); its redo measures only what it still lacks.
@@ -266,10 +329,8 @@ def _save(out: Path, measured: pd.DataFrame, rounds: list[Round]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if len(measured):
         write_parquet_atomic(measured, out / "measured.parquet")
-    tmp = out / "rounds.json.tmp"
-    tmp.write_text(json.dumps({"machine": rounds[0].spec["name"] if rounds else "",
-                               "rounds": [dataclasses.asdict(r) for r in rounds]}, indent=1))
-    tmp.replace(out / "rounds.json")
+    _write_json(out / "rounds.json", {"machine": rounds[0].spec["name"] if rounds else "",
+                                      "rounds": [dataclasses.asdict(r) for r in rounds]})
 
 
 def usable_base(df: pd.DataFrame, machine: str) -> pd.DataFrame:
@@ -293,29 +354,40 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
     fraction of its full-scale grid) in `rounds` equal steps, starting from `start`'s spec
     (default: the hardware's own) and a model trained on the default training data without
     the hardware's preset family. ``sim``: the measurements follow the hardware's spec, each
-    number off by up to `perturb` (1: exactly), with noise. Keeps its state in `out_dir`
-    (resumable), writes the adapted spec there (``spec.yaml``) and, with `track`, logs the
-    run and its learning curve to MLflow. Returns the summary."""
+    number off by up to `perturb` (1: exactly), with noise. ``cpu``: this machine measured
+    for real (``cpu_machine``); `perturb` > 1 puts the spec to start from off by up to that.
+    Keeps its state in `out_dir` (resumable), writes the adapted spec there (``spec.yaml``)
+    and, with `track`, logs the run and its learning curve to MLflow. Returns the summary."""
     from data.calibrate import write_spec
     from data.catalog import catalog
     from ficco_select.hardware import load_hardware, preset_names
     from train.training_data import default_training_data
 
-    if backend != "sim":
-        raise ValueError(f"--backend {backend}: not yet; this version adapts on sim only (measuring with the "
-                         "harness on cpu and cuda comes next)")
+    if backend not in ("sim", "cpu"):
+        raise ValueError(f"--backend {backend}: not yet; this version adapts on sim and cpu (a GPU's harness "
+                         "rounds come once a GPU run has checked the cuda backend)")
     if not 0 < budget <= 1 or rounds < 1:
         raise ValueError(f"--budget must be in (0, 1] and --rounds at least 1, got {budget} and {rounds}")
     spec = load_hardware(hardware)
-    start_spec = load_hardware(start) if start else spec
     name = f"{spec.name}-adapted" if spec.name in preset_names() else spec.name
-    truth = perturbed(spec, name, spread=perturb, seed=seed) if perturb > 1 else dataclasses.replace(spec, name=name)
-    grid = [Scenario.from_record(r) for r in catalog("full", hardware=spec.name, world_sizes=(2, 4, 8))
-            if r["world_size"] <= spec.devices]
-    machine = sim_machine(name, start_spec, truth, grid, seed=seed)
+    out = Path(out_dir)
+    if backend == "cpu":
+        if spec.name != "cpu":
+            raise ValueError(f"--backend cpu measures this machine's cpu backend: --hardware cpu, not {hardware!r}")
+        start_spec = load_hardware(start) if start else spec
+        if perturb > 1:  # the truth is this machine: the spec to start from is the one that is off
+            start_spec = perturbed(start_spec, name, spread=perturb, seed=seed)
+        machine = cpu_machine(name, start_spec, out)
+    else:
+        start_spec = load_hardware(start) if start else spec
+        truth = (perturbed(spec, name, spread=perturb, seed=seed) if perturb > 1
+                 else dataclasses.replace(spec, name=name))
+        grid = [Scenario.from_record(r) for r in catalog("full", hardware=spec.name, world_sizes=(2, 4, 8))
+                if r["world_size"] <= spec.devices]
+        machine = sim_machine(name, start_spec, truth, grid, seed=seed)
+    grid = machine.grid
     base = with_features(usable_base(default_training_data(), spec.name))
     checkpoints = [0.0] + [budget * (i + 1) / rounds for i in range(rounds)]
-    out = Path(out_dir)
     done = adapt(machine, base, checkpoints=checkpoints, strategy=strategy, out_dir=out, seed=seed, progress=on_round)
     write_spec(machine.spec, out / "spec.yaml", f"ficco adapt --hardware {hardware} --backend {backend}, "
                f"{done[-1].measured} scenarios measured")
@@ -334,7 +406,8 @@ def _headline(scores: dict) -> dict:
     if not scores:
         return {}
     return {"near_opt_2": scores["near_opt_2"], "speedup": scores["speedup"],
-            "simulator_near_opt_2": scores["simulator"]["near_opt_2"]}
+            "simulator_near_opt_2": scores["simulator"]["near_opt_2"],
+            "ceiling_near_opt_2": scores["ceiling"]["near_opt_2"]}
 
 
 def _track(summary: dict, out: Path, params: dict) -> str:
@@ -346,7 +419,7 @@ def _track(summary: dict, out: Path, params: dict) -> str:
     with mlflow.start_run(run_name=f"adapt-{summary['machine']}") as run:
         mlflow.log_params(params)
         for r in summary["rounds"]:
-            for key in ("near_opt_2", "speedup", "simulator_near_opt_2"):
+            for key in ("near_opt_2", "speedup", "simulator_near_opt_2", "ceiling_near_opt_2"):
                 if key in r:
                     mlflow.log_metric(key, float(r[key]), step=int(r["measured"]))
         curve = pd.DataFrame([{"preset": summary["machine"], "strategy": summary["strategy"], **r}
@@ -355,68 +428,6 @@ def _track(summary: dict, out: Path, params: dict) -> str:
             plot_curve(curve, out / "curve.png")
         mlflow.log_artifacts(str(out), artifact_path="adapt")
         return run.info.run_id
-
-# -- the learning curve: every GPU preset held out in turn ---------------------------------
-CURVE_CHECKPOINTS = (0.0, 0.02, 0.05, 0.10, 0.20)
-FULL_FOLDS = 5
-
-
-def full_retrain(machine: Machine, base: pd.DataFrame, *, seed: int = 0) -> dict:
-    """The reference of measuring everything: the machine's whole grid measured, then
-    ``FULL_FOLDS``-fold cross-fitting (recalibrate and refit on the other folds, score the
-    held-out fold); the folds' picks pooled into one score. 80% of the grid measured."""
-    start = machine.spec
-    ids = [s.scenario_id for s in machine.grid]
-    everything = machine.measure(machine.grid)
-    fold = np.random.default_rng(seed).permutation(len(ids)) % FULL_FOLDS
-    picks: dict[str, str] = {}
-    for f in range(FULL_FOLDS):
-        train_ids = {sid for sid, g in zip(ids, fold) if g != f}
-        measured = everything[everything["scenario_id"].isin(train_ids)]
-        machine.spec = dataclasses.replace(recalibrate(start, measured), name=machine.name)
-        _register(machine.spec)
-        model = _fit(base, measured)
-        rest = _candidate_rows(machine)
-        rest = rest[~rest["scenario_id"].isin(train_ids)]
-        picks.update(_predictions(model, rest)["pick"].to_dict())
-    machine.spec = start
-    return score(machine.truth, picks)
-
-
-def learning_curve(df: pd.DataFrame, presets: Sequence[str], *, spread: float = 1.3, seed: int = 0,
-                   checkpoints: Sequence[float] = CURVE_CHECKPOINTS, world_sizes=(2, 4, 8),
-                   progress: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """For each preset: a machine whose true numbers are the preset's perturbed by up to
-    `spread` (``perturbed``), adapted from the preset's own spec and a model trained on `df`
-    without that preset's family; near-opt@2% (and the simulator's on the adapted spec) on
-    the grid's unmeasured rest at each checkpoint, for the active and the random choice,
-    and the full retrain's. One row per (preset, strategy, fraction)."""
-    from data.catalog import catalog
-    from ficco_select.hardware import load_hardware
-
-    rows = []
-    for i, preset in enumerate(presets):
-        spec = load_hardware(preset)
-        name = f"{preset}-new"
-        truth = perturbed(spec, name, spread=spread, seed=seed + i)
-        grid = [Scenario.from_record(r) for r in catalog("full", hardware=preset, world_sizes=world_sizes)]
-        base = usable_base(df, preset)
-        for strategy in STRATEGIES:
-            machine = sim_machine(name, spec, truth, grid, seed=seed + i)
-            for r in adapt(machine, base, checkpoints=checkpoints, strategy=strategy, seed=seed + i):
-                rows.append({"preset": preset, "strategy": strategy, "fraction": r.fraction, "measured": r.measured,
-                             "near_opt_2": r.scores["near_opt_2"], "speedup": r.scores["speedup"],
-                             "simulator_near_opt_2": r.scores["simulator"]["near_opt_2"]})
-            if progress is not None:
-                progress(f"{preset} {strategy} done")
-        full = full_retrain(sim_machine(name, spec, truth, grid, seed=seed + i), base, seed=seed + i)
-        rows.append({"preset": preset, "strategy": "full", "fraction": 1 - 1 / FULL_FOLDS,
-                     "measured": round(len(grid) * (1 - 1 / FULL_FOLDS)), "near_opt_2": full["near_opt_2"],
-                     "speedup": full["speedup"], "simulator_near_opt_2": float("nan")})
-        if progress is not None:
-            progress(f"{preset} full retrain done")
-    return pd.DataFrame(rows)
-
 
 def plot_curve(curve: pd.DataFrame, path: str | Path) -> Path:
     """Near-opt@2% against the fraction measured, one panel per preset: active, random, and
