@@ -26,6 +26,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="out/adapt_curve")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-track", action="store_true", help="Do not log the curve to MLflow (experiment ficco-adapt).")
     args = ap.parse_args()
 
     from ficco_select.hardware import preset_names
@@ -44,11 +45,28 @@ def main() -> None:
     curve.to_csv(out / "curve.csv", index=False)
     plot_curve(curve, out / "curve.png")
     table = curve.pivot_table(index=["preset", "strategy"], columns="fraction", values="near_opt_2").round(3)
+    if not args.no_track:
+        _track(curve, out, vars(args))
     if args.json:
         print(json.dumps(curve.to_dict("records"), indent=1))
     else:
         print(table.to_string())
         print(f"\nwrote {out / 'curve.csv'} and {out / 'curve.png'} ({time.perf_counter() - t0:.0f} s)")
+
+
+def _track(curve, out: Path, params: dict) -> None:
+    """One MLflow run (experiment ``ficco-adapt``, run ``learning-curve``): the options, each
+    (preset, strategy)'s near-opt@2% by fraction measured (step: per mille), the table and plot."""
+    import mlflow
+
+    from train.adapt import EXPERIMENT
+
+    mlflow.set_experiment(EXPERIMENT)
+    with mlflow.start_run(run_name="learning-curve"):
+        mlflow.log_params({k: v for k, v in params.items() if k != "json"})
+        for r in curve.itertuples():
+            mlflow.log_metric(f"{r.preset}.{r.strategy}.near_opt_2", float(r.near_opt_2), step=round(1000 * r.fraction))
+        mlflow.log_artifacts(str(out), artifact_path="adapt_curve")
 
 
 if __name__ == "__main__":
