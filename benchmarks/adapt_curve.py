@@ -30,8 +30,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from ficco_select.hardware import preset_names
-    from train.adapt import plot_curve
     from train.adapt_curve import learning_curve
+    from train.report import plot_curve
     from train.selectors import with_features
     from train.training_data import default_training_data
 

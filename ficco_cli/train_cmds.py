@@ -196,9 +196,17 @@ def report(folder) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/adapt", show_default=True,
               help="State (resumable), adapted spec, summary.")
 @click.option("--no-track", is_flag=True, help="Do not log the run to MLflow.")
+@click.option("--register", is_flag=True,
+              help="Then train on the default data plus the measured rows, register the model and move the "
+                   "champion by the usual rules (the pipeline's; a few minutes), exporting a new champion.")
+@click.option("--export-to", type=click.Path(file_okay=False), default=None,
+              help="With --register: where a new champion is exported (default: where Selector.load() looks, "
+                   "$FICCO_SELECTOR or ~/.cache/ficco-select/selector).")
 @json_option("Print the summary as JSON.")
-def adapt_cmd(hardware, backend, start, budget, rounds, strategy, perturb, seed, out_dir, no_track, as_json) -> None:
+def adapt_cmd(hardware, backend, start, budget, rounds, strategy, perturb, seed, out_dir, no_track, register,
+              export_to, as_json) -> None:
     """Adapt the selector to a new machine in a few measurements, round by round."""
+    from ficco_select.runtime.selector import DEFAULT_PATH
     from train.adapt import run_adapt
 
     def line(r) -> None:
@@ -212,9 +220,18 @@ def adapt_cmd(hardware, backend, start, budget, rounds, strategy, perturb, seed,
     with reported(ValueError):
         summary = run_adapt(hardware=hardware, backend=backend, start=start, budget=budget, rounds=rounds,
                             strategy=strategy, perturb=perturb, seed=seed, out_dir=out_dir, track=not no_track,
+                            register=register, export_to=(export_to or DEFAULT_PATH) if register else None,
                             on_round=line)
     run = f"; MLflow run {summary['mlflow_run_id']}" if "mlflow_run_id" in summary else ""
-    show(as_json, summary, lambda: [f"adapted spec: {summary['spec']}; state and summary in {summary['out_dir']}{run}"])
+    show(as_json, summary, lambda: [f"adapted spec: {summary['spec']}; state and summary in {summary['out_dir']}{run}",
+                                    *_registered_lines(summary.get("registered"))])
+
+
+def _registered_lines(registered: dict | None) -> list[str]:
+    if not registered:
+        return []
+    return [f"registered ficco-selector version {registered['version']} (champion {_champion(registered)}); "
+            f"MLflow run {registered['run_id']}; report: {registered['report']}", *_export_lines(registered, False)]
 
 
 COMMANDS = [evaluate, train_cmd, pipeline, export_cmd, report, adapt_cmd]

@@ -130,3 +130,25 @@ def test_the_cpu_backend_measures_for_real_and_scores_against_the_committed_swee
     assert (tmp_path / "harness.parquet").exists()  # the harness's own crash-safe file
     scores = rounds[-1].scores
     assert scores["n"] == 19 and 0 < scores["ceiling"]["near_opt_2"] <= 1
+
+
+@pytest.mark.slow
+def test_register_trains_on_the_measured_rows_and_the_report_shows_the_learning_curve(base, tmp_path, monkeypatch):
+    # ficco adapt --register: the measured rows (carrying the adapted spec) join the default
+    # training data; the pipeline (debug slice: tiny models) evaluates, registers and applies
+    # its promotion rule; its report shows the learning curve the benchmark wrote.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    curve = pd.DataFrame({"preset": ["mi300x-8"] * 3, "strategy": ["active", "random", "full"],
+                          "fraction": [0.05, 0.05, 0.8], "near_opt_2": [0.97, 0.93, 0.99]})
+    (tmp_path / "out" / "adapt_curve").mkdir(parents=True)
+    curve.to_csv(tmp_path / "out" / "adapt_curve" / "curve.csv", index=False)
+    with pytest.raises(ValueError, match="nothing measured yet"):
+        A.register_adapted(tmp_path / "adapt", debug=True, progress=False)
+    A.adapt(CountingMachine().machine, base, checkpoints=(0.0, 0.05), out_dir=tmp_path / "adapt")
+    registered = A.register_adapted(tmp_path / "adapt", debug=True, progress=False)
+    assert registered["version"] == "1" and "exported" not in registered  # a debug model is never exported
+    choices = pd.read_parquet(tmp_path / "adapt" / "pipeline" / "choices.parquet")
+    assert "mi300x-8-test" in set(choices["hardware"])  # the measured machine was trained and scored on
+    page = (tmp_path / "adapt" / "pipeline" / "report.html").read_text()
+    assert "ficco adapt's learning curve" in page and (tmp_path / "adapt" / "pipeline" / "adapt_curve.png").exists()

@@ -339,17 +339,14 @@ def usable_base(df: pd.DataFrame, machine: str) -> pd.DataFrame:
     base = df["hardware"].map({h: base_machine(h) for h in set(df["hardware"])})
     return usable_rows(df[base != base_machine(machine)]).reset_index(drop=True)
 
-
-
-
 # -- ficco adapt ------------------------------------------------------------------------------
 EXPERIMENT = "ficco-adapt"
 
 
 def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, budget: float = 0.1,
               rounds: int = 4, strategy: str = "active", perturb: float = 1.0, seed: int = 0,
-              out_dir: str | Path = "out/adapt", track: bool = True,
-              on_round: Callable[[Round], None] | None = None) -> dict:
+              out_dir: str | Path = "out/adapt", track: bool = True, register: bool = False,
+              export_to: str | Path | None = None, on_round: Callable[[Round], None] | None = None) -> dict:
     """``ficco adapt``: adapt to `hardware` (a preset or a spec file) within `budget` (a
     fraction of its full-scale grid) in `rounds` equal steps, starting from `start`'s spec
     (default: the hardware's own) and a model trained on the default training data without
@@ -357,7 +354,10 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
     number off by up to `perturb` (1: exactly), with noise. ``cpu``: this machine measured
     for real (``cpu_machine``); `perturb` > 1 puts the spec to start from off by up to that.
     Keeps its state in `out_dir` (resumable), writes the adapted spec there (``spec.yaml``)
-    and, with `track`, logs the run and its learning curve to MLflow. Returns the summary."""
+    and, with `track`, logs the run and its learning curve to MLflow. With `register`, the
+    measured rows then join the training data and the pipeline trains, registers and
+    promotes by its usual rules (``register_adapted``), exporting a new champion to
+    `export_to`. Returns the summary."""
     from data.calibrate import write_spec
     from data.catalog import catalog
     from ficco_select.hardware import load_hardware, preset_names
@@ -398,8 +398,29 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
         params = dict(hardware=hardware, backend=backend, start=start or hardware, budget=budget, rounds=rounds,
                       strategy=strategy, perturb=perturb, seed=seed)
         summary["mlflow_run_id"] = _track(summary, out, params)
+    if register:
+        summary["registered"] = register_adapted(out, export_to=export_to)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def register_adapted(out_dir: str | Path, *, export_to: str | Path | None = None, debug: bool = False,
+                     progress: bool = True) -> dict:
+    """Train on the default training data plus an adapt run's measured rows (``measured.parquet``
+    in `out_dir`, which carries the adapted spec): the pipeline's grouped evaluation, MLflow
+    run and registration, and its promotion rule (``train.run``: the champion moves only if
+    what ships beats the heuristic on both grouped hold-outs and is not worse than the
+    champion), exporting a new champion to `export_to`. The pipeline's output goes to
+    ``<out_dir>/pipeline``. `debug`: the pipeline's tiny slice (tests). Returns the version,
+    whether it was promoted, and where it was exported."""
+    from train.pipeline import run_pipeline
+
+    measured = Path(out_dir) / "measured.parquet"
+    if not measured.exists():
+        raise ValueError(f"{measured}: nothing measured yet, nothing to register (a budget of 0 scenarios?)")
+    done = run_pipeline(datasets=[measured], out_dir=Path(out_dir) / "pipeline", progress=progress, debug=debug,
+                        export_to=export_to)
+    return {k: done[k] for k in ("version", "promoted", "run_id", "report", "exported", "export_error") if k in done}
 
 
 def _headline(scores: dict) -> dict:
@@ -425,36 +446,8 @@ def _track(summary: dict, out: Path, params: dict) -> str:
         curve = pd.DataFrame([{"preset": summary["machine"], "strategy": summary["strategy"], **r}
                               for r in summary["rounds"]])
         if "near_opt_2" in curve:
+            from train.report import plot_curve
+
             plot_curve(curve, out / "curve.png")
         mlflow.log_artifacts(str(out), artifact_path="adapt")
         return run.info.run_id
-
-def plot_curve(curve: pd.DataFrame, path: str | Path) -> Path:
-    """Near-opt@2% against the fraction measured, one panel per preset: active, random, and
-    the full retrain as a level line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    presets = list(dict.fromkeys(curve["preset"]))
-    fig, axes = plt.subplots(1, len(presets), figsize=(3.2 * len(presets), 3.2), sharey=True, squeeze=False)
-    for ax, preset in zip(axes[0], presets):
-        rows = curve[curve["preset"] == preset]
-        for strategy, style in (("active", "o-"), ("random", "s--")):
-            r = rows[rows["strategy"] == strategy]
-            if r.empty:
-                continue
-            ax.plot(100 * r["fraction"], r["near_opt_2"], style, label=strategy)
-        full = rows[rows["strategy"] == "full"]["near_opt_2"]
-        if len(full):
-            ax.axhline(float(full.iloc[0]), color="gray", lw=1, label="full retrain (80%)")
-        ax.axhline(0.95, color="red", lw=0.6, ls=":")
-        ax.set_title(preset, fontsize=9)
-        ax.set_xlabel("% of grid measured")
-    axes[0][0].set_ylabel("near-opt@2% on the rest")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)

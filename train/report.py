@@ -3,7 +3,8 @@
 Plots (PNG, embedded): regret CDF per selector on each grouped split; the chosen
 selector's confusion of chosen vs best schedule family; a map of the best schedule family
 over token count and compute/communication ratio; feature importance of the chosen model.
-Input: what ``train.run.train`` writes to its output folder (``evaluation.json``,
+And, where ``benchmarks/adapt_curve.py`` has written one, ``ficco adapt``'s learning curve
+(``adapt_curve``). Input: what ``train.run.train`` writes to its output folder (``evaluation.json``,
 ``choices.parquet``, ``importance.json``); ``write_report(folder)`` renders ``report.html``.
 """
 
@@ -113,7 +114,66 @@ def importance_plot(importance: dict[str, float]):
     return fig
 
 
-def write_report(folder: str | Path, title: str = "ficco-select training") -> Path:
+def adapt_curve(curve: pd.DataFrame):
+    """``ficco adapt``'s learning curve: near-opt@2% on the unmeasured rest against the
+    fraction of the grid measured, one panel per machine: the active and the random choice,
+    the full retrain and the ceiling (a perfect selector on the same labels) as level lines."""
+    import matplotlib.pyplot as plt
+
+    presets = list(dict.fromkeys(curve["preset"]))
+    fig, axes = plt.subplots(1, len(presets), figsize=(3.2 * len(presets), 3.2), sharey=True, squeeze=False)
+    for ax, preset in zip(axes[0], presets):
+        rows = curve[curve["preset"] == preset]
+        for strategy, style in (("active", "o-"), ("random", "s--")):
+            r = rows[rows["strategy"] == strategy]
+            if not r.empty:
+                ax.plot(100 * r["fraction"], r["near_opt_2"], style, label=strategy)
+        full = rows[rows["strategy"] == "full"]["near_opt_2"]
+        if len(full):
+            ax.axhline(float(full.iloc[0]), color="gray", lw=1, label="full retrain (80%)")
+        ceiling = rows["ceiling_near_opt_2"].dropna() if "ceiling_near_opt_2" in rows else pd.Series(dtype=float)
+        ax.axhline(float(ceiling.mean()) if len(ceiling) else 1.0, color="black", lw=0.8, ls="-.", label="ceiling")
+        ax.axhline(0.95, color="red", lw=0.6, ls=":")
+        ax.set_title(preset, fontsize=9)
+        ax.set_xlabel("% of grid measured")
+    axes[0][0].set_ylabel("near-opt@2% on the rest")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_curve(curve: pd.DataFrame, path: str | Path) -> Path:
+    """``adapt_curve`` saved as a PNG at `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    _png(adapt_curve(curve), Path(path))
+    return Path(path)
+
+
+ADAPT_CURVE = Path("out/adapt_curve/curve.csv")
+"""Where ``benchmarks/adapt_curve.py`` writes the learning curve; the report shows it from there."""
+
+
+def adapt_section(curve_csv: Path, folder: Path) -> list[str]:
+    """The report's learning-curve section: the table and plot of `curve_csv`, or how to make it."""
+    parts = ["<h2>New hardware in a few measurements: ficco adapt's learning curve</h2>"]
+    if not curve_csv.exists():
+        return parts + [f"<p>No learning curve at {html.escape(str(curve_csv))}: "
+                        "<code>python benchmarks/adapt_curve.py</code> makes it.</p>"]
+    curve = pd.read_csv(curve_csv)
+    table = curve.pivot_table(index=["preset", "strategy"], columns="fraction", values="near_opt_2")
+    parts.append(f"<p>From {html.escape(str(curve_csv))}: near-opt@2% on the unmeasured rest of each held-out "
+                 "machine's grid, by fraction measured (0: zero-shot); full retrain at 0.8.</p>")
+    parts.append(table.to_html(float_format=lambda x: f"{x:.3f}"))
+    parts.append(f'<img src="data:image/png;base64,{_png(adapt_curve(curve), folder / "adapt_curve.png")}">')
+    return parts
+
+
+def write_report(folder: str | Path, title: str = "ficco-select training", *,
+                 adapt_curve_csv: str | Path = ADAPT_CURVE) -> Path:
+    """`folder`'s ``report.html``; with ``ficco adapt``'s learning curve from `adapt_curve_csv`
+    (``benchmarks/adapt_curve.py``'s output) where it exists."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -148,6 +208,7 @@ def write_report(folder: str | Path, title: str = "ficco-select training") -> Pa
         parts.append("<h2>Feature importance</h2>")
         png = _png(importance_plot(importance), folder / "feature_importance.png")
         parts.append(f'<img src="data:image/png;base64,{png}">')
+    parts += adapt_section(Path(adapt_curve_csv), folder)
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>ficco-select report</title>"
             "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;"
             "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>"
