@@ -8,7 +8,7 @@ import pytest
 from data.calibrate import recalibrate
 from data.catalog import catalog
 from data.simulate import simulate, simulate_rows
-from ficco_select.hardware import load_hardware
+from ficco_select.hardware import load_hardware, spec_as_dict
 from ficco_select.scenario import Scenario
 from train import adapt as A
 from train.selectors import with_features
@@ -94,6 +94,7 @@ def test_a_killed_adapt_resumes_without_measuring_again(base, tmp_path):
     again = CountingMachine()
     assert len(A.adapt(again.machine, base, checkpoints=(0.0, 0.05, 0.15), out_dir=tmp_path)) == 3
     assert again.calls == []  # finished: nothing left to measure
+    assert spec_as_dict(again.machine.spec) == rounds[-1].spec  # and the spec it adapted to, not the start's
 
 
 def test_another_machine_s_folder_is_refused(base, tmp_path):

@@ -47,7 +47,7 @@ from data.calibrate import recalibrate
 from data.dataset import read_dataset, write_parquet_atomic
 from data.machines import base_machine
 from data.simulate import simulate, simulate_rows
-from ficco_select.hardware import HardwareSpec, register_hardware, spec_as_dict
+from ficco_select.hardware import HardwareSpec, register_hardware, spec_as_dict, spec_from_dict
 from ficco_select.scenario import Scenario
 from train.metrics import ceiling_choices, score, usable_rows
 from train.selectors import FEATURE_COLUMNS, XGBTimeRegressor, feature_pairs, with_features
@@ -234,6 +234,10 @@ def adapt(machine: Machine, base: pd.DataFrame, *, checkpoints: Sequence[float],
     out = Path(out_dir) if out_dir is not None else None
     start_spec = machine.spec
     measured, rounds = _resume(out, machine)
+    if rounds:  # the spec the last finished round adapted to (a run resumed with nothing left to do keeps it)
+        machine.spec = dataclasses.replace(spec_from_dict(rounds[-1].spec, f"{out / 'rounds.json'}: last round's "
+                                                          "spec"), name=machine.name)
+        register_spec(machine.spec)
     ids = [s.scenario_id for s in machine.grid]
     groups = strata(machine.grid)
     for target in checkpoints[len(rounds):]:
