@@ -9,6 +9,11 @@ cross-fitting over the whole grid measured) and the simulator's own pick on the 
 A quality benchmark: its seconds are not a result.
 
     python benchmarks/adapt_curve.py [--presets a,b] [--out out/adapt_curve] [--json]
+    python benchmarks/adapt_curve.py --presets none --runs out/adapt-cpu-active out/adapt-cpu-random
+
+``--runs``: finished ``ficco adapt`` output folders (their ``summary.json``), whose rounds join
+the curve as measured (the cpu backend's real curve, scored against its committed sweep,
+with its repeat-oracle ceiling); ``--presets none`` draws them alone.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from pathlib import Path
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--presets", default="", help="Comma-separated GPU presets (default: every GPU preset).")
+    ap.add_argument("--presets", default="", help="Comma-separated GPU presets (default: every GPU preset; none: no "
+                                                  "simulated machine).")
+    ap.add_argument("--runs", nargs="*", default=[], help="Finished `ficco adapt` output folders to add to the curve.")
     ap.add_argument("--spread", type=float, default=1.3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="out/adapt_curve")
@@ -30,21 +37,33 @@ def main() -> None:
     args = ap.parse_args()
 
     from ficco_select.hardware import preset_names
-    from train.adapt_curve import learning_curve
+    import pandas as pd
+
+    from train.adapt_curve import curve_from_runs, learning_curve
     from train.report import plot_curve
     from train.selectors import with_features
     from train.training_data import default_training_data
 
-    presets = [p for p in args.presets.split(",") if p] or [p for p in preset_names() if p != "cpu"]
+    presets = ([] if args.presets == "none" else [p for p in args.presets.split(",") if p]
+               or [p for p in preset_names() if p != "cpu"])
     t0 = time.perf_counter()
-    df = with_features(default_training_data())
-    curve = learning_curve(df, presets, spread=args.spread, seed=args.seed,
-                           progress=lambda msg: print(f"[{time.perf_counter() - t0:5.0f} s] {msg}", flush=True))
+    curves = [curve_from_runs(args.runs)] if args.runs else []
+    if presets:
+        df = with_features(default_training_data())
+        curves.insert(0, learning_curve(df, presets, spread=args.spread, seed=args.seed,
+                                        progress=lambda msg: print(f"[{time.perf_counter() - t0:5.0f} s] {msg}",
+                                                                   flush=True)))
+    if not curves:
+        raise SystemExit("nothing to draw: --presets none and no --runs")
+    curve = pd.concat(curves, ignore_index=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     curve.to_csv(out / "curve.csv", index=False)
     plot_curve(curve, out / "curve.png")
-    table = curve.pivot_table(index=["preset", "strategy"], columns="fraction", values="near_opt_2").round(3)
+    table = curve.pivot_table(index=["preset", "strategy"], columns="fraction", values="near_opt_2")
+    ceiling = curve.get("ceiling_near_opt_2", pd.Series(index=curve.index, dtype=float)).fillna(1.0)  # 1: sim truth
+    table["ceiling"] = ceiling.groupby([curve["preset"], curve["strategy"]]).mean()
+    table = table.round(3)
     if not args.no_track:
         _track(curve, out, vars(args))
     if args.json:

@@ -170,3 +170,19 @@ def test_register_trains_on_the_measured_rows_and_the_report_shows_the_learning_
     assert "mi300x-8-test" in set(choices["hardware"])  # the measured machine was trained and scored on
     page = (tmp_path / "adapt" / "pipeline" / "report.html").read_text()
     assert "ficco adapt's learning curve" in page and (tmp_path / "adapt" / "pipeline" / "adapt_curve.png").exists()
+
+
+def test_finished_runs_become_curve_rows_and_a_folder_without_a_summary_is_named(tmp_path):
+    from train.adapt_curve import curve_from_runs
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "summary.json").write_text(
+        '{"machine": "cpu-adapted", "backend": "cpu", "strategy": "random", "rounds": ['
+        '{"fraction": 0.0, "measured": 0, "near_opt_2": 0.4, "speedup": 1.0, "simulator_near_opt_2": 0.3, '
+        '"ceiling_near_opt_2": 0.9}, {"fraction": 0.1, "measured": 60, "near_opt_2": 0.5, "speedup": 1.1, '
+        '"simulator_near_opt_2": 0.3, "ceiling_near_opt_2": 0.9}]}')
+    curve = curve_from_runs([tmp_path / "run"])
+    assert list(curve["fraction"]) == [0.0, 0.1] and set(curve["preset"]) == {"cpu-adapted (cpu)"}
+    assert list(curve["ceiling_near_opt_2"]) == [0.9, 0.9] and set(curve["strategy"]) == {"random"}
+    with pytest.raises(ValueError, match="summary.json: no such file"):
+        curve_from_runs([tmp_path])

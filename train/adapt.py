@@ -128,8 +128,8 @@ def sim_machine(name: str, start: HardwareSpec, truth_spec: HardwareSpec, grid: 
 PERTURBED = ("peak_tflops", "gemm_efficiency", "mem_bw_gbps", "gemm_launch_us", "compute_units", "link_bw_gbps",
              "sm_comm_latency_us", "sm_comm_units", "dma_latency_us", "dma_bw_gbps", "dma_mem_contention")
 """The numbers ``perturbed`` draws: every rate, latency, unit count and contention factor.
-The compute units are among them, though ``recalibrate`` keeps them: a data sheet's count
-can be wrong in ways a rescaled rate only approximates."""
+The compute units are among them (``recalibrate`` searches them count by count: a count a
+few units off misplaces schedules in ways a rescaled rate only approximates)."""
 
 
 def perturbed(spec: HardwareSpec, name: str, *, spread: float = 1.3, seed: int = 0) -> HardwareSpec:

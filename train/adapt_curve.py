@@ -85,3 +85,25 @@ def learning_curve(df: pd.DataFrame, presets: Sequence[str], *, spread: float = 
         if progress is not None:
             progress(f"{preset} full retrain done")
     return pd.DataFrame(rows)
+
+
+def curve_from_runs(folders: Sequence[str]) -> pd.DataFrame:
+    """The rounds of finished ``ficco adapt`` runs (their output folders' ``summary.json``) as
+    curve rows: the machine as the preset, near-opt@2% and its ceiling per fraction measured."""
+    import json
+    from pathlib import Path
+
+    rows = []
+    for folder in folders:
+        path = Path(folder) / "summary.json"
+        if not path.exists():
+            raise ValueError(f"{path}: no such file (not a finished `ficco adapt` output folder)")
+        summary = json.loads(path.read_text())
+        for r in summary["rounds"]:
+            if "near_opt_2" not in r:
+                raise ValueError(f"{path}: round at {r['fraction']} has no score (a machine without a truth)")
+            rows.append({"preset": f"{summary['machine']} ({summary['backend']})", "strategy": summary["strategy"],
+                         "fraction": r["fraction"], "measured": r["measured"], "near_opt_2": r["near_opt_2"],
+                         "speedup": r["speedup"], "simulator_near_opt_2": r["simulator_near_opt_2"],
+                         "ceiling_near_opt_2": r["ceiling_near_opt_2"]})
+    return pd.DataFrame(rows)
