@@ -182,7 +182,7 @@ def test_finished_runs_become_curve_rows_and_a_folder_without_a_summary_is_named
         '"ceiling_near_opt_2": 0.9}, {"fraction": 0.1, "measured": 60, "near_opt_2": 0.5, "speedup": 1.1, '
         '"simulator_near_opt_2": 0.3, "ceiling_near_opt_2": 0.9}]}')
     curve = curve_from_runs([tmp_path / "run"])
-    assert list(curve["fraction"]) == [0.0, 0.1] and set(curve["preset"]) == {"cpu-adapted (cpu)"}
+    assert list(curve["fraction"]) == [0.0, 0.1] and set(curve["preset"]) == {"cpu-adapted on cpu"}
     assert list(curve["ceiling_near_opt_2"]) == [0.9, 0.9] and set(curve["strategy"]) == {"random"}
     with pytest.raises(ValueError, match="summary.json: no such file"):
         curve_from_runs([tmp_path])

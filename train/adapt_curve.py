@@ -102,7 +102,7 @@ def curve_from_runs(folders: Sequence[str]) -> pd.DataFrame:
         for r in summary["rounds"]:
             if "near_opt_2" not in r:
                 raise ValueError(f"{path}: round at {r['fraction']} has no score (a machine without a truth)")
-            rows.append({"preset": f"{summary['machine']} ({summary['backend']})", "strategy": summary["strategy"],
+            rows.append({"preset": f"{summary['machine']} on {summary['backend']}", "strategy": summary["strategy"],
                          "fraction": r["fraction"], "measured": r["measured"], "near_opt_2": r["near_opt_2"],
                          "speedup": r["speedup"], "simulator_near_opt_2": r["simulator_near_opt_2"],
                          "ceiling_near_opt_2": r["ceiling_near_opt_2"]})
