@@ -343,6 +343,7 @@ def usable_base(df: pd.DataFrame, machine: str) -> pd.DataFrame:
     base = df["hardware"].map({h: base_machine(h) for h in set(df["hardware"])})
     return usable_rows(df[base != base_machine(machine)]).reset_index(drop=True)
 
+
 # -- ficco adapt ------------------------------------------------------------------------------
 EXPERIMENT = "ficco-adapt"
 
