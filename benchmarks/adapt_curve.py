@@ -36,11 +36,11 @@ def main() -> None:
     ap.add_argument("--no-track", action="store_true", help="Do not log the curve to MLflow (experiment ficco-adapt).")
     args = ap.parse_args()
 
-    from ficco_select.hardware import preset_names
     import pandas as pd
 
+    from ficco_select.hardware import preset_names
     from train.adapt_curve import curve_from_runs, learning_curve
-    from train.report import plot_curve
+    from train.report import curve_table, plot_curve
     from train.selectors import with_features
     from train.training_data import default_training_data
 
@@ -60,10 +60,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     curve.to_csv(out / "curve.csv", index=False)
     plot_curve(curve, out / "curve.png")
-    table = curve.pivot_table(index=["preset", "strategy"], columns="fraction", values="near_opt_2")
-    ceiling = curve.get("ceiling_near_opt_2", pd.Series(index=curve.index, dtype=float)).fillna(1.0)  # 1: sim truth
-    table["ceiling"] = ceiling.groupby([curve["preset"], curve["strategy"]]).mean()
-    table = table.round(3)
+    table = curve_table(curve).round(3)
     if not args.no_track:
         _track(curve, out, vars(args))
     if args.json:

@@ -428,6 +428,13 @@ def register_adapted(out_dir: str | Path, *, export_to: str | Path | None = None
     return {k: done[k] for k in ("version", "promoted", "run_id", "report", "exported", "export_error") if k in done}
 
 
+def summary_curve(summary: dict) -> pd.DataFrame:
+    """A run's summary as learning-curve rows (``train.report.adapt_curve``): one per round, the
+    machine and backend as the preset, the round's headline scores."""
+    return pd.DataFrame([{"preset": f"{summary['machine']} on {summary['backend']}", "strategy": summary["strategy"],
+                          **r} for r in summary["rounds"]])
+
+
 def _headline(scores: dict) -> dict:
     if not scores:
         return {}
@@ -448,8 +455,7 @@ def _track(summary: dict, out: Path, params: dict) -> str:
             for key in ("near_opt_2", "speedup", "simulator_near_opt_2", "ceiling_near_opt_2"):
                 if key in r:
                     mlflow.log_metric(key, float(r[key]), step=int(r["measured"]))
-        curve = pd.DataFrame([{"preset": summary["machine"], "strategy": summary["strategy"], **r}
-                              for r in summary["rounds"]])
+        curve = summary_curve(summary)
         if "near_opt_2" in curve:
             from train.report import plot_curve
 

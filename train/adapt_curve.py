@@ -5,7 +5,9 @@ budgets by the active and the random choice, beside a full retrain."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -22,6 +24,7 @@ from train.adapt import (
     predictions,
     register_spec,
     sim_machine,
+    summary_curve,
     usable_base,
 )
 from train.metrics import score
@@ -87,13 +90,11 @@ def learning_curve(df: pd.DataFrame, presets: Sequence[str], *, spread: float = 
     return pd.DataFrame(rows)
 
 
-def curve_from_runs(folders: Sequence[str]) -> pd.DataFrame:
+def curve_from_runs(folders: Sequence[str | Path]) -> pd.DataFrame:
     """The rounds of finished ``ficco adapt`` runs (their output folders' ``summary.json``) as
-    curve rows: the machine as the preset, near-opt@2% and its ceiling per fraction measured."""
-    import json
-    from pathlib import Path
-
-    rows = []
+    curve rows (``summary_curve``); ValueError naming a folder without a summary or a round
+    without a score (a machine without a truth to score against)."""
+    curves = []
     for folder in folders:
         path = Path(folder) / "summary.json"
         if not path.exists():
@@ -102,8 +103,5 @@ def curve_from_runs(folders: Sequence[str]) -> pd.DataFrame:
         for r in summary["rounds"]:
             if "near_opt_2" not in r:
                 raise ValueError(f"{path}: round at {r['fraction']} has no score (a machine without a truth)")
-            rows.append({"preset": f"{summary['machine']} on {summary['backend']}", "strategy": summary["strategy"],
-                         "fraction": r["fraction"], "measured": r["measured"], "near_opt_2": r["near_opt_2"],
-                         "speedup": r["speedup"], "simulator_near_opt_2": r["simulator_near_opt_2"],
-                         "ceiling_near_opt_2": r["ceiling_near_opt_2"]})
-    return pd.DataFrame(rows)
+        curves.append(summary_curve(summary))
+    return pd.concat(curves, ignore_index=True)
