@@ -72,7 +72,7 @@ def main() -> None:
     lookup_scenario = best_of("table.get(key)", n, table=by_scenario, key=scenario)
     record = scenario.as_record()
     sel.select(record)
-    hit_record = best_of("sel.select(record)", n // 10, sel=sel, record=record)
+    hit_record = best_of("sel.select(record)", n, sel=sel, record=record)
 
     # -- miss -----------------------------------------------------------------------------
     booster = xgb.Booster()
@@ -103,6 +103,7 @@ def main() -> None:
     out = {
         "hit_us": hit * 1e6, "dict_lookup_tuple_key_us": lookup * 1e6, "hit_over_lookup": hit / lookup,
         "dict_lookup_scenario_key_us": lookup_scenario * 1e6, "hit_dict_input_us": hit_record * 1e6,
+        "hit_dict_input_over_lookup": hit_record / lookup,
         "trees": sel.model.n_trees, "tree_depth": sel.model.depth,
         "candidates": n_cands, "miss_source": source,
         "miss_us": t_miss * 1e6, "xgb_inplace_predict_1row_us": t_one * 1e6,
@@ -155,6 +156,23 @@ def layer_tables(sel, model: str, n_layers: int = 8, stream_calls: int = 10_000,
     m = 8 * 37
     lookup_table = best_of("t.decide(m)", 1_000_000, t=table, m=m)
     bare = best_of("d.get(k)", 1_000_000, d={first.layer: 1}, k=first.layer)
+
+    # Every door with a new m on a known layer (its table warm): a fresh Scenario object, and a
+    # fresh dict, each passed once; against the same loop over a bare dict lookup.
+    objects = [dataclasses.replace(first, m=8 * (i % 512 + 1)) for i in range(4000)]
+    records = [{**first.as_record(), "m": s.m} for s in objects]
+    loop_lookup = best_of("for s in objs: d.get(k)", 1, repeat=20, objs=objects, d={first.layer: 1}, k=first.layer)
+
+    def once_each(inputs) -> float:
+        times = []
+        for _ in range(20):
+            door = Selector.load(model)  # nothing cached but the layer's table
+            door.layer_table(first)
+            times.append(timeit.timeit("for s in inputs: door.select(s)", number=1,
+                                       globals={"inputs": inputs, "door": door}))
+        return min(times)
+
+    new_m_scenario, new_m_record = once_each(objects), once_each(records)
 
     # First sight: every layer's table built by a fresh selector.
     fresh = Selector.load(model)
@@ -210,6 +228,10 @@ def layer_tables(sel, model: str, n_layers: int = 8, stream_calls: int = 10_000,
         "table_grid_points_mean": float(np.mean([len(sel.layer_table(s).grid) for s in layers.values()])),
         "table_new_m_us": lookup_table * 1e6, "table_dict_lookup_us": bare * 1e6,
         "table_new_m_over_lookup": lookup_table / bare,
+        "select_new_m_scenario_us": new_m_scenario / len(objects) * 1e6,
+        "select_new_m_scenario_over_lookup": new_m_scenario / loop_lookup,
+        "select_new_m_dict_us": new_m_record / len(objects) * 1e6,
+        "select_new_m_dict_over_lookup": new_m_record / loop_lookup,
         "table_first_sight_ms_mean": 1e3 * float(np.mean(builds)), "table_first_sight_ms_max": 1e3 * max(builds),
         "stream_calls": len(calls), "stream_without_tables_us_per_call": without_tables * 1e6,
         "stream_cold_us_per_call": cold * 1e6, "stream_warm_us_per_call": warm * 1e6,

@@ -34,6 +34,13 @@ Two scales:
   such as bloom-176b and llama3.1-405b). World sizes 2, 3, 4 (3 tests a
   non-power-of-two ring).
 
+Dtypes (``dtype_shares``): what jobs run on each machine. On a GPU every layer shape comes
+in bfloat16 (what LLM training and serving run), and a deterministic share of them again
+in float16, in fp8 (``float8_e4m3fn``, where the machine's spec has an fp8 peak; for
+``ag_gemm`` and ``a2a_gemm`` only, whose collectives move the fp8 operands; recipes
+reduce-scatter in a wider type) and in float32 (TF32 on tensor cores), a minority. On the
+cpu backend float32. A ``dtype`` argument gives every row that one dtype instead.
+
 Records carry the scenario columns (``group`` is the model family, for
 leave-one-family-out evaluation) plus ``model``, ``layer``, ``phase`` and ``tokens``,
 which ``Scenario.from_record`` ignores.
@@ -42,15 +49,18 @@ which ``Scenario.from_record`` ignores.
 from __future__ import annotations
 
 import csv
+import itertools
 import dataclasses
 import math
 import os
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
 from ficco_select.schedule import BACKENDS, candidates
 
@@ -148,6 +158,28 @@ CPU_MAX_GFLOP_PER_RANK = 0.4
 """cpu scale: rows whose busiest rank's GEMM exceeds this many GFLOP are dropped."""
 DIM_MULTIPLE = 8
 
+GPU_DTYPE_SHARES: dict[str, float] = {"bfloat16": 1.0, "float16": 0.2, "float8_e4m3fn": 0.25, "float32": 0.1}
+"""Share of a GPU catalog's layer shapes given each dtype: every one in bfloat16, a
+deterministic share (by scenario id) in the others. fp8 only where the machine has an fp8
+peak, and only for ``FP8_OPS``."""
+FP8_OPS = ("ag_gemm", "a2a_gemm")
+"""Operators whose collective moves fp8 operands in fp8 recipes (a reduce-scatter moves the
+GEMM's wider output)."""
+
+
+def dtype_shares(hw: HardwareSpec) -> dict[str, float]:
+    """{dtype: share of the layer shapes} that jobs run on `hw`: float32 on the cpu backend's
+    machines (no copy engines), ``GPU_DTYPE_SHARES`` on GPUs (fp8 where the spec has a peak)."""
+    if not hw.copy_engines:
+        return {"float32": 1.0}
+    return {d: share for d, share in GPU_DTYPE_SHARES.items() if d in hw.peak_tflops}
+
+
+def _drawn(scenario: Scenario, share: float) -> bool:
+    """Whether `scenario` is in the `share` of its dtype's rows: a hash of its id, so the same
+    scenario is drawn in every file, order and process."""
+    return share >= 1 or zlib.crc32(scenario.scenario_id.encode()) < share * 2**32
+
 DEFAULT_WORLD_SIZES = {"full": (2, 4, 8), "cpu": (2, 3, 4)}
 DEFAULT_HARDWARE = {"full": "h100-nvswitch", "cpu": "cpu"}
 EXTRA_COLUMNS: tuple[str, ...] = ("model", "layer", "phase", "tokens")
@@ -196,14 +228,15 @@ def _scale_dims(op: str, k: int, n: int, P: int) -> tuple[int, int]:
 def catalog(
     scale: str = "cpu",
     world_sizes: tuple[int, ...] | None = None,
-    dtype: str = "float32",
+    dtype: str | None = None,
     hardware: str | None = None,
     models: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Scenario records (dicts, columns ``COLUMNS``) for the chosen models, in a fixed order.
 
-    Order: model, phase, tokens, world size, layer, imbalance. Duplicate scenarios (e.g.
-    two decode sizes that pad to the same token count at cpu scale) keep the first row.
+    `dtype`: every row in that dtype; None: the machine's mix (``dtype_shares``).
+    Order: model, phase, tokens, world size, layer, imbalance, dtype. Duplicate scenarios
+    (e.g. two decode sizes that pad to the same token count at cpu scale) keep the first row.
     """
     if scale not in DEFAULT_WORLD_SIZES:
         raise ValueError(f"unknown scale {scale!r}; expected 'full' or 'cpu'")
@@ -213,8 +246,9 @@ def catalog(
     unknown = [name for name in names if name not in MODELS]
     if unknown:
         raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
-    if scale == "cpu" and dtype not in BACKENDS["cpu"].dtypes:
+    if scale == "cpu" and dtype is not None and dtype not in BACKENDS["cpu"].dtypes:
         raise ValueError(f"the cpu backend does not run {dtype}; use one of {', '.join(BACKENDS['cpu'].dtypes)}")
+    shares = {dtype: 1.0} if dtype is not None else dtype_shares(load_hardware(hardware))
 
     records: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -239,14 +273,18 @@ def catalog(
                             imbalances = sorted({min(max(i, 1.0), float(P)) for i in IMBALANCES})
                         else:
                             m, imbalances = tokens, [1.0]
-                        for imbalance in imbalances:
+                        for imbalance, (row_dtype, share) in itertools.product(imbalances, shares.items()):
+                            if row_dtype.startswith("float8") and op not in FP8_OPS and dtype is None:
+                                continue
                             record = {
                                 "group": cfg.family, "op": op, "m": m, "n": n, "k": k,
-                                "dtype": dtype, "world_size": P, "hardware": hardware,
+                                "dtype": row_dtype, "world_size": P, "hardware": hardware,
                                 "imbalance": imbalance,
                                 "model": cfg.name, "layer": layer, "phase": phase, "tokens": tokens,
                             }
                             scenario = Scenario.from_record(record)
+                            if not _drawn(scenario, share):
+                                continue
                             if scale == "cpu":
                                 if scenario.busiest_rank_gflop() > CPU_MAX_GFLOP_PER_RANK:
                                     continue  # too slow to sweep on two cores
@@ -286,14 +324,16 @@ def write_catalog(path: str | Path, records: list[dict[str, Any]]) -> Path:
 
 
 def catalog_to_file(scale: str, out, *, world_sizes: tuple[int, ...] | None, models: list[str] | None,
-                    dtype: str, hardware: str | None) -> dict[str, Any]:
+                    dtype: str | None, hardware: str | None) -> dict[str, Any]:
     """``ficco catalog``: write the catalog's scenario table to `out`; its summary (counts by
     op, families, models). Raises ValueError, ScenarioError."""
     records = catalog(scale, world_sizes=world_sizes, dtype=dtype, hardware=hardware, models=models)
     write_catalog(out, records)
     counts: dict[str, int] = {}
+    dtypes: dict[str, int] = {}
     for r in records:
         counts[r["op"]] = counts.get(r["op"], 0) + 1
-    return {"out": out, "scenarios": len(records), "by_op": counts,
+        dtypes[r["dtype"]] = dtypes.get(r["dtype"], 0) + 1
+    return {"out": out, "scenarios": len(records), "by_op": counts, "by_dtype": dtypes,
             "families": sorted({r["group"] for r in records}),
             "models": sorted({r["model"] for r in records} & set(MODELS))}

@@ -80,7 +80,9 @@ def _sweep_lines(df, table, sweep: dict, out) -> list[str]:
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="Scenario table (.csv or .parquet).")
 @click.option("--world-sizes", default=None, help="Comma-separated world sizes (default: 2,3,4 cpu; 2,4,8 full).")
 @click.option("--models", default=None, help="Comma-separated model names (default: all).")
-@click.option("--dtype", default="float32", show_default=True)
+@click.option("--dtype", default=None,
+              help="Every row in this dtype (default: what jobs run on the machine: float32 on cpu; on GPUs "
+                   "bfloat16 for every shape plus shares in float16, fp8 where the GPU has it, and float32).")
 @click.option("--hardware", default=None, help="Hardware column (default: cpu / h100-nvswitch).")
 @json_option("Print a JSON summary.")
 def catalog_cmd(scale, out, world_sizes, models, dtype, hardware, as_json) -> None:
@@ -93,7 +95,8 @@ def catalog_cmd(scale, out, world_sizes, models, dtype, hardware, as_json) -> No
                                   world_sizes=tuple(int(x) for x in world_sizes.split(",")) if world_sizes else None,
                                   models=models.split(",") if models else None)
     show(as_json, summary, lambda: f"{summary['scenarios']} scenarios "
-         f"({', '.join(f'{k}: {v}' for k, v in summary['by_op'].items())}) "
+         f"({', '.join(f'{k}: {v}' for k, v in summary['by_op'].items())}; "
+         f"{', '.join(f'{k}: {v}' for k, v in summary['by_dtype'].items())}) "
          f"from {len(summary['models'])} models -> {out}")
 
 

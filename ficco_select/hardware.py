@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from ficco_select.scenario import DTYPES
+
 log = logging.getLogger("ficco_select.hardware")
 
 TOPOLOGIES = ("fully_connected", "switch", "ring")
@@ -41,7 +43,8 @@ class HardwareSpec:
     devices: int
     """Accelerators (ranks) in one node."""
     peak_tflops: dict[str, float]
-    """Dense peak matrix throughput per dtype (float32, bfloat16, float16), TFLOP/s."""
+    """Dense peak matrix throughput per dtype (float32, bfloat16, float16, float8_e4m3fn where
+    the hardware has fp8), TFLOP/s."""
     mem_bw_gbps: float
     """Memory bandwidth of one device, GB/s."""
     compute_units: int
@@ -123,8 +126,8 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
     if not isinstance(spec["peak_tflops"], dict) or "float32" not in spec["peak_tflops"]:
         raise HardwareError(f"{where}: field 'peak_tflops' must map dtypes to TFLOP/s, including float32")
     for dtype, value in spec["peak_tflops"].items():
-        if dtype not in ("float32", "bfloat16", "float16"):
-            raise HardwareError(f"{where}: field 'peak_tflops.{dtype}': unknown dtype")
+        if dtype not in DTYPES:
+            raise HardwareError(f"{where}: field 'peak_tflops.{dtype}': unknown dtype (known: {', '.join(DTYPES)})")
         number(f"peak_tflops.{dtype}", value)
     number("gemm_efficiency", spec["gemm_efficiency"], high=1.0, high_open=False)
     number("sm_comm_units", spec["sm_comm_units"], high=1.0, low_open=False)

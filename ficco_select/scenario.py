@@ -29,9 +29,13 @@ from typing import Any, Literal
 
 Op = Literal["ag_gemm", "gemm_rs", "a2a_gemm"]
 OPS: tuple[str, ...] = ("ag_gemm", "gemm_rs", "a2a_gemm")
-DTYPES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
-"""Supported dtypes and their size in bytes."""
-DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+DTYPES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
+"""Supported dtypes (torch's names) and their size in bytes. ``float8_e4m3fn`` is the fp8 of
+fp8 training and serving recipes: its operands are what the all-gather and the all-to-all
+move; its GEMMs accumulate and write in a wider type, which the cost model ignores (the
+catalog gives fp8 to ``ag_gemm`` and ``a2a_gemm`` only, whose collectives move fp8)."""
+DTYPE_ALIASES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
+                 "fp8": "float8_e4m3fn", "float8": "float8_e4m3fn", "e4m3": "float8_e4m3fn"}
 
 SCENARIO_COLUMNS: tuple[str, ...] = (
     "group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "imbalance",
@@ -59,13 +63,16 @@ class Scenario:
     k: int
     """Reduction dimension (input features)."""
     dtype: str
-    """Element type: ``float32``, ``bfloat16`` or ``float16``."""
+    """Element type: one of ``DTYPES`` (``float32``, ``bfloat16``, ``float16``, ``float8_e4m3fn``)."""
     world_size: int
     """Number of ranks P."""
     hardware: str
     """Hardware preset name (``cpu`` for the cpu backend) or spec file."""
     imbalance: float = 1.0
     """``a2a_gemm`` only: max expert load / mean expert load, in [1, world_size]."""
+    layer: tuple = dataclasses.field(init=False, repr=False, compare=False)
+    """The values of LAYER_COLUMNS: in serving and with variable sequence lengths only m
+    changes between calls of a layer (``ficco_select.runtime.layers``)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -77,12 +84,15 @@ class Scenario:
 
     def _set_hash(self) -> None:
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, c) for c in SCENARIO_COLUMNS)))
+        # The layer key, built once: the runtime looks every new m of a layer up by it.
+        object.__setattr__(self, "layer", tuple(getattr(self, c) for c in LAYER_COLUMNS))
 
     def __getstate__(self) -> dict[str, Any]:
         # str hashes differ between processes: a pickled scenario takes its hash along only
         # to have it recomputed where it is loaded (a stale one would miss equal scenarios).
         state = dict(self.__dict__)
         state.pop("_hash", None)
+        state.pop("layer", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -181,11 +191,6 @@ class Scenario:
                 counts[src][dst] = c
         return counts
 
-    @property
-    def layer(self) -> tuple:
-        """The values of LAYER_COLUMNS: in serving and with variable sequence lengths only m
-        changes between calls of a layer (``ficco_select.runtime.layers``)."""
-        return (self.op, self.n, self.k, self.dtype, self.world_size, self.hardware, self.imbalance)
 
     # -- per-rank work --------------------------------------------------------------------
     def rank_gemms(self) -> list[tuple[int, int, int]]:

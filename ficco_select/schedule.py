@@ -124,7 +124,9 @@ BACKENDS: dict[str, BackendCaps] = {
     # gloo moves bytes with CPU threads that share the cores with the GEMMs: that is `sm`.
     "cpu": BackendCaps(engines=("sm",), dtypes=("float32", "bfloat16"), max_world_size=8),
     "cuda": BackendCaps(engines=("sm", "dma"), dtypes=("float32", "bfloat16", "float16"), max_world_size=64),
-    "sim": BackendCaps(engines=("sm", "dma"), dtypes=("float32", "bfloat16", "float16"), max_world_size=1024),
+    # fp8 GEMMs need scaled matmuls the executor does not run yet: only the simulator has fp8.
+    "sim": BackendCaps(engines=("sm", "dma"), dtypes=("float32", "bfloat16", "float16", "float8_e4m3fn"),
+                       max_world_size=1024),
 }
 
 

@@ -31,7 +31,7 @@ def reference() -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     from ficco_select.scenario import Scenario
 
     by_kind: dict[tuple, list] = {}
-    for r in catalog("full", models=["llama3-8b", "mixtral-8x7b", "gpt3-175b"]):
+    for r in catalog("full", models=["llama3-8b", "mixtral-8x7b", "gpt3-175b"], dtype="float32"):
         by_kind.setdefault((r["op"], r["world_size"]), []).append(r)
     scenarios = [Scenario.from_record(r) for kind in sorted(by_kind) for r in by_kind[kind][::5][:2]]
     frames, choices = [], {}

@@ -63,7 +63,7 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
     """For each split and fold: fit every selector on train, score on test.
 
     Returns {"splits": {split: {"mean": {selector: metrics}, "folds": {fold: {selector: metrics}},
-    "by_backend": {backend: {selector: metrics}}}},
+    "by_backend": {backend: {selector: metrics}}, "by_dtype": {"<backend>.<dtype>": {selector: metrics}}}},
     "fit_seconds": {selector: total}, "choices": {split: {selector: {scenario_id: schedule}}}}
     (each scenario is in the test side of at most one fold per split).
     """
@@ -86,23 +86,28 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
     bar.close()
     for split, block in results["splits"].items():
         block["mean"] = _mean_over_folds(block["folds"])
-        block["by_backend"] = _by_backend(df, results["choices"][split])
+        block["by_backend"] = _pooled_by(df, results["choices"][split], ["backend"])
+        block["by_dtype"] = _pooled_by(df, results["choices"][split], ["backend", "dtype"])
     return results
 
 
-def _by_backend(df: pd.DataFrame, choices: dict[str, dict[str, str]]) -> dict:
-    """{backend: {selector: metrics}} over every test scenario of the split (all folds pooled),
-    when the data mix backends: measured and simulated rows answer different questions (and
-    their ceilings differ), so each is also read on its own."""
-    backend_of = df.groupby("scenario_id")["backend"].first()
-    if backend_of.nunique() < 2:
-        return {}
+def _pooled_by(df: pd.DataFrame, choices: dict[str, dict[str, str]], columns: list[str]) -> dict:
+    """{value: {selector: metrics}} over every test scenario of the split (all folds pooled),
+    per value of `columns` (joined by "."), where the last column takes several values
+    within one value of the others: measured and simulated rows answer different questions
+    (and their ceilings differ), and each dtype is a setting of its own (bfloat16 is what
+    LLM jobs run on GPUs; float32 on the cpu backend)."""
+    of = df.groupby("scenario_id")[columns].first()
+    inner = of.groupby(columns[:-1])[columns[-1]].transform("nunique") if len(columns) > 1 else \
+        pd.Series(of[columns[0]].nunique(), index=of.index)
+    of = of[inner > 1]
     out = {}
-    for backend, ids in backend_of.groupby(backend_of).groups.items():
+    for value, ids in of.groupby(columns).groups.items():
         ids = set(ids)
         rows = df[df["scenario_id"].isin(ids)]
-        out[backend] = {name: score(rows, {sid: c for sid, c in chosen.items() if sid in ids})
-                        for name, chosen in choices.items()}
+        name = ".".join(value) if isinstance(value, tuple) else value
+        out[name] = {selector: score(rows, {sid: c for sid, c in chosen.items() if sid in ids})
+                     for selector, chosen in choices.items()}
     return out
 
 
@@ -145,12 +150,20 @@ def _mean_over_folds(per_fold: dict) -> dict:
     return out
 
 
+HEADLINE = ("family", "sim.bfloat16")
+"""The headline table: unseen model families in bfloat16 on the GPU machines (what LLM jobs run)."""
+
+
 def tables(results: dict) -> dict[str, pd.DataFrame]:
     """One comparison table (selectors x metrics) per split; where the data mix backends, one
-    more per split and backend, named ``<split>.<backend>`` (e.g. ``family.cpu``)."""
+    more per split and backend, named ``<split>.<backend>`` (e.g. ``family.cpu``); where a
+    backend's rows mix dtypes, one per split, backend and dtype (``family.sim.bfloat16``).
+    The headline table (``HEADLINE``) comes first when the data have it."""
     out = {}
     for split, block in results["splits"].items():
         out[split] = comparison_table(block["mean"])
-        for backend, by_selector in block.get("by_backend", {}).items():
-            out[f"{split}.{backend}"] = comparison_table(by_selector)
-    return out
+        for group in ("by_backend", "by_dtype"):
+            for value, by_selector in block.get(group, {}).items():
+                out[f"{split}.{value}"] = comparison_table(by_selector)
+    headline = ".".join(HEADLINE)
+    return {headline: out.pop(headline), **out} if headline in out else out

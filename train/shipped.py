@@ -24,6 +24,7 @@ from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, SPEC_RANGE_FIELDS, machine_kind, spec_value
 from ficco_select.runtime.selector import Selector as RuntimeSelector
 from ficco_select.runtime.trees import TreeEnsemble
+from ficco_select.scenario import DTYPES
 from ficco_select.schedule import BASELINE
 from train.metrics import true_times, usable_rows
 from train.selectors import (
@@ -48,13 +49,28 @@ def training_ranges(df: pd.DataFrame) -> dict:
             "op": sorted(set(ok["op"]))}
 
 
+def dtype_ranges(df: pd.DataFrame) -> dict:
+    """selector.json's ``unseen_dtype``: the bytes per element and, per kind of machine, the
+    peaks (for each row's dtype, as the features read them) seen in training; the runtime lets
+    the model decide a dtype it never saw inside them."""
+    ok = usable_rows(df).drop_duplicates(["hardware", "dtype"])
+    peaks: dict[str, list[float]] = {}
+    for hardware, dtype in zip(ok["hardware"], ok["dtype"]):
+        hw = load_hardware(hardware)
+        peaks.setdefault(machine_kind(hw), []).append(hw.peak_of(dtype))
+    sizes = [DTYPES[d] for d in ok["dtype"]]
+    return {"dtype_bytes": [min(sizes), max(sizes)],
+            "peak_tflops": {kind: [min(values), max(values)] for kind, values in sorted(peaks.items())}}
+
+
 def runtime_meta(name: str, df: pd.DataFrame) -> dict:
     """The fields of an export's ``selector.json`` that the runtime reads, for a model
     named `name` trained on `df` (``train.run`` adds provenance)."""
     return {"selector": name, "feature_schema_version": FEATURE_SCHEMA_VERSION,
             "feature_schema_hash": FEATURE_SCHEMA_HASH, "feature_names": list(FEATURE_NAMES),
             "target": "log(time / baseline time)" if name == "xgb-regressor" else "rank score (higher is better)",
-            "training_ranges": training_ranges(df), "hardware_specs": user_specs(df)}
+            "training_ranges": training_ranges(df), "unseen_dtype": dtype_ranges(df),
+            "hardware_specs": user_specs(df)}
 
 
 SLOWER_BY = 0.02
@@ -264,7 +280,7 @@ class ShippedPolicy(BaseSelector):
         self.model_ = TreeEnsemble.from_json(json.loads(inner.model_.get_booster().save_raw("json")),
                                              expected_features=len(FEATURE_NAMES))
         self.meta_ = {**runtime_meta(inner.name, df), "abstention": self.abstention_}
-        self.runtime_ = RuntimeSelector(self.model_, self.meta_)
+        self.runtime_ = RuntimeSelector(self.model_, self.meta_, layer_tables=False)
         self._train = df  # for fit_unseen_hardware, the first time a machine it never saw comes
         return self
 
@@ -275,7 +291,7 @@ class ShippedPolicy(BaseSelector):
             # machines do not depend on it, so this equals fitting it eagerly.
             self.unseen_hardware_ = fit_unseen_hardware(self._fresh, self._train, self.abstention_)
             self.meta_ = {**self.meta_, "unseen_hardware": self.unseen_hardware_}
-            self.runtime_ = RuntimeSelector(self.model_, self.meta_)
+            self.runtime_ = RuntimeSelector(self.model_, self.meta_, layer_tables=False)
         legal = ok.groupby("scenario_id")["schedule"].agg(set)
         out, self.decisions_ = {}, {}
         for rec in scenario_records(ok):

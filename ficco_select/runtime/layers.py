@@ -90,14 +90,18 @@ class LayerTable:
         object.__setattr__(self, "_choices", (None, *self.decisions))
 
     def decide(self, m: int) -> Decision | None:
-        """The decision for token count `m` (a tensor's row count: an int, not negative), or
-        None outside the table or for an m the layer cannot have."""
+        """The decision for token count `m`, or None outside the table, for an m the layer
+        cannot have, or for anything but an int (the caller then decides directly). Never raises."""
         try:
-            return self._choices[self._index[m]]
+            if m >= 0:  # a negative index would count from the end
+                return self._choices[self._index[m]]
+            return None
         except IndexError:  # beyond the dense index
-            if m % self.step or m > self.grid[-1]:
+            if type(m) is not int or m % self.step or m > self.grid[-1]:
                 return None
             return self.decisions[bisect_right(self.grid, m) - 1]
+        except Exception:  # noqa: BLE001 - a float, a string, None: not a row count
+            return None
 
 
 def m_grid(lo: int, hi: int, step: int) -> tuple[int, ...]:

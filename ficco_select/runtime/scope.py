@@ -14,7 +14,12 @@ without it, a margin below 0.01 goes to the heuristic), and optional ``unseen_ha
 bool, "spec_ranges": {field: [low, high]}}}}: fitted at training on machines held out of the fit. With "model", a
 machine not seen in training is decided by the model when the trained machines of its kind
 know its topology and its spec numbers lie inside their ranges; the decision's reason
-says so. Without it, unseen machines go to the heuristic). Both files are checked at load (``Selector.load``):
+says so. Without it, unseen machines go to the heuristic), and optional ``unseen_dtype``
+({"dtype_bytes": [low, high], "peak_tflops": {"gpu" | "cpu": [low, high]}}: the bytes per
+element and the peaks per kind of machine that training saw. A dtype not seen in training is
+decided by the model when its bytes per element and the machine's peak for it lie inside
+those ranges: they are the only features a dtype changes. Without it, unseen dtypes go to
+the heuristic). Both files are checked at load (``Selector.load``):
 anything missing, malformed or inconsistent (another feature schema, a model whose
 ``num_feature`` is not ``len(features.FEATURE_NAMES)``, a tree that ``trees`` refuses)
 gives a heuristic-only selector and one warning naming the file and field.
@@ -71,6 +76,9 @@ class Scope:
     """``unseen_hardware`` when its rule lets the model decide machines it never saw: per
     kind of machine (``machine_kind``), (topologies seen, or None for any, (spec field, low,
     high) ranges of the trained machines)."""
+    unseen_dtype: tuple[tuple[float, float], Mapping[str, tuple[float, float]]] | None = None
+    """``unseen_dtype``: ((low, high) bytes per element, {kind: (low, high) peak TFLOP/s}) seen
+    in training, if the export has them."""
 
     @classmethod
     def from_meta(cls, meta: Any, where: str = "selector.json") -> "Scope":
@@ -125,7 +133,25 @@ class Scope:
             by_kind = {kind: _margin_rule(r, f"{where}: field 'abstention.by_kind.{kind}") for kind, r in kinds.items()}
         return cls(ranker=name == "xgb-ranker", seen=tuple(seen), ranges=tuple(bounds), specs=checked,
                    abstention=abstention, abstention_by_kind=by_kind,
-                   unseen=_unseen_rule(meta.get("unseen_hardware"), where))
+                   unseen=_unseen_rule(meta.get("unseen_hardware"), where),
+                   unseen_dtype=_dtype_ranges(meta.get("unseen_dtype"), where))
+
+
+def _dtype_ranges(rule: Any, where: str) -> tuple | None:
+    """``unseen_dtype``: ((low, high) bytes, {kind: (low, high) peak}); None without it."""
+    if rule is None:
+        return None
+    at = f"{where}: field 'unseen_dtype"
+    if not isinstance(rule, dict) or not _is_range(rule.get("dtype_bytes")) \
+            or not isinstance(rule.get("peak_tflops"), dict) or not set(rule["peak_tflops"]) <= set(MACHINE_KINDS):
+        raise ValueError(f"{at}' must be an object with 'dtype_bytes' [low, high] and 'peak_tflops' "
+                         f"{{{' or '.join(MACHINE_KINDS)}: [low, high]}}, got {rule!r}")
+    for kind, pair in rule["peak_tflops"].items():
+        if not _is_range(pair):
+            raise ValueError(f"{at}.peak_tflops.{kind}' must be [low, high], two finite numbers with low <= high, "
+                             f"got {pair!r}")
+    low, high = rule["dtype_bytes"]
+    return (float(low), float(high)), {kind: (float(lo), float(hi)) for kind, (lo, hi) in rule["peak_tflops"].items()}
 
 
 def _margin_rule(rule: Any, at: str) -> tuple[float | None, str]:

@@ -5,7 +5,9 @@
     decision.schedule, decision.source, decision.confidence
 
 Sources: ``model`` (the learned selector decided), ``heuristic`` (no usable model, or it
-abstained: hardware, op or dtype not seen in training, a scenario outside the training
+abstained: hardware, op or dtype not seen in training (a machine or a dtype whose features lie
+inside the trained ranges may be decided all the same: ``unseen_hardware``, ``unseen_dtype``
+in ``scope``), a scenario outside the training
 ranges, a margin between the two best predictions below ``min_margin``, a non-finite
 prediction, or an error while checking or scoring: the reason says which), ``fallback``
 (the baseline, with one warning per key: the scenario is invalid, its hardware is
@@ -33,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import operator
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -46,7 +49,7 @@ from ficco_select.runtime.decision import Decision
 from ficco_select.runtime.layers import LayerTable, read_tables, table_for
 from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, Scope, machine_kind, spec_value
 from ficco_select.runtime.trees import TreeEnsemble, read_json
-from ficco_select.scenario import SCENARIO_COLUMNS, Scenario, ScenarioError
+from ficco_select.scenario import DTYPES, SCENARIO_COLUMNS, Scenario, ScenarioError
 from ficco_select.schedule import BASELINE, Schedule, legal_candidates
 
 log = logging.getLogger("ficco_select.runtime.selector")
@@ -55,7 +58,7 @@ DEFAULT_PATH = Path(os.environ.get("FICCO_SELECTOR", Path.home() / ".cache" / "f
 """Where ``ficco export`` puts the champion and ``Selector.load()`` looks for it."""
 class Selector:
     def __init__(self, model: TreeEnsemble | None = None, meta: Mapping[str, Any] | None = None, *,
-                 min_margin: float | None = None) -> None:
+                 min_margin: float | None = None, layer_tables: bool = True) -> None:
         # meta is selector.json's contents: checked here, so that every decision can trust it.
         self._scope = Scope.from_meta(meta) if meta is not None else Scope()
         self.model = model
@@ -66,11 +69,15 @@ class Selector:
         self.margin_fallback = rule[1] if rule else "heuristic"
         self._margin_by_kind = dict(self._scope.abstention_by_kind) if min_margin is None else {}
         self._trained_hardware = dict(self._scope.seen).get("hardware")  # None: not recorded
+        self._trained_dtypes = dict(self._scope.seen).get("dtype")
+        self.layer_tables = layer_tables
+        """Decide every m of a layer from its table (``runtime/layers.py``), built on the layer's
+        first sight: the same answer through every door. False: every call decides directly
+        (evaluation, where thousands of one-off layers would each build a table)."""
         # Decisions, found three ways: by the id of a Scenario object seen before (the hot
-        # path; `_alive` holds those objects so that no other object can take their id), by
+        # path; each entry holds the object, so that no other object can take its id), by
         # scenario value (an equal Scenario built again), by a mapping's scenario columns.
-        self._by_id: dict[int, Decision] = {}
-        self._alive: dict[int, Scenario] = {}
+        self._by_id: dict[int, tuple[Scenario, Decision]] = {}
         self._cache: dict[Scenario, Decision] = {}
         self._by_record: dict[tuple, Decision] = {}
         self._hardware: dict[str, HardwareSpec | None] = {}
@@ -109,29 +116,41 @@ class Selector:
 
     # -- deciding -------------------------------------------------------------------------
     def select(self, scenario: Scenario | Mapping[str, Any]) -> Decision:
-        """The decision for a Scenario or a mapping with the scenario-table columns; never raises."""
+        """The decision for a Scenario or a mapping with the scenario-table columns; never raises.
+
+        Safe to call from any number of threads: every cache entry is written whole, and an
+        entry found by an object's id holds that object, so an id reused by another object
+        never finds it."""
         # The hot path: a Scenario object decided before, found by its id. Scenario.__hash__
         # is Python code, so a dict keyed by the scenario itself costs nearly twice this.
-        try:
-            return self._by_id[id(scenario)]
-        except KeyError:
-            return self._select_slow(scenario)
+        entry = self._by_id.get(id(scenario))
+        if entry is not None and entry[0] is scenario:
+            return entry[1]
+        if type(scenario) is dict:  # a record decided before, by its scenario columns
+            try:
+                key = _RECORD_KEY(scenario)
+                decision = self._by_record.get(key)
+                if decision is not None and _BOOLS.isdisjoint(map(type, key)):
+                    return decision
+            except Exception:  # noqa: BLE001 - no imbalance, unhashable values: the slow path
+                pass
+        return self._select_slow(scenario)
 
     def clear_cache(self) -> None:
         """Forget every decision (the next ``select`` of each scenario decides again). Layer
         tables are kept: they are the model's, built for every m of a layer at once."""
-        for cache in (self._by_id, self._alive, self._cache, self._by_record):
+        for cache in (self._by_id, self._cache, self._by_record):
             cache.clear()
 
     def layer_table(self, scenario: Scenario):
         """The ``LayerTable`` of `scenario`'s layer (every column but ``m``): its decisions on a
         grid of ``m``, built on first sight (``ficco_select.runtime.layers``); None where the
-        layer cannot have one (its hardware unknown, more ranks than devices). Never raises."""
+        layer cannot have one (its hardware unknown, more ranks than devices). Never raises.
+        Two threads that meet a new layer at once may both build its table: the same one."""
         key = scenario.layer
-        try:
-            return self._tables[key]
-        except KeyError:
-            pass
+        table = self._tables.get(key, _MISSING)
+        if table is not _MISSING:
+            return table
         try:
             table = table_for(self, scenario)
         except Exception as e:  # noqa: BLE001 - no table: the caller decides call by call
@@ -141,24 +160,36 @@ class Selector:
         self._tables[key] = table
         return table
 
+    def decide_batch(self, scenarios: Sequence[Scenario]) -> list[Decision]:
+        """The decision for each scenario, as ``select`` gives it, with every layer's table
+        built once for all its rows (``ficco select``, ``ficco export --layers``)."""
+        return [self.select(s) for s in scenarios]
+
     def _select_slow(self, raw) -> Decision:
-        """A scenario not seen as this object: find its decision by value, or decide."""
+        """A scenario not seen as this object: its layer's table, or its decision by value, or decide."""
         try:
             if isinstance(raw, Scenario):
-                decision = self._cache.get(raw)
+                decision = self._from_table(raw) or self._cache.get(raw)
                 if decision is None:
                     decision = self._decide(raw, raw)
                     _bound(_CACHE_LIMIT, self._cache)
                     self._cache[raw] = decision
                 if type(raw) is Scenario:  # frozen: its decision can be found by id from now on
-                    _bound(_OBJECTS_LIMIT, self._by_id, self._alive)
-                    self._alive[id(raw)] = raw  # before _by_id: an id found there is held
-                    self._by_id[id(raw)] = decision
+                    _bound(_OBJECTS_LIMIT, self._by_id)
+                    self._by_id[id(raw)] = (raw, decision)  # the object too: its id is not reused while held
                 return decision
             return self._select_record(raw)
         except Exception as e:  # noqa: BLE001 - never break the caller's job
             self._warn_once(("error", type(e).__name__), f"selector failed: {e!r}; running the baseline")
             return Decision(BASELINE, "fallback", 0.0, repr(e))
+
+    def _from_table(self, scenario: Scenario) -> Decision | None:
+        """The decision of `scenario`'s layer table at its m (built on first sight), or None:
+        tables off, no table for the layer, or an m outside it (decided directly)."""
+        if not self.layer_tables:
+            return None
+        table = self.layer_table(scenario)
+        return table.decide(scenario.m) if table is not None else None
 
     def _select_record(self, raw) -> Decision:
         """A mapping, found by its scenario columns when they are hashable."""
@@ -183,6 +214,10 @@ class Selector:
         except Exception as e:  # noqa: BLE001
             self._warn_once(key, f"invalid scenario {key!r}: {e}; running the baseline")
             return Decision(BASELINE, "fallback", 0.0, str(e))
+        if scenario is not raw:  # a record: its layer's table, as for a Scenario
+            decision = self._from_table(scenario)
+            if decision is not None:
+                return decision
         try:
             machine = self._machine(scenario)
             return machine if isinstance(machine, Decision) else self._model_or_heuristic(*machine)
@@ -256,6 +291,11 @@ class Selector:
                     if not why:
                         continue  # the model decides it (its decision says so)
                     return f"hardware {s.hardware} not seen in training ({why})"
+                if col == "dtype":
+                    why = self._unseen_dtype_problem(s.dtype, hw)
+                    if not why:
+                        continue  # the model decides it (its decision says so)
+                    return f"dtype {s.dtype} not seen in training ({why})"
                 return f"{col} {getattr(s, col)} not seen in training"
         trained = scope.specs.get(s.hardware)
         if trained is not None and trained != hw:
@@ -288,6 +328,24 @@ class Selector:
                 return f"{field}={value:g} outside the trained machines' range [{lo:g}, {hi:g}]"
         return ""
 
+    def _unseen_dtype_problem(self, dtype: str, hw: HardwareSpec) -> str:
+        """Why the model may not decide a dtype it never saw, or "" when the dtype's features
+        (bytes per element, the machine's peak for it) lie inside the ranges training saw."""
+        rule = self._scope.unseen_dtype
+        if rule is None:
+            return "the export records no dtype ranges"
+        (lo, hi), peaks = rule
+        size = DTYPES[dtype]
+        if not lo <= size <= hi:
+            return f"{size} bytes per element, outside the trained [{lo:g}, {hi:g}]"
+        kind = machine_kind(hw)
+        if kind not in peaks:
+            return f"no trained {kind} machine"
+        peak, (lo, hi) = hw.peak_of(dtype), peaks[kind]
+        if not lo <= peak <= hi:
+            return f"peak {peak:g} TFLOP/s on {hw.name}, outside the trained {kind} machines' [{lo:g}, {hi:g}]"
+        return ""
+
     def _model_decision(self, s: Scenario, hw: HardwareSpec, scores: np.ndarray | None = None) -> Decision:
         cands = _candidates(s, backend_for(hw))
         if not cands:
@@ -315,11 +373,20 @@ class Selector:
             if fallback == "baseline":
                 return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback is the baseline")
             return self._heuristic(s, hw, why)
+        return Decision(best, "model", float(min(1.0, margin)), self._unseen_note(s))
+
+    def _unseen_note(self, s: Scenario) -> str:
+        """What a model decision lies outside of: a machine or a dtype not seen in training."""
+        notes = []
         seen = self._trained_hardware
-        note = ("" if seen is None or s.hardware in seen else
-                f"hardware {s.hardware} not seen in training: inside the trained machines' spec ranges, "
-                "where held-out machines showed the model ahead of the heuristic")
-        return Decision(best, "model", float(min(1.0, margin)), note)
+        if seen is not None and s.hardware not in seen:
+            notes.append(f"hardware {s.hardware} not seen in training: inside the trained machines' spec ranges, "
+                         "where held-out machines showed the model ahead of the heuristic")
+        dtypes = self._trained_dtypes
+        if dtypes is not None and s.dtype not in dtypes:
+            notes.append(f"dtype {s.dtype} not seen in training: its bytes per element and peak lie inside "
+                         "the trained ranges")
+        return "; ".join(notes)
 
     def _warn_once(self, key, message: str) -> None:
         if key not in self._warned:
@@ -339,6 +406,9 @@ _OBJECTS_LIMIT = 1 << 12
 
 _BOOLS = frozenset({bool, np.bool_})
 """Types equal to numbers in a dict key that a scenario column refuses."""
+_RECORD_KEY = operator.itemgetter(*SCENARIO_COLUMNS)
+"""A record's scenario columns as a tuple, in one C call (KeyError without ``imbalance``)."""
+_MISSING = object()
 
 
 def _bound(limit: int, *caches: dict) -> None:

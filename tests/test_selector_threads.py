@@ -1,0 +1,74 @@
+"""The runtime selector from many threads: every answer is the one-thread answer.
+
+Autograd runs the backward in its own thread and a server decides from many request
+threads, so ``Selector.select`` is called concurrently on fresh Scenario objects and dicts
+while its caches fill, start over (their bounds made tiny here, so that they do many
+times a second) and are cleared.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+import time
+
+import pytest
+
+import ficco_select.runtime.selector as selector_module
+from ficco_select.runtime.selector import Selector
+from ficco_select.scenario import Scenario
+from ficco_select.schedule import is_legal
+
+LAYERS = [
+    dict(group="g", op="ag_gemm", n=4096, k=4096, dtype="bfloat16", world_size=8, hardware="h100-nvswitch"),
+    dict(group="g", op="gemm_rs", n=8192, k=28672, dtype="bfloat16", world_size=2, hardware="mi300x-8"),
+    dict(group="g", op="a2a_gemm", n=2048, k=4096, dtype="float16", world_size=4, hardware="a100-nvswitch",
+         imbalance=1.5),
+]
+MS = [8 * i for i in range(1, 257)]
+
+
+def _calls(seed: int, n: int) -> list[tuple[int, int]]:
+    rng = random.Random(seed)
+    return [(rng.randrange(len(LAYERS)), rng.choice(MS)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("tables", [True, False])
+def test_eight_threads_get_the_one_thread_answers(monkeypatch, tables):
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can: races show in seconds
+    monkeypatch.setattr(selector_module, "_OBJECTS_LIMIT", 64)
+    monkeypatch.setattr(selector_module, "_CACHE_LIMIT", 64)
+    one = Selector(layer_tables=tables)
+    expected = {(i, m): one.select(Scenario(**layer, m=m)).schedule for i, layer in enumerate(LAYERS) for m in MS}
+
+    shared = Selector(layer_tables=tables)
+    wrong, illegal, done = [], [], []
+    stop = time.monotonic() + 3.0
+
+    def work(seed: int) -> None:
+        calls, count = _calls(seed, 4000), 0
+        while time.monotonic() < stop:
+            for i, m in calls:
+                scenario = Scenario(**LAYERS[i], m=m)  # a fresh object: ids are reused as objects die
+                as_dict = count % 3 == 0
+                decision = shared.select(scenario.as_record() if as_dict else scenario)
+                if decision.schedule != expected[i, m]:
+                    wrong.append((i, m, decision.schedule.name, expected[i, m].name))
+                    if not is_legal(decision.schedule, scenario, "sim"):
+                        illegal.append((i, m, decision.schedule.name))
+                count += 1
+                if seed == 0 and count % 500 == 0:
+                    shared.clear_cache()
+        done.append(count)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sys.setswitchinterval(interval)
+    assert len(done) == 8 and sum(done) > 1000
+    assert not illegal, illegal[:5]
+    assert not wrong, wrong[:5]
