@@ -80,8 +80,8 @@ def main() -> None:
 
     def miss_and_xgb(s: Scenario, number: int) -> tuple[float, float, float, int, str]:
         def miss():
-            sel.clear_cache()
-            return sel.select(s)
+            direct.clear_cache()
+            return direct.select(s)
 
         X = candidate_features(s, candidates(s, backend_for(hw)), hw)  # the rows the selector scores
         t_miss = best_of(miss, number)
@@ -89,6 +89,7 @@ def main() -> None:
         t_all = best_of(lambda: booster.inplace_predict(X), number)
         return t_miss, t_one, t_all, len(X), miss().source
 
+    direct = Selector.load(args.model, layer_tables=False)  # every miss a decision, not a table's answer
     t_miss, t_one, t_all, n_cands, source = miss_and_xgb(scenario, 200)
     slice_ = np.array([miss_and_xgb(s, 100)[:4] for s in scenarios])
 

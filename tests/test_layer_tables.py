@@ -104,3 +104,67 @@ def test_every_m_gets_the_decision_of_the_grid_point_below_it_on_both_sides_of_t
         want = None if m % step or not grid[0] <= m <= grid[-1] else decisions[bisect_right(grid, m) - 1]
         assert table.decide(m) is want, m
     assert pickle.loads(pickle.dumps(table)).decide(1000).reason == "point 2"  # broadcast to other ranks
+
+
+def test_every_door_decides_through_the_layer_table(model_folder, tmp_path):  # noqa: F811
+    # Precompiled tables whose every decision is the baseline, a legal answer the model does
+    # not give: each door answers from them, so each door reads the table.
+    import json
+    import shutil
+
+    from click.testing import CliRunner
+
+    from ficco_cli.main import main
+    from ficco_select.runtime.layers import write_tables
+    from ficco_select.runtime.selector import decide_rows
+
+    folder = tmp_path / "export"
+    shutil.copytree(model_folder[0], folder)
+    layers = [s for s in LAYERS.values() if s.world_size == 8][:3]
+    path = write_tables(Selector.load(folder), layers, folder)
+    doc = json.loads(path.read_text())
+    for entry in doc["layers"]:
+        entry["decisions"] = [[BASELINE.name, "model", 0.5, "precompiled"] for _ in entry["decisions"]]
+    path.write_text(json.dumps(doc))
+
+    sel, direct = Selector.load(folder), Selector.load(folder, layer_tables=False)
+    ms = [8 * i for i in (1, 3, 16, 37, 128, 500)]
+    points = [dataclasses.replace(layer, m=m) for layer in layers for m in ms]
+    assert any(direct.select(s).schedule != BASELINE for s in points)  # the model would answer otherwise
+    records = [s.as_record() for s in points]
+    doors = {
+        "select(Scenario)": [sel.select(s) for s in points],
+        "select(dict)": [sel.select(dict(r)) for r in records],
+        "select(dict), again": [sel.select(dict(r)) for r in records],
+        "decide_batch": sel.decide_batch(points),
+        "layer_table": [sel.layer_table(s).decide(s.m) for s in points],
+        "decide_rows": decide_rows(Selector.load(folder), records),
+    }
+    for door, decisions in doors.items():
+        got = [(d["schedule"], d["reason"]) if isinstance(d, dict) else (d.schedule.name, d.reason) for d in decisions]
+        assert got == [(BASELINE.name, "precompiled")] * len(points), door
+    table_file = tmp_path / "rows.csv"
+    import pandas as pd
+    pd.DataFrame(records).to_csv(table_file, index=False)
+    res = CliRunner().invoke(main, ["select", "--model", str(folder), "--scenarios", str(table_file), "--json"])
+    assert res.exit_code == 0, res.output
+    assert {(d["schedule"], d["reason"]) for d in json.loads(res.output)} == {(BASELINE.name, "precompiled")}
+
+
+def test_the_dict_door_checks_what_the_scenario_door_checks():
+    # The dict fast path looks the layer up by the record's raw values: a record the scenario
+    # door would refuse (an empty group, a bool, an m the layer cannot have) is not answered there.
+    sel = Selector()
+    layer = next(s for s in LAYERS.values() if s.op == "ag_gemm" and s.world_size == 8)
+    assert sel.layer_table(layer) is not None
+    record = {**layer.as_record(), "m": 64}
+    assert sel.select(record).source != "fallback"
+    for bad in ({**record, "group": ""}, {**record, "m": 60}, {**record, "imbalance": True}, {**record, "m": -8}):
+        assert sel.select(bad).source == "fallback", bad
+    assert sel.select({**record, "m": 64.0}) == sel.select(record)  # the same m, as a float
+
+
+def test_a_table_never_raises_and_answers_none_outside():
+    table = Selector().layer_table(next(iter(LAYERS.values())))
+    for odd in (-1, -table.step, 8.5, "8", None, 1 << 70):
+        assert table.decide(odd) is None, odd

@@ -582,3 +582,18 @@ def test_an_unseen_machine_is_held_to_the_peak_range_of_the_scenarios_dtype_only
     assert sel.select({**RECORD, "dtype": "bfloat16"}).source == "model"
     d = sel.select({**RECORD, "dtype": "float32"})
     assert d.source == "heuristic" and "peak_tflops.float32=163.4 outside" in d.reason
+
+
+def test_a_validated_range_slack_lets_the_model_decide_just_outside_the_training_ranges(tmp_path):
+    ranges = {**FULL_RANGES, "n": [1024, 8192], "k": [1024, 8192]}
+    rule = {"min_margin": 0.0, "fallback": "heuristic", "range_slack": {"gpu": {"n": 2.0}}}
+    sel = Selector.load(write_selector(tmp_path / "sel", training_ranges=ranges, abstention=rule))
+    inside, twice, beyond = ({**RECORD, "n": n, "k": 4096} for n in (8192, 16384, 32768))
+    assert sel.select(inside).source == "model" and sel.select(twice).source == "model"
+    d = sel.select(beyond)
+    assert d.source == "heuristic" and d.reason == "n=32768 outside the training range [1024, 8192], widened x2 by validation"
+    d = sel.select({**RECORD, "n": 4096, "k": 16384})  # k has no slack
+    assert d.source == "heuristic" and d.reason == "k=16384 outside the training range [1024, 8192]"
+    for bad in ({"gpu": {"n": 0.5}}, {"gpu": {"dtype": 2}}, {"tpu": {"n": 2}}, ["n"]):
+        folder = write_selector(tmp_path / "bad", training_ranges=ranges, abstention={**rule, "range_slack": bad})
+        assert Selector.load(folder).model is None  # refused at load, naming the field

@@ -280,3 +280,19 @@ def test_ficco_evaluate_prints_a_table_per_split_and_per_backend(small, tmp_path
     for heading in ("== hardware (mean over 3 folds) ==", "== hardware.cpu (cpu scenarios, 3 folds pooled) ==",
                     "== hardware.sim (sim scenarios, 3 folds pooled) =="):
         assert heading in res.output
+
+
+def test_range_slack_widens_only_where_the_model_was_ahead_outside_the_ranges():
+    import pandas as pd
+
+    from train.shipped import _range_slack
+
+    n = 40
+    v = pd.DataFrame({"kind": ["gpu"] * n + ["cpu"] * n, "margin": 1.0,
+                      "beyond_m": 1.0, "beyond_n": [3.0] * (n // 2) + [1.0] * (n // 2) + [2.0] * n, "beyond_k": 1.0,
+                      "t_best": 1.0, "t_baseline": 1.5,
+                      # gpu: the model finds the best, the heuristic does not; cpu: the reverse
+                      "t_model": [1.0] * n + [1.4] * n, "t_heuristic": [1.3] * n + [1.0] * n})
+    slack = _range_slack(v, {"min_margin": 0.0, "fallback": "heuristic"})
+    assert slack == {"gpu": {"m": 3.0, "n": 3.0, "k": 3.0}}  # one factor: the largest tested
+    assert _range_slack(v.iloc[:10], {"min_margin": 0.0, "fallback": "heuristic"}) == {}  # too few outside

@@ -101,13 +101,61 @@ def fit_abstention(make: Callable[[], BaseSelector], df: pd.DataFrame, folds: in
     # Dealt round-robin in a fixed shuffled order, so that every fold gets some groups.
     order = sorted(set(key), key=lambda v: (zlib.crc32(str(v).encode()), str(v)))
     fold_of = key.map({v: i % folds for i, v in enumerate(order)})
-    parts = [_validation_outcomes(make().fit(ok[fold_of != f]), ok[fold_of == f])
+    parts = [_beyond_ranges(_validation_outcomes(make().fit(ok[fold_of != f]), ok[fold_of == f]), ok[fold_of != f])
              for f in range(folds) if (fold_of != f).any() and (fold_of == f).any()]
     if not parts:  # nothing to validate on: the runtime's own default
         return {"min_margin": DEFAULT_MIN_MARGIN, "fallback": "heuristic", "validation_scenarios": 0}
     v = pd.concat(parts, ignore_index=True)
     by_kind = {kind: _margin_rule(rows) for kind, rows in v.groupby("kind") if len(rows) >= MIN_KIND_SCENARIOS}
-    return {**_margin_rule(v), "by_kind": by_kind} if by_kind else _margin_rule(v)
+    rule = {**_margin_rule(v), "by_kind": by_kind} if by_kind else _margin_rule(v)
+    return {**rule, "range_slack": _range_slack(v, rule)}
+
+
+SLACK_COLUMNS = ("m", "n", "k")
+"""Shape columns whose training ranges a validated ``range_slack`` may widen (world size
+has a hold-out of its own and is never widened)."""
+MIN_OUTSIDE_SCENARIOS = 20
+"""Validation scenarios outside their fold's training ranges needed to judge the model there."""
+
+
+def _beyond_ranges(v: pd.DataFrame, train: pd.DataFrame) -> pd.DataFrame:
+    """`v` with ``beyond_<col>``: how far (a factor >= 1) each validation scenario's shape lies
+    outside the ranges of the fold it was judged against (`train`)."""
+    ok = usable_rows(train)
+    out = v.copy()
+    for col in SLACK_COLUMNS:
+        lo, hi = float(ok[col].min()), float(ok[col].max())
+        value = v[col].to_numpy(float)
+        out[f"beyond_{col}"] = np.maximum(1.0, np.maximum(lo / value, value / hi))
+    return out
+
+
+def _range_slack(v: pd.DataFrame, abstention: dict) -> dict:
+    """selector.json's ``abstention.range_slack``: per kind of machine, the factor by which the
+    runtime may let the model decide shapes outside the training ranges ({column: factor}).
+
+    The validation folds hold model families out, so some of their scenarios lie outside the
+    ranges their model was trained on: where the model (under `abstention`) was there ahead
+    of the heuristic (more scenarios within 2% of their best, slowdowns within
+    ``SLOWDOWN_CAP`` or the heuristic's own share), the ranges widen by as much as those
+    scenarios lay outside them, no more; elsewhere they stay as trained. One factor for the
+    three columns, the largest tested in any: the features see shapes as log2 values and as
+    the analytic estimates built on them, so a factor outside is the same step whichever
+    dimension takes it (and the held-out families rarely stretch every dimension at once)."""
+    out = {}
+    for kind, rows in v.groupby("kind"):
+        beyond = rows[[f"beyond_{c}" for c in SLACK_COLUMNS]].to_numpy(float)
+        outside = rows[(beyond > 1).any(axis=1)]
+        if len(outside) < MIN_OUTSIDE_SCENARIOS:
+            continue
+        policy = _apply_rule(outside, abstention)
+        near = {"model": float(np.mean(policy <= 1.02 * outside["t_best"])),
+                "heuristic": float(np.mean(outside["t_heuristic"] <= 1.02 * outside["t_best"]))}
+        slow = {"model": float(np.mean(policy > (1 + SLOWER_BY) * outside["t_baseline"])),
+                "heuristic": float(np.mean(outside["t_heuristic"] > (1 + SLOWER_BY) * outside["t_baseline"]))}
+        if near["model"] > near["heuristic"] and slow["model"] <= max(SLOWDOWN_CAP, slow["heuristic"]):
+            out[kind] = dict.fromkeys(SLACK_COLUMNS, float(beyond.max()))
+    return out
 
 
 MIN_KIND_SCENARIOS = 50
@@ -240,9 +288,10 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame) -> pd.DataFrame
     heuristic = Heuristic(tune=False).predict(val)
     baseline = AlwaysBaseline().predict(val)
     kind_of = {h: machine_kind(load_hardware(h)) for h in set(ok["hardware"])}
-    hardware = ok.groupby("scenario_id", sort=False)["hardware"].first()
+    columns = ok.groupby("scenario_id", sort=False)[["hardware", *SLACK_COLUMNS]].first().reindex(first.index)
     return pd.DataFrame({
-        "kind": hardware.reindex(first.index).map(kind_of).to_numpy(),
+        "kind": columns["hardware"].map(kind_of).to_numpy(),
+        **{c: columns[c].to_numpy(float) for c in SLACK_COLUMNS},
         "margin": margin.to_numpy(float),
         "t_model": first["t"].to_numpy(float),
         "t_heuristic": [t_of[(sid, heuristic[sid])] for sid in first.index],

@@ -45,6 +45,7 @@ import numpy as np
 
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime.decision import Decision
+from ficco_select.runtime.scope import machine_kind
 from ficco_select.scenario import LAYER_COLUMNS, Scenario
 from ficco_select.schedule import legal_candidates, parse
 
@@ -127,6 +128,8 @@ def table_for(selector: Selector, scenario: Scenario) -> LayerTable | None:
     scenario, hw = machine
     trained = {col: (lo, hi) for col, lo, hi in selector._scope.ranges}
     lo, hi = trained.get("m", DEFAULT_M_RANGE) if selector.model is not None else DEFAULT_M_RANGE
+    slack = selector._scope.range_slack.get(machine_kind(hw), {}).get("m", 1.0) if "m" in trained else 1.0
+    lo, hi = max(1, math.ceil(lo / slack)), math.floor(hi * slack)  # where the model may decide
     step = scenario.world_size if scenario.op in ("ag_gemm", "gemm_rs") else 1
     grid = m_grid(int(lo), int(hi), step)
     if not grid:

@@ -8,7 +8,9 @@ world_size; the values seen for hardware, dtype and op) and optional ``hardware_
 ({name: every HardwareSpec field}), and optional ``abstention`` ({"min_margin": number >= 0
 or null, "fallback": "heuristic" | "baseline"}: the rule fitted on validation folds at
 training, ``train.shipped.fit_abstention``; null: the model never decides; an optional
-``by_kind`` {"gpu" | "cpu": the same two fields} overrides it for that kind of machine;
+``by_kind`` {"gpu" | "cpu": the same two fields} overrides it for that kind of machine; an
+optional ``range_slack`` {"gpu" | "cpu": {"m" | "n" | "k": factor >= 1}} widens those training
+ranges for that kind of machine, by what validation on held-out model families tested;
 without it, a margin below 0.01 goes to the heuristic), and optional ``unseen_hardware`` ({"decide":
 "model" | "heuristic", "kinds": {"gpu" | "cpu": {"topologies": [...], "any_topology":
 bool, "spec_ranges": {field: [low, high]}}}}: fitted at training on machines held out of the fit. With "model", a
@@ -76,6 +78,9 @@ class Scope:
     """``unseen_hardware`` when its rule lets the model decide machines it never saw: per
     kind of machine (``machine_kind``), (topologies seen, or None for any, (spec field, low,
     high) ranges of the trained machines)."""
+    range_slack: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    """``abstention.range_slack``: per kind of machine, {column: factor >= 1} by which the
+    training range of m, n or k widens (validated on held-out model families at training)."""
     unseen_dtype: tuple[tuple[float, float], Mapping[str, tuple[float, float]]] | None = None
     """``unseen_dtype``: ((low, high) bytes per element, {kind: (low, high) peak TFLOP/s}) seen
     in training, if the export has them."""
@@ -123,7 +128,7 @@ class Scope:
                 raise ValueError(f"{where}, hardware_specs[{key!r}]: field 'name' is {spec.name!r}, not the key")
             checked[key] = spec
         rule = meta.get("abstention")
-        abstention, by_kind = None, {}
+        abstention, by_kind, slack = None, {}, {}
         if rule is not None:
             abstention = _margin_rule(rule, f"{where}: field 'abstention")
             kinds = rule.get("by_kind", {})
@@ -131,10 +136,26 @@ class Scope:
                 raise ValueError(f"{where}: field 'abstention.by_kind' must be an object keyed by "
                                  f"{' or '.join(MACHINE_KINDS)}, got {kinds!r}")
             by_kind = {kind: _margin_rule(r, f"{where}: field 'abstention.by_kind.{kind}") for kind, r in kinds.items()}
+            slack = _range_slack(rule.get("range_slack", {}), f"{where}: field 'abstention.range_slack")
         return cls(ranker=name == "xgb-ranker", seen=tuple(seen), ranges=tuple(bounds), specs=checked,
-                   abstention=abstention, abstention_by_kind=by_kind,
+                   abstention=abstention, abstention_by_kind=by_kind, range_slack=slack,
                    unseen=_unseen_rule(meta.get("unseen_hardware"), where),
                    unseen_dtype=_dtype_ranges(meta.get("unseen_dtype"), where))
+
+
+def _range_slack(slack: Any, at: str) -> dict:
+    """{kind: {column: factor >= 1}}; ValueError naming the field (`at` + "...")."""
+    if not isinstance(slack, dict) or not set(slack) <= set(MACHINE_KINDS):
+        raise ValueError(f"{at}' must be an object keyed by {' or '.join(MACHINE_KINDS)}, got {slack!r}")
+    out = {}
+    for kind, factors in slack.items():
+        if not isinstance(factors, dict) or not set(factors) <= set(RANGE_COLUMNS):
+            raise ValueError(f"{at}.{kind}' must map columns of {', '.join(RANGE_COLUMNS)} to factors, got {factors!r}")
+        for col, factor in factors.items():
+            if not (_is_number(factor) and factor >= 1):
+                raise ValueError(f"{at}.{kind}.{col}' must be a finite number >= 1, got {factor!r}")
+        out[kind] = {col: float(f) for col, f in factors.items()}
+    return out
 
 
 def _dtype_ranges(rule: Any, where: str) -> tuple | None:

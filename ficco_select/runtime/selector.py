@@ -49,7 +49,7 @@ from ficco_select.runtime.decision import Decision
 from ficco_select.runtime.layers import LayerTable, read_tables, table_for
 from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, Scope, machine_kind, spec_value
 from ficco_select.runtime.trees import TreeEnsemble, read_json
-from ficco_select.scenario import DTYPES, SCENARIO_COLUMNS, Scenario, ScenarioError
+from ficco_select.scenario import DTYPES, LAYER_COLUMNS, SCENARIO_COLUMNS, Scenario, ScenarioError
 from ficco_select.schedule import BASELINE, Schedule, legal_candidates
 
 log = logging.getLogger("ficco_select.runtime.selector")
@@ -126,14 +126,33 @@ class Selector:
         entry = self._by_id.get(id(scenario))
         if entry is not None and entry[0] is scenario:
             return entry[1]
-        if type(scenario) is dict:  # a record decided before, by its scenario columns
-            try:
-                key = _RECORD_KEY(scenario)
-                decision = self._by_record.get(key)
-                if decision is not None and _BOOLS.isdisjoint(map(type, key)):
+        try:
+            if type(scenario) is Scenario:  # a new object, perhaps a new m of a known layer
+                table = self._tables.get(scenario.layer) if self.layer_tables else None
+                decision = table.decide(scenario.m) if table is not None else None
+                if decision is not None:
+                    if len(self._by_id) >= _OBJECTS_LIMIT:
+                        self._by_id.clear()
+                    self._by_id[id(scenario)] = (scenario, decision)  # the object too: its id is not reused while held
                     return decision
-            except Exception:  # noqa: BLE001 - no imbalance, unhashable values: the slow path
-                pass
+            elif type(scenario) is dict:
+                key = _RECORD_KEY(scenario)
+                # Exact int and float numbers: a bool (equal to 1 in a key) or another type
+                # takes the slow way, which keeps them apart.
+                if type(key[2]) is int and type(key[3]) is int and type(key[4]) is int and type(key[8]) is float:
+                    decision = self._by_record.get(key)  # a record decided before
+                    if decision is not None:
+                        return decision
+                    # A new m on a known layer: its table (LAYER_COLUMNS: every column but group
+                    # and m), when the record holds the layer's own values (a spec path or an
+                    # alias goes the slow way).
+                    table = self._tables.get(key[1:2] + key[3:]) if self.layer_tables else None
+                    if table is not None and type(key[0]) is str and key[0].strip():
+                        decision = table.decide(key[2])
+                        if decision is not None:
+                            return decision
+        except Exception:  # noqa: BLE001 - no imbalance, unhashable values: the slow path
+            pass
         return self._select_slow(scenario)
 
     def clear_cache(self) -> None:
@@ -300,10 +319,14 @@ class Selector:
         trained = scope.specs.get(s.hardware)
         if trained is not None and trained != hw:
             return f"hardware {s.hardware}: the spec given differs from the one seen in training"
+        slack = scope.range_slack.get(machine_kind(hw), _NO_SLACK) if scope.range_slack else _NO_SLACK
         for col, lo, hi in scope.ranges:
             value = getattr(s, col)
             if not lo <= value <= hi:
-                return f"{col}={value} outside the training range [{lo}, {hi}]"
+                factor = slack.get(col, 1.0)
+                if not lo / factor <= value <= hi * factor:
+                    widened = f", widened x{factor:.3g} by validation" if factor > 1 else ""
+                    return f"{col}={value} outside the training range [{lo}, {hi}]{widened}"
         return ""
 
     def _unseen_hardware_problem(self, hw: HardwareSpec, dtype: str) -> str:
@@ -409,6 +432,9 @@ _BOOLS = frozenset({bool, np.bool_})
 _RECORD_KEY = operator.itemgetter(*SCENARIO_COLUMNS)
 """A record's scenario columns as a tuple, in one C call (KeyError without ``imbalance``)."""
 _MISSING = object()
+if LAYER_COLUMNS != SCENARIO_COLUMNS[1:2] + SCENARIO_COLUMNS[3:]:  # select() slices a record's key so
+    raise ImportError("LAYER_COLUMNS must be SCENARIO_COLUMNS without group and m, in order")
+_NO_SLACK: dict = {}
 
 
 def _bound(limit: int, *caches: dict) -> None:
