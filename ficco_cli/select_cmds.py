@@ -14,19 +14,24 @@ COLUMNS = ("row", "scenario_id", "op", "m,n,k", "P", "hardware", "schedule", "so
 
 
 @click.command("select")
-@click.option("--scenarios", "scenarios_path", type=click.Path(dir_okay=False), required=True,
+@click.option("--scenarios", "scenarios_path", type=click.Path(dir_okay=False), default=None,
               help="Scenario table (CSV or Parquet). Rows are not validated first: an invalid row gets "
-                   "the baseline (source fallback) and a null scenario_id.")
+                   "the baseline (source fallback) and a null scenario_id. Default with --truth: its scenarios.")
+@click.option("--truth", "truth_path", type=click.Path(dir_okay=False), default=None,
+              help="A labeled dataset of these scenarios (`ficco simulate`, `ficco measure`): score the decisions "
+                   "on it beside the heuristic's and the ceiling, over all rows and per dtype.")
 @click.option("--model", "model_path", type=click.Path(file_okay=False), default=None,
               help="An exported selector folder (`ficco export`). Default: the exported champion "
                    "($FICCO_SELECTOR or ~/.cache/ficco-select/selector) if there is one, else the heuristic.")
 @click.option("--heuristic-only", is_flag=True, help="No model: the hand heuristic decides every row.")
 @json_option("Print a JSON list, one decision per row.")
-def select_cmd(scenarios_path, model_path, heuristic_only, as_json) -> None:
+def select_cmd(scenarios_path, truth_path, model_path, heuristic_only, as_json) -> None:
     """Which schedule for each row of a scenario table: the runtime selector's decisions.
 
     One decision per row, in order: row (1-based, header excluded), scenario_id, schedule,
-    source (model | heuristic | fallback), confidence, reason.
+    source (model | heuristic | fallback), confidence, reason. Each layer of the table is
+    decided once over its grid of m (its layer table), then every row of it looked up.
+    With --truth, the decisions are scored on that dataset instead of listed.
     """
     from data.scenarios import read_rows
     from ficco_select.runtime.selector import decide_rows
@@ -34,11 +39,44 @@ def select_cmd(scenarios_path, model_path, heuristic_only, as_json) -> None:
 
     if model_path and heuristic_only:
         raise click.UsageError("--model and --heuristic-only exclude each other; drop one")
+    if not scenarios_path and not truth_path:
+        raise click.UsageError("give --scenarios FILE, or --truth DATASET to decide and score its scenarios")
+    truth = _truth(truth_path) if truth_path else None
     with reported(ScenarioError):
-        records = read_rows(scenarios_path)
+        records = read_rows(scenarios_path) if scenarios_path else _scenario_records(truth)
     selector = _selector(model_path, heuristic_only)
     decisions = decide_rows(selector, records)
-    show(as_json, decisions, lambda: _decision_lines(decisions, records, selector, model_path))
+    if truth is None:
+        show(as_json, decisions, lambda: _decision_lines(decisions, records, selector, model_path))
+        return
+    from ficco_select.runtime.selector import Selector
+    from train.metrics import format_table, scores_by_dtype
+
+    chosen = {d["scenario_id"]: d["schedule"] for d in decisions if d["scenario_id"] is not None}
+    heuristic = {d["scenario_id"]: d["schedule"] for d in decide_rows(Selector(), records) if d["scenario_id"]}
+    with reported(ValueError, message=lambda e: f"{truth_path}: {e}"):
+        tables = scores_by_dtype(truth, {_selector_name(selector): chosen, "heuristic": heuristic})
+    show(as_json, {name: table.to_dict("index") for name, table in tables.items()},
+         lambda: [line for name, table in tables.items()
+                  for line in (f"\n== {name} ({truth_path}) ==", format_table(table))])
+
+
+def _truth(path):
+    from data.dataset import DatasetError, read_dataset
+
+    with reported(DatasetError):
+        return read_dataset(path)
+
+
+def _scenario_records(truth) -> list[dict]:
+    """The scenario rows of a dataset, one per scenario."""
+    from ficco_select.scenario import SCENARIO_COLUMNS
+
+    return truth.drop_duplicates("scenario_id")[list(SCENARIO_COLUMNS)].to_dict("records")
+
+
+def _selector_name(selector) -> str:
+    return "shipped" if selector.model is not None else "heuristic only"
 
 
 def _selector(model_path, heuristic_only: bool):

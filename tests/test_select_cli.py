@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from data.catalog import catalog
+from data.dataset import write_parquet_atomic
 from data.simulate import simulate
 from features import FEATURE_SCHEMA_HASH
 from ficco_cli.main import main
@@ -134,3 +135,25 @@ def test_wrong_files_and_options_are_refused_with_the_reason(tmp_path):
     assert res.exit_code == 1 and "column 'op' is missing" in res.output
     res = select("--scenarios", tmp_path / "absent.csv", "--heuristic-only")
     assert res.exit_code == 1 and "no such scenario file" in res.output
+
+
+def test_truth_scores_the_decisions_per_dtype_beside_the_heuristic_and_the_ceiling(model_dir, tmp_path):
+    folder, _ = model_dir
+    recs = catalog("full", world_sizes=(4, 8), hardware="mi300x-8", models=["mistral-7b"])
+    truth = simulate([Scenario.from_record(r) for r in recs], load_hardware("mi300x-8"))  # noise-free
+    write_parquet_atomic(truth, tmp_path / "truth.parquet")
+    res = select("--truth", tmp_path / "truth.parquet", "--model", folder, "--json")
+    assert res.exit_code == 0, res.output
+    tables = json.loads(res.stdout)
+    assert set(tables) == {"all", *{r["dtype"] for r in recs}} and "bfloat16" in tables
+    assert tables["all"]["ceiling"]["near_opt_2"] == 1.0 and tables["all"]["ceiling"]["n"] == len(recs)
+    assert tables["bfloat16"]["shipped"]["n"] == sum(r["dtype"] == "bfloat16" for r in recs)
+    # The shipped row scores exactly the decisions `ficco select` lists for these scenarios.
+    listed = json.loads(select("--truth", tmp_path / "truth.parquet", "--model", folder, "--json").stdout)
+    assert listed == tables
+    from train.metrics import score
+
+    decisions = Selector.load(folder)
+    chosen = {Scenario.from_record(r).scenario_id: decisions.select(r).schedule.name for r in recs}
+    assert tables["all"]["shipped"]["near_opt_2"] == pytest.approx(score(truth, chosen)["near_opt_2"])
+    assert "give --scenarios" in select("--model", folder).output

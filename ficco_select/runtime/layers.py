@@ -118,10 +118,11 @@ def m_grid(lo: int, hi: int, step: int) -> tuple[int, ...]:
     return tuple(sorted(points))
 
 
-def table_for(selector: Selector, scenario: Scenario) -> LayerTable | None:
-    """`scenario`'s layer decided on its grid of m by `selector`, in one batch; None where
-    no table applies (where the selector sends every m of the layer to the baseline, an
-    unknown machine or more ranks than its devices: the direct path says why)."""
+def table_for(selector: Selector, scenario: Scenario, also: Iterable[int] = ()) -> LayerTable | None:
+    """`scenario`'s layer decided on its grid of m (and at the valid m of `also` inside it)
+    by `selector`, in one batch; None where no table applies (where the selector sends every
+    m of the layer to the baseline, an unknown machine or more ranks than its devices: the
+    direct path says why)."""
     machine = selector._machine(scenario)
     if isinstance(machine, Decision):
         return None
@@ -134,6 +135,7 @@ def table_for(selector: Selector, scenario: Scenario) -> LayerTable | None:
     grid = m_grid(int(lo), int(hi), step)
     if not grid:
         return None
+    grid = tuple(sorted({*grid, *(m for m in also if m % step == 0 and grid[0] <= m <= grid[-1])}))
     decided = dict(zip(grid, _decide_points(selector, scenario, grid, hw)))
     # Where neighbours disagree, bisect (every open interval at once) down to adjacent valid m:
     # the breakpoint is then exact. Neighbours that agree are taken to agree in between.

@@ -37,7 +37,7 @@ import functools
 import logging
 import operator
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,7 @@ class Selector:
         self._by_record: dict[tuple, Decision] = {}
         self._hardware: dict[str, HardwareSpec | None] = {}
         self._tables: dict[tuple, LayerTable | None] = {}  # by Scenario.layer (runtime/layers.py)
+        self._seen_m: dict[tuple, set[int]] = {}  # m decided directly, per layer without a table yet
         self._warned: set = set()
 
     # -- loading ------------------------------------------------------------------------
@@ -161,17 +162,18 @@ class Selector:
         for cache in (self._by_id, self._cache, self._by_record):
             cache.clear()
 
-    def layer_table(self, scenario: Scenario):
+    def layer_table(self, scenario: Scenario, also: Iterable[int] = ()):
         """The ``LayerTable`` of `scenario`'s layer (every column but ``m``): its decisions on a
-        grid of ``m``, built on first sight (``ficco_select.runtime.layers``); None where the
-        layer cannot have one (its hardware unknown, more ranks than devices). Never raises.
-        Two threads that meet a new layer at once may both build its table: the same one."""
+        grid of ``m`` (with the points `also`), built now if the layer has none
+        (``ficco_select.runtime.layers``); None where the layer cannot have one (its hardware
+        unknown, more ranks than devices). Never raises. Two threads that meet a new layer at
+        once may both build its table: the same one."""
         key = scenario.layer
         table = self._tables.get(key, _MISSING)
         if table is not _MISSING:
             return table
         try:
-            table = table_for(self, scenario)
+            table = table_for(self, scenario, also)
         except Exception as e:  # noqa: BLE001 - no table: the caller decides call by call
             self._warn_once(("table", type(e).__name__), f"no layer table ({e!r}); deciding per call")
             table = None
@@ -203,12 +205,26 @@ class Selector:
             return Decision(BASELINE, "fallback", 0.0, repr(e))
 
     def _from_table(self, scenario: Scenario) -> Decision | None:
-        """The decision of `scenario`'s layer table at its m (built on first sight), or None:
-        tables off, no table for the layer, or an m outside it (decided directly)."""
+        """The decision of `scenario`'s layer table at its m, or None (decided directly):
+        tables off, the layer's first m, no table for the layer, or an m outside it.
+
+        A layer's table is built at its second distinct m: a one-off scenario costs one
+        decision, not a table. The m decided directly before are points of the table, so it
+        gives them the decisions they got."""
         if not self.layer_tables:
             return None
-        table = self.layer_table(scenario)
-        return table.decide(scenario.m) if table is not None else None
+        layer, m = scenario.layer, scenario.m
+        table = self._tables.get(layer, _MISSING)
+        if table is _MISSING:
+            seen = self._seen_m.get(layer)
+            if seen is None:
+                _bound(_CACHE_LIMIT, self._seen_m)
+                self._seen_m[layer] = {m}
+                return None
+            if m in seen:
+                return None
+            table = self.layer_table(scenario, also=tuple(seen))
+        return table.decide(m) if table is not None else None
 
     def _select_record(self, raw) -> Decision:
         """A mapping, found by its scenario columns when they are hashable."""
