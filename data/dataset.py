@@ -191,6 +191,11 @@ def validate(df: pd.DataFrame, *, max_problems: int = 50) -> list[str]:
     if len(bad_version):
         return [f"row {bad_version[0]}, column 'schema_version': {df.loc[bad_version[0], 'schema_version']}"
                 f" != {SCHEMA_VERSION}"]
+    backends = df["backend"].dropna().unique()
+    if len(backends) > 1:  # measured and simulated labels answer different questions: one file, one source
+        other = df.index[df["backend"] != df["backend"].iloc[0]][0]
+        problem(f"row {other}, column 'backend': {df.at[other, 'backend']!r}, but row {df.index[0]} is "
+                f"{df['backend'].iloc[0]!r}: a dataset holds one backend's rows (keep them in separate files)")
     dup = df.duplicated(["scenario_id", "schedule"], keep="first")
     for i in df.index[dup]:
         if problem(f"row {i}: (scenario_id, schedule) = ({df.at[i, 'scenario_id']}, {df.at[i, 'schedule']}) repeats"):
@@ -217,7 +222,7 @@ def validate(df: pd.DataFrame, *, max_problems: int = 50) -> list[str]:
                        f"{', '.join(BACKENDS)}"):
                 return problems
             continue
-        wrong_machine, engines = _hardware_problem(scenario, backend)
+        wrong_machine, engines = row_hardware_problem(scenario, backend)
         if wrong_machine and problem(f"row {first}, {wrong_machine}"):
             return problems
         expected = {s.name for s in candidates(scenario, backend) if s.engine in engines}
@@ -239,7 +244,7 @@ def validate(df: pd.DataFrame, *, max_problems: int = 50) -> list[str]:
     return problems
 
 
-def _hardware_problem(s: Scenario, backend: str) -> tuple[str | None, tuple[str, ...]]:
+def row_hardware_problem(s: Scenario, backend: str) -> tuple[str | None, tuple[str, ...]]:
     """Whether rows of `backend` may carry `s.hardware` (None if so; ``schedule.hardware_problem``),
     and the engines its candidates use."""
     try:

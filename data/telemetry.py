@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from data.dataset import COLUMNS, SCHEMA_VERSION
+from data.dataset import COLUMNS, SCHEMA_VERSION, row_hardware_problem
 from data.measure.config import TimingPolicy, summarize
 from ficco_select.runtime.telemetry import TELEMETRY_VERSION
 from ficco_select.scenario import REQUIRED_COLUMNS, SCENARIO_COLUMNS, Scenario, ScenarioError
@@ -134,6 +134,9 @@ def _parse(text: str, path: Path, number: int) -> dict:
     backend = raw["backend"]
     if backend not in BACKENDS:
         raise _BadLine(f"field 'backend': unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    why, _ = row_hardware_problem(scenario, backend)  # the rule `ficco dataset validate` applies
+    if why:
+        raise _BadLine(why.replace("column '", "field '", 1))
     try:
         schedule = parse(raw["schedule"])
     except (ScheduleError, TypeError) as e:

@@ -186,3 +186,38 @@ def test_finished_runs_become_curve_rows_and_a_folder_without_a_summary_is_named
     assert list(curve["ceiling_near_opt_2"]) == [0.9, 0.9] and set(curve["strategy"]) == {"random"}
     with pytest.raises(ValueError, match="summary.json: no such file"):
         curve_from_runs([tmp_path])
+
+
+def test_a_folder_resumes_only_with_the_options_and_files_it_was_made_with(base, tmp_path):
+    options = dict(hardware="mi300x-8", backend="sim", start="mi300x-8", budget=0.1, rounds=4, strategy="active",
+                   perturb=1.0, seed=0)
+    out = tmp_path / "adapt"
+    A._check_state(out, options)
+    A._check_state(out, options)  # the same options: resumes
+    with pytest.raises(ValueError, match=r"was made with --perturb 1.0, not 1.3: resuming would mix two runs"):
+        A._check_state(out, {**options, "perturb": 1.3})
+    pipeline = tmp_path / "pipeline"
+    pipeline.mkdir()
+    (pipeline / "summary.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds summary.json but no options.json: not a ficco adapt folder"):
+        A._check_state(pipeline, options)
+    assert (pipeline / "summary.json").read_text() == "{}"
+    # A measured.parquet swapped for another machine's rows, or removed, is refused on resume.
+    A.adapt(CountingMachine().machine, base, checkpoints=(0.0, 0.05), out_dir=out)
+    measured = pd.read_parquet(out / "measured.parquet")
+    from data.dataset import write_parquet_atomic
+
+    write_parquet_atomic(measured.assign(hardware="cpu"), out / "measured.parquet")
+    with pytest.raises(ValueError, match="holds rows of 'cpu'"):
+        A.adapt(CountingMachine().machine, base, checkpoints=(0.0, 0.05, 0.1), out_dir=out)
+    (out / "measured.parquet").unlink()
+    with pytest.raises(ValueError, match="lacks .* scenario"):
+        A.adapt(CountingMachine().machine, base, checkpoints=(0.0, 0.05, 0.1), out_dir=out)
+    for bad, why in (("[1, 2]", "field 'machine'"), ('{"machine": "x"', "cannot be read as JSON")):
+        (out / "rounds.json").write_text(bad)
+        with pytest.raises(ValueError, match=why):
+            A.adapt(CountingMachine().machine, base, checkpoints=(0.0, 0.05), out_dir=out)
+    (out / "rounds.json").unlink()
+    (out / "pending.json").write_text('["a"]')
+    with pytest.raises(ValueError, match="pending.json: expected an object"):
+        A.adapt(CountingMachine().machine, base, checkpoints=(0.0, 0.05), out_dir=out)

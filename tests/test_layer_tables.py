@@ -168,3 +168,25 @@ def test_a_table_never_raises_and_answers_none_outside():
     table = Selector().layer_table(next(iter(LAYERS.values())))
     for odd in (-1, -table.step, 8.5, "8", None, 1 << 70):
         assert table.decide(odd) is None, odd
+
+
+def test_precompiled_tables_with_an_illegal_decision_are_refused_at_load(model_folder, tmp_path, caplog):  # noqa: F811
+    import json
+    import shutil
+
+    from ficco_select.runtime.layers import write_tables
+
+    folder = tmp_path / "export"
+    shutil.copytree(model_folder[0], folder)
+    layer = next(s for s in LAYERS.values() if s.op == "ag_gemm" and s.world_size == 2)
+    path = write_tables(Selector.load(folder), [layer], folder)
+    assert Selector.load(folder)._tables  # as written: read
+    doc = json.loads(path.read_text())
+    # An a2a schedule needs P >= 3: illegal at P = 2, whatever the digest says.
+    doc["layers"][0]["decisions"][0][0] = "ficco.d2.a2a.gemm_per_piece.m.sm"
+    path.write_text(json.dumps(doc))
+    sel = Selector.load(folder)
+    assert not sel._tables
+    assert any("is not a legal schedule of this layer" in r.getMessage() for r in caplog.records)
+    assert is_legal(sel.select(dataclasses.replace(layer, m=doc["layers"][0]["grid"][0])).schedule,
+                    layer, "sim")

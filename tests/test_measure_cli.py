@@ -69,3 +69,28 @@ def test_min_rep_s_times_several_runs_per_repetition(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     df = pd.read_parquet(out)
     assert df["verified"].all() and (df["runs_per_rep"] > 1).all() and df["runs_per_rep"].nunique() == 1
+
+
+def test_two_measure_runs_into_one_out_never_lose_a_scenario(tmp_path):
+    # The second writer refuses at once, naming the first, which finishes untouched; run again
+    # afterwards, the second table's scenarios are added beside the first's.
+    first = scenario_file(tmp_path, ["mlp,ag_gemm,96,32,48,float32,2,cpu,", "mlp,gemm_rs,64,16,32,float32,2,cpu,"])
+    second = tmp_path / "second.csv"
+    second.write_text("group,op,m,n,k,dtype,world_size,hardware,imbalance\nout,ag_gemm,64,32,32,float32,2,cpu,\n")
+    out = tmp_path / "m.parquet"
+    cmd = FICCO + ["measure", "--out", str(out), "--no-progress", "--warmup", "1", "--scenarios"]
+    a = subprocess.Popen(cmd + [str(first)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock = tmp_path / ".m.parquet.lock"
+    for _ in range(600):  # until the first run holds the lock
+        if lock.exists() and lock.read_text():
+            break
+        import time
+        time.sleep(0.05)
+    b = subprocess.run(cmd + [str(second)], capture_output=True, text=True, timeout=120)
+    assert b.returncode == 1 and "ficco measure (pid" in b.stderr and "is writing it" in b.stderr, b.stderr
+    assert len(b.stderr.strip().splitlines()) == 1  # one line, no traceback
+    assert a.wait(timeout=600) == 0, a.stderr.read()[-2000:]
+    assert pd.read_parquet(out)["scenario_id"].nunique() == 2
+    again = subprocess.run(cmd + [str(second)], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert pd.read_parquet(out)["scenario_id"].nunique() == 3

@@ -185,7 +185,7 @@ def test_model_decisions_match_pair_features_scored_by_xgboost(model_folder):
     from features import pair_features
 
     folder, booster, kind = model_folder
-    sel = Selector.load(folder)
+    sel = Selector.load(folder, layer_tables=False)  # the direct decision (tables: test_layer_tables.py)
     sources = set()
     for name in ("mi300x-8", "h100-nvswitch", "l40s-pcie-8"):
         hw = load_hardware(name)

@@ -279,10 +279,14 @@ def test_export_never_empties_a_folder_it_did_not_write(store, tmp_path):
     assert (mine / "notes.txt").read_text() == "keep"
     folder = tmp_path / "sel"
     export(folder, uri)
-    export(folder, uri)  # an earlier export is replaced
-    assert {p.name for p in folder.iterdir()} == {"model.json", "selector.json"}
+    export(folder, uri)  # an earlier export is replaced: the link now points at a newer version
+    assert folder.is_symlink() and {p.name for p in folder.iterdir()} == {"model.json", "selector.json"}
     assert (sibling / "x").read_text() == "keep"
-    assert {p.name for p in tmp_path.iterdir()} == {"mine", "sel", "sel.tmp"}  # no scratch left behind
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {n for n in names if not n.startswith(".sel.v")} == {"mine", "sel", "sel.tmp"}  # no scratch left behind
+    with pytest.raises(ValueError, match="not to one of its exports"):
+        (tmp_path / "elsewhere").symlink_to(mine)
+        export(tmp_path / "elsewhere", uri)
 
 
 def test_a_train_config_is_checked_before_any_work_and_names_the_field():

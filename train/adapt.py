@@ -45,6 +45,7 @@ import pandas as pd
 
 from data.calibrate import recalibrate
 from data.dataset import read_dataset, write_parquet_atomic
+from data.locks import output_lock
 from data.machines import base_machine
 from data.simulate import simulate, simulate_rows
 from ficco_select.hardware import HardwareSpec, register_hardware, spec_as_dict, spec_from_dict
@@ -300,8 +301,19 @@ def _pending(out: Path | None, target: float) -> list[str]:
     path = None if out is None else out / "pending.json"
     if path is None or not path.exists():
         return []
-    pending = json.loads(path.read_text())
+    pending = _read_json(path)
+    if not isinstance(pending, dict) or not isinstance(pending.get("chosen"), list):
+        raise ValueError(f"{path}: expected an object with a 'chosen' list of scenario ids, got {str(pending)[:80]}")
     return list(pending["chosen"]) if pending.get("fraction") == target else []
+
+
+def _read_json(path: Path):
+    """A state file's contents; ValueError naming the file if it cannot be read or parsed."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot be read as JSON ({e}); a state file of this folder, damaged: "
+                         "choose another --out") from None
 
 
 def _write_json(path: Path, doc: dict) -> None:
@@ -314,12 +326,26 @@ def _write_json(path: Path, doc: dict) -> None:
 def _resume(out: Path | None, machine: Machine) -> tuple[pd.DataFrame, list[Round]]:
     if out is None or not (out / "rounds.json").exists():
         return pd.DataFrame(), []
-    state = json.loads((out / "rounds.json").read_text())
-    if state.get("machine") != machine.name:
-        raise ValueError(f"{out / 'rounds.json'}: field 'machine' is {state.get('machine')!r}, not "
+    state = _read_json(out / "rounds.json")
+    if not isinstance(state, dict) or state.get("machine") != machine.name:
+        got = state.get("machine") if isinstance(state, dict) else state
+        raise ValueError(f"{out / 'rounds.json'}: field 'machine' is {got!r}, not "
                          f"{machine.name!r}: another run's folder")
-    rounds = [Round(**r) for r in state["rounds"]]
+    try:
+        rounds = [Round(**r) for r in state["rounds"]]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{out / 'rounds.json'}: field 'rounds' is malformed ({e}): not a state this version "
+                         "wrote; choose another --out") from None
     measured = read_dataset(out / "measured.parquet") if (out / "measured.parquet").exists() else pd.DataFrame()
+    if len(measured):
+        theirs = sorted(set(measured["hardware"]) - {machine.name})
+        if theirs:
+            raise ValueError(f"{out / 'measured.parquet'}: holds rows of {theirs[0]!r}, not of {machine.name!r}: "
+                             "another run's measurements; choose another --out")
+    missing = {sid for r in rounds for sid in r.chosen} - (set(measured["scenario_id"]) if len(measured) else set())
+    if missing:
+        raise ValueError(f"{out / 'measured.parquet'}: lacks {len(missing)} scenario(s) that rounds.json says were "
+                         "measured: the file was replaced or removed; choose another --out")
     have = int(measured["scenario_id"].nunique()) if len(measured) else 0
     # More rows than the last finished round says: a round killed after its measurements were
     # saved. They are kept (never measured again); its redo measures only what it still lacks.
@@ -363,10 +389,7 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
     measured rows then join the training data and the pipeline trains, registers and
     promotes by its usual rules (``register_adapted``), exporting a new champion to
     `export_to`. Returns the summary."""
-    from data.calibrate import write_spec
-    from data.catalog import catalog
     from ficco_select.hardware import load_hardware, preset_names
-    from train.training_data import default_training_data
 
     if backend not in ("sim", "cpu"):
         raise ValueError(f"--backend {backend}: not yet; this version adapts on sim and cpu (a GPU's harness "
@@ -375,16 +398,63 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
         raise ValueError(f"--budget must be in (0, 1] and --rounds at least 1, got {budget} and {rounds}")
     spec = load_hardware(hardware)
     name = f"{spec.name}-adapted" if spec.name in preset_names() else spec.name
+    if backend == "cpu" and spec.name != "cpu":
+        raise ValueError(f"--backend cpu measures this machine's cpu backend: --hardware cpu, not {hardware!r}")
     out = Path(out_dir)
+    options = dict(hardware=spec.name, backend=backend, start=load_hardware(start).name if start else spec.name,
+                   budget=budget, rounds=rounds, strategy=strategy, perturb=perturb, seed=seed)
+    with output_lock(out, "ficco adapt"):  # a second run into the same folder refuses, naming this one
+        _check_state(out, options)
+        return _run(spec, name, out, options, hardware=hardware, track=track, register=register,
+                    export_to=export_to, on_round=on_round)
+
+
+OPTIONS_FILE = "options.json"
+"""What an adapt folder was made with: the machine and every option that shapes its rounds."""
+
+
+def _check_state(out: Path, options: dict) -> None:
+    """Refuse a folder that ``ficco adapt`` did not write, or wrote for another machine or
+    other options (resuming it would mix two experiments); record them in a new one."""
+    path = out / OPTIONS_FILE
+    if path.exists():
+        try:
+            recorded = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: unreadable ({e}); it records what the folder was made with: "
+                             "choose another --out") from None
+        changed = [k for k in options if recorded.get(k) != options[k]]
+        if changed:
+            k = changed[0]
+            raise ValueError(f"--out {out} was made with --{k.replace('_', '-')} {recorded.get(k)!r}, not "
+                             f"{options[k]!r}: resuming would mix two runs; choose another --out "
+                             f"(or the same options)")
+        return
+    if out.exists() and any(out.iterdir()):
+        found = sorted(p.name for p in out.iterdir())[:4]
+        raise ValueError(f"--out {out} holds {', '.join(found)} but no {OPTIONS_FILE}: not a ficco adapt "
+                         "folder; choose another --out (nothing was changed)")
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(path, options)
+
+
+def _run(spec, name: str, out: Path, options: dict, *, hardware: str, track: bool, register: bool,
+         export_to, on_round) -> dict:
+    """``run_adapt`` with the folder's lock held and its state checked."""
+    from data.calibrate import write_spec
+    from data.catalog import catalog
+    from ficco_select.hardware import load_hardware
+    from train.training_data import default_training_data
+
+    backend, start, perturb, seed = options["backend"], options["start"], options["perturb"], options["seed"]
+    budget, rounds, strategy = options["budget"], options["rounds"], options["strategy"]
     if backend == "cpu":
-        if spec.name != "cpu":
-            raise ValueError(f"--backend cpu measures this machine's cpu backend: --hardware cpu, not {hardware!r}")
-        start_spec = load_hardware(start) if start else spec
+        start_spec = load_hardware(start) if start != spec.name else spec
         if perturb > 1:  # the truth is this machine: the spec to start from is the one that is off
             start_spec = perturbed(start_spec, name, spread=perturb, seed=seed)
         machine = cpu_machine(name, start_spec, out)
     else:
-        start_spec = load_hardware(start) if start else spec
+        start_spec = load_hardware(start) if start != spec.name else spec
         truth = (perturbed(spec, name, spread=perturb, seed=seed) if perturb > 1
                  else dataclasses.replace(spec, name=name))
         grid = [Scenario.from_record(r) for r in catalog("full", hardware=spec.name, world_sizes=(2, 4, 8))
@@ -400,8 +470,7 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
                "rounds": [{"fraction": r.fraction, "measured": r.measured, **_headline(r.scores)} for r in done],
                "spec": str(out / "spec.yaml"), "out_dir": str(out)}
     if track:
-        params = dict(hardware=hardware, backend=backend, start=start or hardware, budget=budget, rounds=rounds,
-                      strategy=strategy, perturb=perturb, seed=seed)
+        params = {**options, "hardware": hardware}
         summary["mlflow_run_id"] = _track(summary, out, params)
     if register:
         summary["registered"] = register_adapted(out, export_to=export_to)

@@ -2,19 +2,22 @@
 
 The runtime (``ficco_select.runtime.selector``) never talks to MLflow: this explicit step copies
 the model out of the registry once, with the precompiled layer tables of a scenario table
-if asked (``--layers``). The folder is written beside its destination and
-swapped in, so a reader sees the old export or the new one; a destination holding
-anything an export does not write is refused, never emptied.
+if asked (``--layers``). Each export is a version folder beside the destination, which is
+a link switched to it atomically (``publish``), so a reader sees the old export or the new
+one, whole; a destination holding anything an export does not write is refused, never
+emptied.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ficco_select.runtime.layers import write_tables
+from data.locks import output_lock
+from ficco_select.runtime.layers import export_digest, write_tables
 from ficco_select.runtime.selector import Selector
 from ficco_select.scenario import Scenario
 from train.run import ALIAS, REGISTERED_MODEL
@@ -39,28 +42,78 @@ def export(out: str | Path, model_uri: str = f"models:/{REGISTERED_MODEL}@{ALIAS
         raise ValueError(f"{model_uri}: no XGBoost model file or selector.json in the artifacts")
     booster = xgb.Booster()
     booster.load_model(str(model_files[0]))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    new = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
-    try:
-        booster.save_model(str(new / "model.json"))
-        shutil.copy(metas[0], new / "selector.json")
+
+    def write(folder: Path) -> None:
+        booster.save_model(str(folder / "model.json"))
+        shutil.copy(metas[0], folder / "selector.json")
         if layers:
-            write_tables(Selector.load(new), layers, new)
-        if out.exists():  # an earlier export: moved aside, then removed once the new one is in place
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            out.rename(old / out.name)
-            new.rename(out)
-            shutil.rmtree(old)
-        else:
-            new.rename(out)
+            write_tables(Selector.load(folder), layers, folder)
+
+    return publish(out, write)
+
+
+KEEP_VERSIONS = 3
+"""Export versions kept beside the live one: a job that resolved an older one a moment ago
+still finds its files."""
+
+
+def publish(out: str | Path, write: Callable[[Path], None]) -> Path:
+    """Make `out` an export written by `write(folder)`, switched in atomically.
+
+    The files go to a new version folder beside `out` (``.<name>.v<n>-<digest>``), and `out`
+    becomes a symbolic link to it by one ``os.replace`` of the link: a job loading `out`
+    resolves the link once (``Selector.load``) and reads every file of one version, the old
+    or the new, whole. A real folder left at `out` by an older layout is moved aside first
+    (that one switch leaves a moment without an export). The newest ``KEEP_VERSIONS``
+    earlier versions are kept; older ones are removed. One exporter at a time: a second
+    refuses, naming the first (``data.locks``)."""
+    out = Path(out)
+    with output_lock(out, "ficco export"):  # two exporters at once: the second refuses
+        return _publish(out, write)
+
+
+def _publish(out: Path, write: Callable[[Path], None]) -> Path:
+    _check_destination(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    new = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
+    try:
+        write(new)
+        digest = export_digest(new)
+        number = 1 + max((_version_number(p) for p in _versions(out)), default=0)
+        version = out.parent / f".{out.name}.v{number}-{digest}"
+        new.rename(version)
     finally:
         if new.exists():
             shutil.rmtree(new)
+    link = out.parent / f".{out.name}.link-{version.name}"
+    link.unlink(missing_ok=True)
+    os.symlink(version.name, link)  # relative: the pair moves together
+    if out.is_dir() and not out.is_symlink():  # the older layout: a real folder, moved aside
+        out.rename(out.parent / f".{out.name}.v0-{export_digest(out) if (out / 'model.json').exists() else 'empty'}")
+    os.replace(link, out)
+    for old in sorted(_versions(out), key=_version_number)[:-(KEEP_VERSIONS + 1)]:
+        shutil.rmtree(old, ignore_errors=True)
     return out
 
 
+def _versions(out: Path) -> list[Path]:
+    return [p for p in out.parent.glob(f".{out.name}.v*-*") if p.is_dir() and not p.is_symlink()]
+
+
+def _version_number(path: Path) -> int:
+    head = path.name.rsplit(".v", 1)[-1].split("-", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
 def _check_destination(out: Path) -> None:
-    """`out` may be replaced only if it is absent, an empty folder, or an earlier export."""
+    """`out` may be replaced only if it is absent, an empty folder, or an earlier export
+    (a link to one of its versions, or a folder of the older layout)."""
+    if out.is_symlink():
+        target = Path(os.readlink(out))
+        if target.parent != Path(".") or not target.name.startswith(f".{out.name}.v"):
+            raise ValueError(f"--out {out}: a link to {target}, not to one of its exports; choose another --out "
+                             "(nothing was changed)")
+        return
     if not out.exists():
         return
     if not out.is_dir():

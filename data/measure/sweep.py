@@ -25,6 +25,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from data.dataset import DatasetError, provenance, read_dataset, write_parquet_atomic
+from data.locks import output_lock
 from data.measure.config import MeasureConfig, MeasureError
 from data.measure.gloo import init_from_env, measure_in_group, measure_spawned, under_torchrun
 from data.measure.harness import failed_rows
@@ -70,7 +71,20 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     those plus this run's, only when this run added any. Only the parts of `scenarios`
     are removed once in `out`; parts of other scenarios (an interrupted sweep of another
     table into the same `out`) stay where they are.
+    Two runs into one `out` at once: the second refuses at once, naming the first
+    (``data.locks``), and the first goes on untouched.
     """
+    if out is None or (under_torchrun() and int(os.environ.get("RANK", "0")) != 0):  # only rank 0 writes
+        return _sweep(scenarios, backend=backend, config=config, out=out, progress=progress, device=device,
+                      ranks=ranks)
+    with output_lock(out, "ficco measure"):
+        return _sweep(scenarios, backend=backend, config=config, out=out, progress=progress, device=device,
+                      ranks=ranks)
+
+
+def _sweep(scenarios: Sequence[Scenario], *, backend: str, config: MeasureConfig, out: str | Path | None,
+           progress: bool, device: str | None, ranks: str) -> pd.DataFrame | None:
+    """``measure``, its lock held."""
     if ranks not in ("loopback", "node"):
         raise ValueError(f"ranks {ranks!r}: 'loopback' (virtual ranks on one device) or 'node' (a process per GPU)")
     if ranks == "node" and backend != "cuda":

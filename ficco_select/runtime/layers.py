@@ -37,7 +37,7 @@ import json
 import math
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -183,6 +183,20 @@ def _batch_scores(selector: Selector, points: list[Scenario], hw) -> dict[int, n
     return out
 
 
+def _check_legal(key: tuple, grid: tuple[int, ...], decisions: tuple[Decision, ...], backend: str | None,
+                 at: str) -> None:
+    """ValueError naming `at` and the point whose decision the layer cannot run."""
+    if backend is None:
+        raise ValueError(f"{at}: hardware {key[LAYER_COLUMNS.index('hardware')]!r} is not a machine this export knows")
+    for m, decision in zip(grid, decisions):
+        try:
+            scenario = Scenario(group="layers.json", m=m, **dict(zip(LAYER_COLUMNS, key)))
+        except Exception as e:  # noqa: BLE001 - a layer no scenario can have
+            raise ValueError(f"{at}: m={m}: not a valid scenario of the layer ({e})") from None
+        if decision.schedule not in legal_candidates(scenario, backend):
+            raise ValueError(f"{at}: m={m}: {decision.schedule.name} is not a legal schedule of this layer")
+
+
 @functools.cache
 def _grid_features():
     """``features.build.grid_features``, imported on the first table with a model."""
@@ -223,9 +237,13 @@ def write_tables(selector: Selector, layers: Iterable[Scenario], folder: str | P
     return path
 
 
-def read_tables(folder: str | Path) -> dict[tuple, LayerTable]:
+def read_tables(folder: str | Path, backend_of: Callable[[str], str | None] = lambda hardware: None
+                ) -> dict[tuple, LayerTable]:
     """The precompiled tables of an export folder ({} without ``layers.json``); ValueError
-    naming the file and field if they are malformed or were built from another model."""
+    naming the file and field if they are malformed, were built from another model, or hold
+    a decision that is illegal for its layer at its m (on the backend ``backend_of(hardware)``
+    gives; a layer whose machine is unknown there is refused too): a matching digest says
+    which model the file came from, not that its contents were left as written."""
     path = Path(folder, TABLES_FILE)
     if not path.exists():
         return {}
@@ -246,5 +264,6 @@ def read_tables(folder: str | Path) -> dict[tuple, LayerTable]:
             raise ValueError(f"{at}: {type(e).__name__}: {e}") from None
         if not grid or len(grid) != len(decisions) or list(grid) != sorted(set(grid)) or step < 1:
             raise ValueError(f"{at}: 'grid' must be ascending, one decision per point")
+        _check_legal(key, grid, decisions, backend_of(str(key[LAYER_COLUMNS.index("hardware")])), at)
         tables[key] = LayerTable(key, grid, decisions, step)
     return tables

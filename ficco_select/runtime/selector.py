@@ -98,6 +98,9 @@ class Selector:
             folder = Path(path) if path is not None else DEFAULT_PATH
             if path is None and not folder.exists():
                 return cls(**kw)
+            # An export is a link switched atomically to its newest version (train.export):
+            # resolved once, so that every file read comes from one version.
+            folder = Path(os.path.realpath(folder))
             selector = cls(meta=read_json(folder / "selector.json"), **kw)  # checks every field
             from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH
 
@@ -110,7 +113,7 @@ class Selector:
             log.warning("ficco-select: no usable model at %s (%s); using the heuristic", where, e)
             return cls(**kw)
         try:  # precompiled layer tables (ficco export --layers): known layers never walk trees
-            selector._tables.update(read_tables(folder))
+            selector._tables.update(read_tables(folder, selector._backend_of))
         except Exception as e:  # noqa: BLE001 - tables are built on first sight instead
             log.warning("ficco-select: layer tables at %s not used (%s); building them on first sight", where, e)
         return selector
@@ -277,6 +280,11 @@ class Selector:
         if is_spec_path(scenario.hardware):  # decided under the machine's name, as training saw it
             scenario = dataclasses.replace(scenario, hardware=hw.name)
         return scenario, hw
+
+    def _backend_of(self, hardware: str) -> str | None:
+        """The backend of the machine `hardware` names, None if unknown (``read_tables``)."""
+        spec = self._spec(hardware)
+        return None if spec is None else backend_for(spec)
 
     def _spec(self, value: str) -> HardwareSpec | None:
         """The machine a scenario's hardware names: the model's own specs first, then a
