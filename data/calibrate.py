@@ -29,7 +29,7 @@ from scipy.stats import kendalltau
 
 from data.simulate import build_rows, predict, simulate_rows
 from ficco_select.costs import OP_CODES, rank_work
-from ficco_select.hardware import HardwareSpec
+from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.scenario import DTYPES, SCENARIO_COLUMNS, Scenario
 
 
@@ -135,8 +135,24 @@ def split_scenarios(ids: pd.Series, test_fraction: float = 0.5, seed: int = 0) -
     return (h < test_fraction).to_numpy()
 
 
-def validate_simulator(df: pd.DataFrame, *, devices: int, seed: int = 0) -> dict:
-    """Calibrate on half the scenarios, predict the other half; the agreement figures."""
+def validate_simulator(df: pd.DataFrame, *, devices: int | None = None, seed: int = 0) -> dict:
+    """Calibrate on half the scenarios, predict the other half; the agreement figures.
+
+    `devices`: the measured machine's devices; None: its spec's (the dataset's one machine).
+    Refuses simulated rows (the simulator would be checked against itself) and a machine
+    count below 1, naming what is wrong."""
+    simulated = df.index[df["backend"] == "sim"]
+    if len(simulated):
+        raise ValueError(f"row {simulated[0]}, column 'backend': 'sim'; validate the simulator on measured rows "
+                         "(cpu or cuda backend), not on its own predictions")
+    if devices is None:
+        machines = sorted(set(df["hardware"]))
+        if len(machines) != 1:
+            raise ValueError(f"the dataset holds {len(machines)} machines ({', '.join(machines[:3])}); give "
+                             "--devices, or validate one machine's rows at a time")
+        devices = load_hardware(machines[0]).devices
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"--devices must be a positive integer (the measured machine's devices), got {devices!r}")
     ok = df[(df["status"] == "ok") & df["verified"]].copy()
     test = split_scenarios(ok["scenario_id"], seed=seed)
     spec = calibrate(ok[~test], name="calibrated", devices=devices)

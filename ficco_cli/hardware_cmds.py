@@ -81,8 +81,8 @@ def sim() -> None:
 @sim.command("validate")
 @click.option("--dataset", "dataset_path", type=click.Path(dir_okay=False), required=True,
               help="A measured dataset (cpu or cuda backend).")
-@click.option("--devices", type=int, default=2, show_default=True,
-              help="Devices of the measured machine (the cpu backend: its cores).")
+@click.option("--devices", type=int, default=None,
+              help="Devices of the measured machine (the cpu backend: its cores). Default: its spec's.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the scenario split.")
 @json_option()
 def sim_validate(dataset_path, devices, seed, as_json) -> None:

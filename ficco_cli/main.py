@@ -13,6 +13,7 @@ holds the group, sets up logging once, and registers the commands of:
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import click
@@ -20,7 +21,26 @@ import click
 from ficco_cli import data_cmds, hardware_cmds, select_cmds, train_cmds
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineErrors(click.Group):
+    """What the commands do not catch themselves but a user causes (a read-only or full
+    output, a file-size limit, an MLflow store that is not one) ends in one line naming the
+    file or the store, never a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename else ""
+            raise click.ClickException(f"{where}{e.strerror or e}") from None
+        except Exception as e:
+            if type(e).__module__.split(".")[0] not in ("mlflow", "sqlalchemy", "alembic"):
+                raise
+            store = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db (the default)")
+            first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+            raise click.ClickException(f"MLflow tracking store {store}: {first}") from None
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More log lines on stderr (-v: info, -vv: debug).")
 def main(verbose: int) -> None:
     """ficco-select: measure, learn and select compute-communication overlap schedules."""

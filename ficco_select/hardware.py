@@ -121,6 +121,9 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
                             "give the machine a plain name such as my-node")
     for f in ("devices", "compute_units", "tile_m", "tile_n"):
         number(f, spec[f], integer=True)
+    if spec["devices"] < 2:  # every scenario has P >= 2 ranks on one node
+        raise HardwareError(f"{where}: field 'devices' must be at least 2 (a spec describes a node whose devices "
+                            f"are the ranks; one GPU is measured in loopback under its node's spec), got {spec['devices']}")
     for f in ("mem_bw_gbps", "link_bw_gbps", "gemm_launch_us", "sm_comm_latency_us"):
         number(f, spec[f])
     if not isinstance(spec["peak_tflops"], dict) or "float32" not in spec["peak_tflops"]:

@@ -221,3 +221,6 @@ def test_a_folder_resumes_only_with_the_options_and_files_it_was_made_with(base,
     (out / "pending.json").write_text('["a"]')
     with pytest.raises(ValueError, match="pending.json: expected an object"):
         A.adapt(CountingMachine().machine, base, checkpoints=(0.0, 0.05), out_dir=out)
+    (out / "pending.json").write_text('{"fraction": 0.05, "chosen": ["not-a-scenario"]}')
+    with pytest.raises(ValueError, match="pending.json: field 'chosen' names 1 scenario"):
+        A.adapt(CountingMachine().machine, base, checkpoints=(0.0, 0.05), out_dir=out)

@@ -258,3 +258,19 @@ def test_a_sweep_with_failures_exits_non_zero(tmp_path):
     summary = json.loads(res.stdout)
     assert summary["failed"] == 1
     assert set(read_dataset(out)["status"]) == {"failed"}  # what failed is on record, with its reason
+
+
+def test_what_the_system_refuses_ends_in_one_line_naming_the_file(tmp_path, monkeypatch):
+    # An output under a file (or read-only, or past a file-size limit: the same OSError path).
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    refused(["catalog", "--scale", "cpu", "--out", blocker / "catalog.csv"], str(blocker))
+    refused(["sim", "validate", "--dataset", "data/measured/cpu_catalog.parquet", "--devices", "0"],
+            "--devices must be a positive integer")
+    # A spec of one device: no scenario (P >= 2) fits it.
+    refused(["hardware", "show", spec_file(tmp_path, devices=1)], "field 'devices' must be at least 2")
+    # An MLflow store that is not one.
+    (tmp_path / "mlflow.db").write_text("not sqlite")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    refused(["pipeline", "--debug", "--no-progress"], "MLflow tracking store", "not a database")

@@ -255,8 +255,8 @@ def adapt(machine: Machine, base: pd.DataFrame, *, checkpoints: Sequence[float],
             physics = candidates.sort_values(["scenario_id", "time_s", "schedule"]).groupby("scenario_id").first()
             agree = (pred["pick"] == physics["schedule"].reindex(pred.index)).astype(float)
             priority = [(agree.get(sid, 1.0), pred["margin"].get(sid, np.inf)) for sid in ids]
-        chosen = _pending(out, target) or choose(ids, groups, k, measured=done, priority=priority,
-                                                 seed=seed + len(rounds))
+        chosen = _pending(out, target, known=ids) or choose(ids, groups, k, measured=done, priority=priority,
+                                                            seed=seed + len(rounds))
         chosen = [sid for sid in chosen if sid not in done]  # a killed round's measured ones stay measured
         if out is not None:  # before measuring: a killed round is redone on the same scenarios
             _write_json(out / "pending.json", {"fraction": target, "chosen": chosen})
@@ -296,14 +296,19 @@ def _score(model, candidates: pd.DataFrame, machine: Machine, measured: set[str]
             "ceiling": score(truth, ceiling_choices(truth))}
 
 
-def _pending(out: Path | None, target: float) -> list[str]:
-    """The scenarios a killed round chose for `target`, if that round was under way."""
+def _pending(out: Path | None, target: float, known: Sequence[str] = ()) -> list[str]:
+    """The scenarios a killed round chose for `target`, if that round was under way
+    (ValueError naming the file if it holds anything but ids of `known` scenarios)."""
     path = None if out is None else out / "pending.json"
     if path is None or not path.exists():
         return []
     pending = _read_json(path)
     if not isinstance(pending, dict) or not isinstance(pending.get("chosen"), list):
         raise ValueError(f"{path}: expected an object with a 'chosen' list of scenario ids, got {str(pending)[:80]}")
+    unknown = set(map(str, pending["chosen"])) - set(known)
+    if known and unknown:
+        raise ValueError(f"{path}: field 'chosen' names {len(unknown)} scenario(s) not on this machine's grid "
+                         f"(e.g. {sorted(unknown)[0]!r}): another run's state; choose another --out")
     return list(pending["chosen"]) if pending.get("fraction") == target else []
 
 
