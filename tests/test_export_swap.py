@@ -9,6 +9,7 @@ with the other's layers.json (tables refused for their digest)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,6 +21,8 @@ from ficco_select.runtime.selector import Selector
 from ficco_select.scenario import Scenario
 from train.export import KEEP_VERSIONS, publish
 
+SECONDS = float(os.environ.get("FICCO_SWAP_SECONDS", "4"))
+"""How long exports swap under the loading loop (the unit tier: a few seconds)."""
 LAYERS = [Scenario(group="g", op="ag_gemm", m=8, n=4096, k=4096, dtype="bfloat16", world_size=8,
                    hardware="h100-nvswitch")]
 
@@ -54,13 +57,14 @@ def writer(tag: str, margin: float):
 def test_loads_never_see_a_missing_or_mixed_export_while_exports_swap(tmp_path):
     out = tmp_path / "selector"
     publish(out, writer("A", 0.0))
-    loader = subprocess.Popen([sys.executable, "-c", LOADER, str(out), "4"], stdout=subprocess.PIPE, text=True,
-                              cwd=str(tmp_path.parent), env=None)
-    exports, stop = 0, time.monotonic() + 4
+    loader = subprocess.Popen([sys.executable, "-c", LOADER, str(out), str(SECONDS)], stdout=subprocess.PIPE,
+                              text=True, cwd=str(tmp_path.parent))
+    exports, stop = 0, time.monotonic() + SECONDS
     while time.monotonic() < stop:
         publish(out, writer("B" if exports % 2 == 0 else "A", 0.001 * (exports % 7)))
         exports += 1
-    counts = json.loads(loader.communicate(timeout=60)[0])
+    counts = json.loads(loader.communicate(timeout=60 + SECONDS)[0])
+    print(f"exports {exports}, loads {counts['loads']}, missing {counts['missing']}, mixed {counts['mixed']}")
     assert exports > 20 and counts["loads"] > 50, (exports, counts)
     assert counts["missing"] == 0 and counts["mixed"] == 0, counts
     assert counts["seen"] == ["A", "B"]

@@ -76,6 +76,7 @@ def _publish(out: Path, write: Callable[[Path], None]) -> Path:
     _check_destination(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     new = Path(tempfile.mkdtemp(prefix=f".{out.name}.writing-", dir=out.parent))
+    new.chmod(0o755)  # mkdtemp makes it private; an export is read by jobs of other users too
     try:
         write(new)
         digest = export_digest(new)
