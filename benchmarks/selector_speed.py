@@ -205,7 +205,7 @@ def layer_tables(sel, model: str, n_layers: int = 8, stream_calls: int = 10_000,
             selector.select(dataclasses.replace(layers[key], m=m))
         return (time.perf_counter() - t0) / len(calls)
 
-    without_tables = stream_without_tables(Selector.load(model))
+    without_tables = stream_without_tables(Selector.load(model, layer_tables=False))
     cold = stream(Selector.load(model))
     warm_selector = Selector.load(model)
     for s in layers.values():
