@@ -5,9 +5,10 @@
   tuple of the scenario's columns (target: <= 2x). Both are timed as statements, with no
   wrapper call around either. A bare dict keyed by the Scenario object itself is shown
   too: that is slower, because Scenario.__hash__ is Python code; and a hit for a plain dict
-  input (found by its scenario columns), for information.
+  input (found by its scenario columns; target: <= 2x).
 - cache miss: the whole decision (candidates, their features, the NumPy tree walk over
-  every tree for every candidate, argmin and margin), after ``clear_cache()``, vs XGBoost's
+  every tree for every candidate, argmin and margin), after ``clear_cache()`` on a selector
+  that decides directly (``layer_tables=False``), vs XGBoost's
   own ``booster.inplace_predict`` (default threads) on the same feature rows: on one row
   (target: <= 1/8) and on all the scenario's candidate rows in one call. Measured on the
   first scenario of the catalog slice llama3-70b / mi300x-8 / P = 8, then averaged over
@@ -15,7 +16,8 @@
 - import + load of the selector in a fresh process that has already imported torch
   (target: <= 200 ms).
 - layer tables (``layer_tables``): a new m on a known layer vs a bare dict lookup (target:
-  <= 2x), the first sight of a layer (target: <= 5 ms), a decode-like stream of 10,000
+  <= 2x), by ``table.decide(m)`` and through ``select()`` with a fresh Scenario or dict
+  (each passed once, as a job passes them), the first sight of a layer (target: <= 5 ms), a decode-like stream of 10,000
   calls over 8 layers, m any multiple of P up to 4096 (target: mean <= 1 us per call), and
   the table's choice within 2% of the direct decision's predicted time (target: >= 99% of m).
 

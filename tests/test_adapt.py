@@ -213,7 +213,10 @@ def test_a_folder_resumes_only_with_the_options_and_files_it_was_made_with(base,
     (out / "measured.parquet").unlink()
     with pytest.raises(ValueError, match="lacks .* scenario"):
         A.adapt(CountingMachine().machine, base, checkpoints=(0.0, 0.05, 0.1), out_dir=out)
-    for bad, why in (("[1, 2]", "field 'machine'"), ('{"machine": "x"', "cannot be read as JSON")):
+    extra = '{"machine": "mi300x-8-test", "rounds": [{"measured": 0, "fraction": 0, "chosen": [], "spec": {}, ' \
+            '"scores": {}, "extra": 1}]}'
+    for bad, why in (("[1, 2]", "field 'machine'"), ('{"machine": "x"', "cannot be read as JSON"),
+                     (extra, "field 'rounds' is malformed")):
         (out / "rounds.json").write_text(bad)
         with pytest.raises(ValueError, match=why):
             A.adapt(CountingMachine().machine, base, checkpoints=(0.0, 0.05), out_dir=out)

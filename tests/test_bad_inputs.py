@@ -274,3 +274,13 @@ def test_what_the_system_refuses_ends_in_one_line_naming_the_file(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     refused(["pipeline", "--debug", "--no-progress"], "MLflow tracking store", "not a database")
+
+
+def test_sim_validate_refuses_simulated_rows(tmp_path):
+    from data.simulate import simulate
+    from ficco_select.hardware import load_hardware
+
+    rows = simulate([Scenario(group="g", op="ag_gemm", m=64, n=64, k=64, dtype="bfloat16", world_size=2,
+                              hardware="h100-nvswitch")], load_hardware("h100-nvswitch"))
+    write_parquet_atomic(rows, tmp_path / "sim.parquet")
+    refused(["sim", "validate", "--dataset", tmp_path / "sim.parquet"], "column 'backend': 'sim'")

@@ -233,3 +233,18 @@ def test_ficco_train_refuses_telemetry_that_adds_nothing_before_training(job, tm
     res = CliRunner().invoke(main, ["train", "--dataset", str(tmp_path / "has_it.parquet"),
                                     "--telemetry", str(path)])
     assert res.exit_code == 1 and "nothing to add to the training data" in res.output
+
+
+def test_a_cpu_line_labelled_as_a_gpu_is_skipped_as_validate_refuses_it(job, caplog):
+    # The rule `ficco dataset validate` applies (data.dataset.row_hardware_problem): cpu rows
+    # never name a machine with copy engines.
+    path, _ = job
+    first = path.read_text().splitlines()[0]
+    good = json.loads(first)
+    gpu = Scenario.from_record({**good, "hardware": "h100-nvswitch"})
+    lie = {**good, "hardware": "h100-nvswitch", "scenario_id": gpu.scenario_id}
+    path = path.with_name("lie.jsonl")
+    path.write_text(first + "\n" + json.dumps(lie) + "\n")
+    rows = read_telemetry(path)
+    assert "h100-nvswitch" not in set(rows["hardware"])
+    assert any("field 'hardware'" in r.getMessage() and "is a GPU" in r.getMessage() for r in caplog.records)
