@@ -284,3 +284,17 @@ def test_sim_validate_refuses_simulated_rows(tmp_path):
                               hardware="h100-nvswitch")], load_hardware("h100-nvswitch"))
     write_parquet_atomic(rows, tmp_path / "sim.parquet")
     refused(["sim", "validate", "--dataset", tmp_path / "sim.parquet"], "column 'backend': 'sim'")
+
+
+def test_validate_refuses_a_file_that_mixes_backends(tmp_path):
+    from data.simulate import simulate
+    from ficco_select.hardware import load_hardware
+
+    measured = read_dataset(Path(__file__).parents[1] / "data" / "measured" / "cpu_catalog.parquet")
+    measured = measured[measured["scenario_id"] == measured["scenario_id"].iloc[0]]
+    simulated = simulate([Scenario(group="g", op="ag_gemm", m=64, n=64, k=64, dtype="bfloat16", world_size=2,
+                                   hardware="h100-nvswitch")], load_hardware("h100-nvswitch"))
+    mixed = pd.concat([measured, simulated], ignore_index=True)
+    assert validate(measured) == [] and validate(simulated) == []
+    problems = validate(mixed)
+    assert any("column 'backend'" in p and "one backend's rows" in p for p in problems), problems
