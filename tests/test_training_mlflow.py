@@ -283,7 +283,8 @@ def test_export_never_empties_a_folder_it_did_not_write(store, tmp_path):
     assert folder.is_symlink() and {p.name for p in folder.iterdir()} == {"model.json", "selector.json"}
     assert (sibling / "x").read_text() == "keep"
     names = {p.name for p in tmp_path.iterdir()}
-    assert {n for n in names if not n.startswith(".sel.v")} == {"mine", "sel", "sel.tmp"}  # no scratch left behind
+    assert {n for n in names if not n.startswith(".sel.")} == {"mine", "sel", "sel.tmp"}  # no scratch left behind
+    assert {n for n in names if n.startswith(".sel.") and not n.startswith(".sel.v")} == {".sel.lock"}
     with pytest.raises(ValueError, match="not to one of its exports"):
         (tmp_path / "elsewhere").symlink_to(mine)
         export(tmp_path / "elsewhere", uri)
