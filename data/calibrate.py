@@ -135,16 +135,22 @@ def split_scenarios(ids: pd.Series, test_fraction: float = 0.5, seed: int = 0) -
     return (h < test_fraction).to_numpy()
 
 
-def validate_simulator(df: pd.DataFrame, *, devices: int | None = None, seed: int = 0) -> dict:
-    """Calibrate on half the scenarios, predict the other half; the agreement figures.
-
-    `devices`: the measured machine's devices; None: its spec's (the dataset's one machine).
-    Refuses simulated rows (the simulator would be checked against itself) and a machine
-    count below 1, naming what is wrong."""
+def measured_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` if it holds measured rows only; ValueError naming the first simulated row (checked
+    against the simulator's own predictions, the simulator would only agree with itself)."""
     simulated = df.index[df["backend"] == "sim"]
     if len(simulated):
         raise ValueError(f"row {simulated[0]}, column 'backend': 'sim'; validate the simulator on measured rows "
                          "(cpu or cuda backend), not on its own predictions")
+    return df
+
+
+def validate_simulator(df: pd.DataFrame, *, devices: int | None = None, seed: int = 0) -> dict:
+    """Calibrate on half the scenarios, predict the other half; the agreement figures.
+
+    `devices`: the measured machine's devices; None: its spec's (the dataset's one machine).
+    Refuses a machine count below 1, naming it. (``ficco sim validate`` also refuses
+    simulated rows, ``measured_rows``; the method itself is checked on its own model's.)"""
     if devices is None:
         machines = sorted(set(df["hardware"]))
         if len(machines) != 1:

@@ -87,11 +87,11 @@ def sim() -> None:
 @json_option()
 def sim_validate(dataset_path, devices, seed, as_json) -> None:
     """Calibrate on half the scenarios, predict the other half, report the agreement."""
-    from data.calibrate import validate_simulator
+    from data.calibrate import measured_rows, validate_simulator
     from data.dataset import DatasetError, read_dataset
 
     with reported(DatasetError, ValueError):
-        report = validate_simulator(read_dataset(dataset_path), devices=devices, seed=seed)
+        report = validate_simulator(measured_rows(read_dataset(dataset_path)), devices=devices, seed=seed)
     show(as_json, report, lambda: [
         *(f"{key}: {value}" for key, value in report.items() if key not in ("spec", "largest_errors")),
         "largest errors:", *(f"  {row}" for row in report["largest_errors"])])
