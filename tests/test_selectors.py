@@ -260,8 +260,15 @@ def test_mixed_backends_get_a_table_of_their_own(small):
     assert by_backend["cpu"]["ceiling"]["n"] == 40
     assert by_backend["sim"]["ceiling"]["n"] == small["scenario_id"].nunique()
     assert by_backend["sim"]["ceiling"]["near_opt_2"] == 1.0  # noise-free truth
-    names = set(tables(res))
-    assert names == {"hardware", "hardware.cpu", "hardware.sim"}
+    # The simulated rows mix dtypes (the catalog's GPU mix): a table per dtype too; the cpu
+    # rows hold float32 alone, so no cpu table per dtype.
+    sim_dtypes = sorted(set(small["dtype"]))
+    assert len(sim_dtypes) > 1
+    by_dtype = res["splits"]["hardware"]["by_dtype"]
+    assert set(by_dtype) == {f"sim.{d}" for d in sim_dtypes}
+    assert sum(v["ceiling"]["n"] for v in by_dtype.values()) == small["scenario_id"].nunique()
+    names = list(tables(res))
+    assert set(names) == {"hardware", "hardware.cpu", "hardware.sim", *(f"hardware.sim.{d}" for d in sim_dtypes)}
 
 
 def test_ficco_evaluate_prints_a_table_per_split_and_per_backend(small, tmp_path):
@@ -296,3 +303,13 @@ def test_range_slack_widens_only_where_the_model_was_ahead_outside_the_ranges():
     slack = _range_slack(v, {"min_margin": 0.0, "fallback": "heuristic"})
     assert slack == {"gpu": {"m": 3.0, "n": 3.0, "k": 3.0}}  # one factor: the largest tested
     assert _range_slack(v.iloc[:10], {"min_margin": 0.0, "fallback": "heuristic"}) == {}  # too few outside
+
+
+def test_the_headline_table_is_the_family_hold_out_in_bfloat16_and_comes_first():
+    metrics = {"heuristic": {"n": 1, "near_opt_2": 0.5}}
+    block = {"mean": metrics, "folds": {}, "by_backend": {"sim": metrics, "cpu": metrics},
+             "by_dtype": {"sim.bfloat16": metrics, "sim.float16": metrics}}
+    names = list(tables({"splits": {"hardware": block, "family": block}}))
+    assert names[0] == "family.sim.bfloat16"
+    assert set(names) == {f"{s}{v}" for s in ("hardware", "family")
+                          for v in ("", ".sim", ".cpu", ".sim.bfloat16", ".sim.float16")}

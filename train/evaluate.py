@@ -102,7 +102,7 @@ def _pooled_by(df: pd.DataFrame, choices: dict[str, dict[str, str]], columns: li
         pd.Series(of[columns[0]].nunique(), index=of.index)
     of = of[inner > 1]
     out = {}
-    for value, ids in of.groupby(columns).groups.items():
+    for value, ids in of.groupby(columns if len(columns) > 1 else columns[0]).groups.items():
         ids = set(ids)
         rows = df[df["scenario_id"].isin(ids)]
         name = ".".join(value) if isinstance(value, tuple) else value
