@@ -26,7 +26,7 @@ from ficco_select.runtime.selector import Selector as RuntimeSelector
 from ficco_select.runtime.trees import TreeEnsemble
 from ficco_select.scenario import DTYPES
 from ficco_select.schedule import BASELINE
-from train.metrics import true_times, usable_rows
+from train.metrics import NEAR_OPT, true_times, usable_rows
 from train.selectors import (
     AlwaysBaseline,
     BaseSelector,
@@ -148,14 +148,23 @@ def _range_slack(v: pd.DataFrame, abstention: dict) -> dict:
         outside = rows[(beyond > 1).any(axis=1)]
         if len(outside) < MIN_OUTSIDE_SCENARIOS:
             continue
-        policy = _apply_rule(outside, abstention)
-        near = {"model": float(np.mean(policy <= 1.02 * outside["t_best"])),
-                "heuristic": float(np.mean(outside["t_heuristic"] <= 1.02 * outside["t_best"]))}
-        slow = {"model": float(np.mean(policy > (1 + SLOWER_BY) * outside["t_baseline"])),
-                "heuristic": float(np.mean(outside["t_heuristic"] > (1 + SLOWER_BY) * outside["t_baseline"]))}
-        if near["model"] > near["heuristic"] and slow["model"] <= max(SLOWDOWN_CAP, slow["heuristic"]):
+        if _against_heuristic(outside, abstention)["ahead"]:
             out[kind] = dict.fromkeys(SLACK_COLUMNS, float(beyond.max()))
     return out
+
+
+def _against_heuristic(v: pd.DataFrame, abstention: dict) -> dict:
+    """The runtime policy (the model under `abstention`) against the heuristic on validation
+    outcomes `v`: each one's share within 2% of the best and of slowdowns, and whether the
+    policy is ahead: more near-best scenarios, slowdowns within ``SLOWDOWN_CAP`` or the
+    heuristic's own share."""
+    policy = _apply_rule(v, abstention)
+    best, base = NEAR_OPT * v["t_best"].to_numpy(float), (1 + SLOWER_BY) * v["t_baseline"].to_numpy(float)
+    heuristic = v["t_heuristic"].to_numpy(float)
+    near = {"model": float(np.mean(policy <= best)), "heuristic": float(np.mean(heuristic <= best))}
+    slow = {"model": float(np.mean(policy > base)), "heuristic": float(np.mean(heuristic > base))}
+    ahead = near["model"] > near["heuristic"] and slow["model"] <= max(SLOWDOWN_CAP, slow["heuristic"])
+    return {"scenarios": len(v), "near_opt_2": near, "slowdowns": slow, "ahead": ahead}
 
 
 MIN_KIND_SCENARIOS = 50
@@ -165,7 +174,7 @@ MIN_KIND_SCENARIOS = 50
 def _margin_rule(v: pd.DataFrame) -> dict:
     """The threshold and fallback that ``fit_abstention`` picks on validation outcomes `v`."""
     margin, t_model = v["margin"].to_numpy(float), v["t_model"].to_numpy(float)
-    slow_at, near_at = (1 + SLOWER_BY) * v["t_baseline"].to_numpy(float), 1.02 * v["t_best"].to_numpy(float)
+    slow_at, near_at = (1 + SLOWER_BY) * v["t_baseline"].to_numpy(float), NEAR_OPT * v["t_best"].to_numpy(float)
     thresholds = [0.0, *np.quantile(np.unique(margin), np.linspace(0, 1, 101)).tolist(), None]  # None: never trust
     best = None
     for fallback in ("heuristic", "baseline"):
@@ -233,14 +242,8 @@ def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abst
         halves = [[h for h in mine if base_machine(h) in bases[i::2]] for i in (0, 1)]
         v = pd.concat([_validation_outcomes(make().fit(ok[~ok["hardware"].isin(half)]), ok[ok["hardware"].isin(half)])
                        for half in halves], ignore_index=True)
-        policy = _apply_rule(v, abstention)
-        near = {"model": float(np.mean(policy <= 1.02 * v["t_best"])),
-                "heuristic": float(np.mean(v["t_heuristic"] <= 1.02 * v["t_best"]))}
-        slow = {"model": float(np.mean(policy > (1 + SLOWER_BY) * v["t_baseline"])),
-                "heuristic": float(np.mean(v["t_heuristic"] > (1 + SLOWER_BY) * v["t_baseline"]))}
-        ahead = near["model"] > near["heuristic"] and slow["model"] <= max(SLOWDOWN_CAP, slow["heuristic"])
-        rule["validation"][kind] = {"scenarios": len(v), "near_opt_2": near, "slowdowns": slow, "ahead": ahead}
-        if ahead:
+        rule["validation"][kind] = _against_heuristic(v, abstention)
+        if rule["validation"][kind]["ahead"]:
             trained = [specs[h] for h in mine]
             fields = [*SPEC_RANGE_FIELDS, *(f"peak_tflops.{d}" for d in sorted(set.intersection(
                 *(set(hw.peak_tflops) for hw in trained))))]
