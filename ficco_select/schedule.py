@@ -155,7 +155,10 @@ def hardware_problem(scenario: Scenario, backend: str, spec: HardwareSpec) -> st
         return (f"column 'hardware': {spec.name!r} is not a GPU (no copy engines), but the cuda backend "
                 "measures this machine's GPU; set the column to its preset name (e.g. h100-nvswitch) or "
                 "spec file, or use --backend cpu")
-    if backend in ("sim", "cuda") and scenario.world_size > spec.devices:
+    if backend in ("sim", "cuda") and scenario.world_size > spec.devices and spec.copy_engines:
+        # A GPU node's ranks are its devices. A machine without copy engines is the cpu
+        # backend's kind, whose ranks are processes time-sharing its cores (the cpu backend
+        # measures P = 3 and 4 on 2 cores): the simulator stretches those times alike.
         return (f"column 'world_size': {scenario.world_size} exceeds the {spec.devices} devices of "
                 f"{spec.name} (a spec describes one node)")
     return None

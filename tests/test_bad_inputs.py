@@ -298,3 +298,14 @@ def test_validate_refuses_a_file_that_mixes_backends(tmp_path):
     assert validate(measured) == [] and validate(simulated) == []
     problems = validate(mixed)
     assert any("column 'backend'" in p and "one backend's rows" in p for p in problems), problems
+
+
+def test_simulate_accepts_the_rows_the_cpu_backend_measures(tmp_path):
+    # The cpu backend's ranks are processes: it measures P = 3 and 4 on a 2-core machine, and
+    # the simulator predicts those rows (time-shared), as `ficco sim validate` needs.
+    out = tmp_path / "sim.parquet"
+    path = table(tmp_path, "t,ag_gemm,96,48,32,float32,3,cpu,", "t,gemm_rs,64,32,64,float32,4,cpu,")
+    res = CliRunner().invoke(main, ["simulate", "--scenarios", str(path), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    df = read_dataset(out)
+    assert set(df["world_size"]) == {3, 4} and validate(df) == []
