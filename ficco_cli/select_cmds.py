@@ -50,7 +50,8 @@ def select_cmd(scenarios_path, truth_path, model_path, heuristic_only, as_json) 
         show(as_json, decisions, lambda: _decision_lines(decisions, records, selector, model_path))
         return
     from ficco_select.runtime.selector import Selector
-    from train.metrics import format_table, scores_by_dtype
+    from train.evaluate import scores_by_dtype
+    from train.metrics import format_table
 
     chosen = {d["scenario_id"]: d["schedule"] for d in decisions if d["scenario_id"] is not None}
     heuristic = {d["scenario_id"]: d["schedule"] for d in decide_rows(Selector(), records) if d["scenario_id"]}

@@ -423,11 +423,7 @@ def _check_state(out: Path, options: dict) -> None:
     other options (resuming it would mix two experiments); record them in a new one."""
     path = out / OPTIONS_FILE
     if path.exists():
-        try:
-            recorded = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{path}: unreadable ({e}); it records what the folder was made with: "
-                             "choose another --out") from None
+        recorded = _read_json(path)
         changed = [k for k in options if recorded.get(k) != options[k]]
         if changed:
             k = changed[0]

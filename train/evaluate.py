@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from data.machines import base_machine, is_sampled
 from ficco_select.hardware import load_hardware
-from train.metrics import METRICS, comparison_table, score, true_times, usable_rows
+from train.metrics import METRICS, ceiling_choices, comparison_table, score, true_times, usable_rows
 from train.selector_sets import all_selectors
 from train.selectors import BaseSelector, with_features
 
@@ -109,6 +109,18 @@ def _pooled_by(df: pd.DataFrame, choices: dict[str, dict[str, str]], columns: li
         out[name] = {selector: score(rows, {sid: c for sid, c in chosen.items() if sid in ids})
                      for selector, chosen in choices.items()}
     return out
+
+
+def scores_by_dtype(df: pd.DataFrame, choices: dict[str, dict[str, str]]) -> dict[str, pd.DataFrame]:
+    """Comparison tables of `choices` ({selector: {scenario_id: schedule}}) on the labeled
+    dataset `df`, with the ``ceiling`` row: one over every scenario (``all``) and one per
+    dtype where there are several (``ficco select --truth``). Scenarios without usable rows
+    in `df` are left out of every row."""
+    ok = usable_rows(df)
+    choices = {**choices, "ceiling": ceiling_choices(ok)}
+    pooled = {"all": {name: score(ok, chosen) for name, chosen in choices.items()},
+              **_pooled_by(ok, choices, ["dtype"])}
+    return {name: comparison_table(by_selector) for name, by_selector in pooled.items()}
 
 
 def choices_table(df: pd.DataFrame, results: dict) -> pd.DataFrame:

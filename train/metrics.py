@@ -217,21 +217,3 @@ def format_table(df: pd.DataFrame) -> str:
     """Plain-text rendering of a ``comparison_table`` with 3 decimals."""
     return df.to_string(float_format=lambda x: f"{x:.3f}")
 
-
-def scores_by_dtype(df: pd.DataFrame, choices: Mapping[str, Mapping[str, str]]) -> dict[str, pd.DataFrame]:
-    """Comparison tables of `choices` ({selector: {scenario_id: schedule}}) on the labeled
-    dataset `df`, with the ``ceiling`` row: one over every scenario (``all``) and one per
-    dtype where there are several (``ficco select --truth``). Scenarios without usable rows
-    in `df` are left out of every row."""
-    ok = usable_rows(df)
-    dtype_of = ok.groupby("scenario_id")["dtype"].first()
-    choices = {**choices, "ceiling": ceiling_choices(ok)}
-    slices = {"all": dtype_of.index}
-    if dtype_of.nunique() > 1:
-        slices.update({str(d): ids for d, ids in dtype_of.groupby(dtype_of).groups.items()})
-    out = {}
-    for name, ids in slices.items():
-        ids = set(ids)
-        out[name] = comparison_table({selector: score(ok, {sid: c for sid, c in chosen.items() if sid in ids})
-                                      for selector, chosen in choices.items()})
-    return out

@@ -135,8 +135,7 @@ class Selector:
                 table = self._tables.get(scenario.layer) if self.layer_tables else None
                 decision = table.decide(scenario.m) if table is not None else None
                 if decision is not None:
-                    if len(self._by_id) >= _OBJECTS_LIMIT:
-                        self._by_id.clear()
+                    _bound(_OBJECTS_LIMIT, self._by_id)
                     self._by_id[id(scenario)] = (scenario, decision)  # the object too: its id is not reused while held
                     return decision
             elif type(scenario) is dict:
@@ -185,8 +184,8 @@ class Selector:
         return table
 
     def decide_batch(self, scenarios: Sequence[Scenario]) -> list[Decision]:
-        """The decision for each scenario, as ``select`` gives it, with every layer's table
-        built once for all its rows (``ficco select``, ``ficco export --layers``)."""
+        """The decision for each scenario, as ``select`` gives it: a layer met with several m
+        is decided once over its grid (its table), then each of its rows looked up."""
         return [self.select(s) for s in scenarios]
 
     def _select_slow(self, raw) -> Decision:
