@@ -29,7 +29,7 @@ from scipy.stats import kendalltau
 
 from data.simulate import build_rows, predict, simulate_rows
 from ficco_select.costs import OP_CODES, rank_work
-from ficco_select.hardware import HardwareSpec, load_hardware
+from ficco_select.hardware import HardwareSpec, fields_of, load_hardware
 from ficco_select.scenario import DTYPES, SCENARIO_COLUMNS, Scenario
 
 
@@ -228,11 +228,10 @@ def write_spec(spec: HardwareSpec, out, made_by: str) -> None:
 
 
 # -- adapting a spec to a machine from a few measured scenarios (``ficco adapt``) ----------
-RECALIBRATED = ("peak_tflops", "mem_bw_gbps", "gemm_launch_us", "link_bw_gbps", "sm_comm_latency_us",
-                "sm_comm_units", "dma_latency_us", "dma_bw_gbps", "dma_mem_contention")
-"""The spec's numbers ``recalibrate`` rescales (all dtypes' peaks together); of the counts it
-searches the compute units (``COMPUTE_UNIT_STEPS``); devices, tiles, copy engines and the
-topology stay as the spec says."""
+RECALIBRATED = ("peak_tflops", *fields_of("rate", "latency"), "sm_comm_units", "dma_mem_contention")
+"""The spec's numbers ``recalibrate`` rescales (all dtypes' peaks together; a term a spec
+leaves at 0 stays off); of the counts it searches the compute units (``COMPUTE_UNIT_STEPS``);
+devices, tiles, copy engines, the topology and the GEMM efficiencies stay as the spec says."""
 RECALIBRATE_PRIOR = 0.05
 """Weight of a pull of each log factor towards 1 (the spec as given): with a handful of
 scenarios, numbers the measurements say little about stay where the data sheet put them."""
@@ -300,7 +299,7 @@ def _rescaled(spec: HardwareSpec, ok: pd.DataFrame, start: dict[str, float] | No
     measured = keys.merge(ok[["scenario_id", "schedule", "time_s"]].drop_duplicates(["scenario_id", "schedule"]),
                           how="left")["time_s"].to_numpy(float)
     have = np.isfinite(measured)
-    fields = [f for f in RECALIBRATED if spec.copy_engines or not f.startswith("dma_")]
+    fields = [f for f in RECALIBRATED if (spec.copy_engines or not f.startswith("dma_")) and getattr(spec, f)]
 
     def scaled(x: np.ndarray) -> HardwareSpec:
         changes = {}

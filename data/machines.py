@@ -21,13 +21,13 @@ import dataclasses
 
 import numpy as np
 
-from ficco_select.hardware import HardwareSpec, register_hardware
+from ficco_select.hardware import HardwareSpec, fields_of, register_hardware, spec_field
 
 SAMPLED_MARK = "~"
 
-_SCALED = ("mem_bw_gbps", "gemm_launch_us", "link_bw_gbps", "sm_comm_latency_us", "dma_latency_us", "dma_bw_gbps")
+_SCALED = fields_of("rate", "latency")
 """Fields scaled by a factor of their own; peak_tflops (all dtypes together), compute units,
-copy engines, efficiency and contention are drawn with their own limits below."""
+copy engines and the fractions are drawn with their own limits below."""
 
 
 def base_machine(name: str) -> str:
@@ -39,8 +39,8 @@ def is_sampled(name: str) -> bool:
     return SAMPLED_MARK in name
 
 
-_DRAWN = (*_SCALED, "peak_tflops", "compute_units", "gemm_efficiency", "sm_comm_units", "dma_mem_contention",
-          "copy_engines")
+_FRACTIONS = fields_of("fraction")
+_DRAWN = (*_SCALED, "peak_tflops", "compute_units", *_FRACTIONS, "copy_engines")
 
 
 def sample_around(spec: HardwareSpec, index: int, *, spread: float, u: dict[str, float]) -> HardwareSpec:
@@ -52,9 +52,9 @@ def sample_around(spec: HardwareSpec, index: int, *, spread: float, u: dict[str,
     changes = {f: getattr(spec, f) * factor(f) for f in _SCALED}
     changes["peak_tflops"] = {dtype: value * factor("peak_tflops") for dtype, value in spec.peak_tflops.items()}
     changes["compute_units"] = max(1, round(spec.compute_units * factor("compute_units")))
-    changes["gemm_efficiency"] = min(0.95, spec.gemm_efficiency * factor("gemm_efficiency") ** 0.5)
-    changes["sm_comm_units"] = min(0.5, spec.sm_comm_units * factor("sm_comm_units"))
-    changes["dma_mem_contention"] = min(1.0, spec.dma_mem_contention * factor("dma_mem_contention"))
+    for f in _FRACTIONS:  # each within its own cap (efficiencies vary less than the rates)
+        exponent, cap = spec_field(f).metadata["sample"]
+        changes[f] = min(cap, getattr(spec, f) * factor(f) ** exponent)
     if spec.copy_engines:  # how many a GPU exposes for peer copies is rarely published: 1 to 16
         changes["copy_engines"] = 1 + int(16 * u["copy_engines"])
     return dataclasses.replace(spec, name=f"{spec.name}{SAMPLED_MARK}{index}",

@@ -171,3 +171,25 @@ def simulate_table(path, *, hardware: str | None, noise: float, seed: int) -> tu
     frames = [simulate([s for s in scenarios if s.hardware == name], load_hardware(name), noise=noise, seed=seed)
               for name in names]
     return pd.concat(frames, ignore_index=True), names
+
+
+M_BANDS = ((0, 2048), (2049, 8192), (8193, 32768), (32769, 1 << 62))
+"""Global token-count bands of ``overlap_map``: decode and small prefill, prefill, long
+prefill, whole-batch (MoE expert) GEMMs."""
+
+
+def overlap_map(rows: pd.DataFrame, *, margin: float = 0.02) -> pd.DataFrame:
+    """Where overlap pays on simulated `rows` (noise-free): per (op, dtype, band of m), the
+    scenarios, and the share whose best schedule beats the serial baseline by more than
+    `margin` (the near-opt tolerance), split by that schedule's granularity (shard, ficco)."""
+    baseline = rows[rows["schedule"].str.startswith("none.")].groupby("scenario_id")["time_s"].min()
+    best = rows.loc[rows.groupby("scenario_id")["time_s"].idxmin()].set_index("scenario_id")
+    best = best.assign(pays=best["time_s"] * (1 + margin) < baseline.reindex(best.index),
+                       granularity=best["schedule"].str.split(".").str[0])
+    labels = [f"{lo}-{hi}" if hi < 1 << 62 else f">{lo - 1}" for lo, hi in M_BANDS]
+    best["m_band"] = pd.cut(best["m"], [lo - 1 for lo, _ in M_BANDS] + [1 << 62], labels=labels)
+    best = best.assign(shard=best["pays"] & (best["granularity"] == "shard"),
+                       ficco=best["pays"] & (best["granularity"] == "ficco"))
+    out = best.groupby(["op", "dtype", "m_band"], observed=True).agg(
+        scenarios=("pays", "size"), overlap_pays=("pays", "mean"), shard=("shard", "mean"), ficco=("ficco", "mean"))
+    return out.reset_index()

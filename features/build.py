@@ -28,7 +28,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ficco_select.costs import GB, GRANULARITY_CODES, OP_CODES, US, gemm_time, rank_work, schedule_times, transfer_time
+from ficco_select.costs import (GB, GRANULARITY_CODES, OP_CODES, US, collective_time, gemm_time, rank_work,
+                                scenario_estimates, schedule_times, transfer_time)
 from ficco_select.hardware import TOPOLOGIES, HardwareSpec
 from ficco_select.scenario import DTYPES, OPS, Scenario
 from ficco_select.schedule import GRANULARITIES, Schedule, parse
@@ -95,21 +96,16 @@ def pair_features(records: Sequence[Mapping], schedules: Sequence[str | Schedule
     flops = 2 * M * N * K
     moved = (P - 1) * shard_bytes
 
-    # Hardware-dependent estimates, per distinct spec (vectorized within each).
-    t_comp, t_comm = np.empty(n), np.empty(n)
-    dil = {d: np.empty(n) for d in (2, 4)}
-    chunk = {d: np.empty(n) for d in (2, 4)}
+    # Hardware-dependent estimates (``costs.scenario_estimates``), per distinct spec.
+    estimated = ("t_comp", "t_comm", "dil_2", "dil_4", "chunk_2", "chunk_4")
+    est = {key: np.empty(n) for key in estimated}
     for spec in {id(s): s for s in specs}.values():
         sel = np.array([s is spec for s in specs])
-        Ms, Ns, Ks, bs, pk, Ps, sb = M[sel], N[sel], K[sel], b[sel], peak[sel], P[sel], shard_bytes[sel]
-        t_comp[sel] = gemm_time(spec, Ms, Ns, Ks, bs, pk)
-        ring = (Ps - 1) * transfer_time(spec, sb, 1, False, Ps)
-        direct = transfer_time(spec, sb, Ps - 1, False, Ps)
-        t_comm[sel] = np.minimum(ring, direct)
-        for d in (2, 4):
-            pieces = Ps * d
-            dil[d][sel] = pieces * gemm_time(spec, Ms / pieces, Ns, Ks, bs, pk) / t_comp[sel] - 1
-            chunk[d][sel] = (Ps - 1) * d * transfer_time(spec, sb / d, 1, False, Ps) / ring - 1
+        spec_est = scenario_estimates(spec, op=op_code[sel], m=m[sel], n=nn[sel], k=k[sel], P=P[sel],
+                                      imbalance=imb[sel], dtype_bytes=b[sel], peak=peak[sel])
+        for key in estimated:
+            est[key][sel] = spec_est[key]
+    t_comp, t_comm = est["t_comp"], est["t_comm"]
 
     cols: dict[str, np.ndarray] = {
         **{f"op_{o}": (op == o).astype(float) for o in OPS},
@@ -129,7 +125,8 @@ def pair_features(records: Sequence[Mapping], schedules: Sequence[str | Schedule
         "log2_t_comp_est": _log2(t_comp), "log2_t_comm_est": _log2(t_comm),
         "log2_comp_comm_ratio": _log2(t_comp / t_comm),
         "ideal_est": (t_comp + t_comm) / np.maximum(t_comp, t_comm),
-        "dil_d2_est": dil[2], "dil_d4_est": dil[4], "chunk_d2_est": chunk[2], "chunk_d4_est": chunk[4],
+        "dil_d2_est": est["dil_2"], "dil_d4_est": est["dil_4"], "chunk_d2_est": est["chunk_2"],
+        "chunk_d4_est": est["chunk_4"],
     }
 
     names = [s.name if isinstance(s, Schedule) else s for s in schedules]
@@ -269,7 +266,8 @@ def _candidate_rows(scenario: Scenario, m: float | np.ndarray, layout: _Candidat
         gemm, comm = gemm.T, comm.T  # the estimates first: gemm[i] is entry i, one value or one per m
         t_comp = gemm[0]
         ring = (P - 1) * comm[0]
-        t_comm = minimum(ring, comm[1])
+        t_comm = collective_time(hw, OP_CODES[op], shard_bytes, P)  # costs.scenario_estimates' T_comm
+        t_comm = t_comm.ravel() if grid else float(t_comm)
         raw = {
             **{name: float(op == o) for name, o in _OP_COLUMNS},
             "log2_m": m, "log2_n": nn, "log2_k": k, "dtype_bytes": b, "world_size": P, "imbalance": imb,

@@ -79,14 +79,24 @@ def sim() -> None:
 
 
 @sim.command("validate")
-@click.option("--dataset", "dataset_path", type=click.Path(dir_okay=False), required=True,
+@click.option("--dataset", "dataset_path", type=click.Path(dir_okay=False), default=None,
               help="A measured dataset (cpu or cuda backend).")
+@click.option("--published", "published_path", type=click.Path(dir_okay=False), default=None,
+              help="A table of published GPU measurements (data/published/gpu-calibration.csv): each point "
+                   "predicted on the preset of its device.")
+@click.option("--hardware", "overrides", multiple=True, metavar="PRESET=SPEC.yaml",
+              help="With --published: predict PRESET's points on this spec file instead (repeatable).")
 @click.option("--devices", type=int, default=None,
               help="Devices of the measured machine (the cpu backend: its cores). Default: its spec's.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the scenario split.")
 @json_option()
-def sim_validate(dataset_path, devices, seed, as_json) -> None:
-    """Calibrate on half the scenarios, predict the other half, report the agreement."""
+def sim_validate(dataset_path, published_path, overrides, devices, seed, as_json) -> None:
+    """The simulator against measurements: a measured dataset (calibrate on half the
+    scenarios, predict the other half) or published GPU points (each predicted on its preset)."""
+    if (dataset_path is None) == (published_path is None):
+        raise click.UsageError("give one of --dataset or --published")
+    if published_path is not None:
+        return _validate_published(published_path, overrides, as_json)
     from data.calibrate import measured_rows, validate_simulator
     from data.dataset import DatasetError, read_dataset
 
@@ -95,6 +105,139 @@ def sim_validate(dataset_path, devices, seed, as_json) -> None:
     show(as_json, report, lambda: [
         *(f"{key}: {value}" for key, value in report.items() if key not in ("spec", "largest_errors")),
         "largest errors:", *(f"  {row}" for row in report["largest_errors"])])
+
+
+def _validate_published(path, overrides, as_json) -> None:
+    from data.published import compare, read_published
+    from ficco_select.hardware import HardwareError
+
+    with reported(HardwareError, ValueError):
+        report = compare(read_published(path), _override_specs(overrides))
+    show(as_json, report, lambda: _published_lines(report))
+
+
+def _override_specs(overrides) -> dict:
+    """``PRESET=SPEC.yaml`` options -> {preset: spec}; the file's own name may differ."""
+    import yaml
+
+    from ficco_select.hardware import HardwareError, spec_from_dict
+
+    specs = {}
+    for item in overrides:
+        preset, sep, file = item.partition("=")
+        if not sep or not preset or not file:
+            raise click.UsageError(f"--hardware {item!r}: expected PRESET=SPEC.yaml")
+        try:
+            data = yaml.safe_load(Path(file).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as e:
+            raise click.ClickException(f"{file}: cannot read the spec ({type(e).__name__})") from None
+        with reported(HardwareError):
+            specs[preset] = spec_from_dict({**data, "name": preset} if isinstance(data, dict) else data, file)
+    return specs
+
+
+def _published_lines(report: dict) -> list[str]:
+    lines = [f"{'row':>4} {'kind':<10} {'hardware':<14} {'point':<24} {'measured':>10} {'predicted':>10} {'APE':>6}  "
+             "speedup measured / predicted (APE), wins as measured"]
+    for r in report["points"]:
+        point = (f"{r['op']} {r['m']}x{r['n']}x{r['k']}" if r["kind"] in ("overlap", "baseline", "gemm")
+                 else f"{r['op']} {r.get('message_mib', 0):g} MiB" if r["kind"] == "collective" else r["op"])
+        unit = "GB/s" if r["kind"] == "bandwidth" else "us"
+        measured = r.get("measured_gbps", r.get("measured_us"))
+        predicted = r.get("predicted_gbps", r.get("predicted_us"))
+        line = (f"{r['row']:>4} {r['kind']:<10} {r['hardware']:<14} {point:<24} {measured:>8.1f}{unit:>2} "
+                f"{predicted:>8.1f}{unit:>2} {r['ape']:>6.1%}")
+        if r["kind"] == "overlap":
+            line += (f"  {r['schedule']} {r['speedup']:.3f} / {r['predicted_speedup']:.3f} ({r['speedup_ape']:.1%}), "
+                     f"{'yes' if r['agrees'] else 'NO'}")
+        lines.append(line)
+    for preset, s in report["presets"].items():
+        parts = []
+        if s["baselines"]:
+            parts.append(f"serial baseline APE {s['baseline_ape_median']:.1%} ({s['baselines']} points)")
+        if s["overlap_points"]:
+            parts.append(f"overlap speedup APE {s['speedup_ape_median']:.1%}, wins or loses as measured "
+                         f"{s['wins_as_measured']}/{s['overlap_points']}")
+        for kind in ("collective", "gemm", "bandwidth"):
+            if s[f"{kind}s"]:
+                parts.append(f"{kind} APE {s[f'{kind}_ape_median']:.1%} ({s[f'{kind}s']})")
+        lines.append(f"{preset}: median " + "; ".join(parts))
+    if report["unmatched"]:
+        lines.append(f"not compared (no preset is their device): rows {', '.join(map(str, report['unmatched']))}")
+    return lines
+
+
+@sim.command("fit")
+@click.option("--published", "published_path", type=click.Path(dir_okay=False), required=True,
+              help="A table of published GPU measurements (data/published/gpu-calibration.csv).")
+@click.option("--hardware", "name", required=True, help="The preset whose points to fit to.")
+@click.option("--fields", default=None, help="Comma-separated spec fields to fit (default: data.published.FITTED).")
+@click.option("--kinds", default=None,
+              help="Comma-separated kinds of point to fit to (default: overlap,collective).")
+@click.option("--set", "settings", multiple=True, metavar="FIELD=VALUE",
+              help="Set a spec number before fitting (a cited figure, e.g. dma_bw_gbps=396.4; repeatable).")
+@json_option()
+def sim_fit(published_path, name, fields, kinds, settings, as_json) -> None:
+    """Fit a preset's model terms to the published points of its device; prints the fitted
+    numbers, the rows they were fitted to, and the agreement before and after."""
+    import dataclasses
+
+    from data.published import FIT_KINDS, FITTED, fit, read_published
+    from ficco_select.hardware import HardwareError, load_hardware
+
+    with reported(HardwareError, ValueError):
+        spec = load_hardware(name)
+        changes = {}
+        for item in settings:
+            field, sep, value = item.partition("=")
+            if not sep or not hasattr(spec, field):
+                raise ValueError(f"--set {item!r}: expected FIELD=VALUE with a spec field")
+            changes[field] = float(value)
+        spec = dataclasses.replace(spec, **changes)
+        _, report = fit(read_published(published_path), spec,
+                        fields=tuple(fields.split(",")) if fields else FITTED,
+                        kinds=tuple(kinds.split(",")) if kinds else FIT_KINDS)
+    report["set"] = changes
+    show(as_json, report, lambda: [
+        f"{name}: fitted to rows {', '.join(map(str, report['rows']))} of {published_path}",
+        *(f"  {field:<20} {value:g}" for field, value in {**changes, **report["fields"]}.items()),
+        "  median APE before -> after: " + ", ".join(
+            f"{key.removesuffix('_ape_median')} {report['before'][key]:.1%} -> {report['after'][key]:.1%}"
+            for key in report["after"] if key.endswith("_ape_median") and report["after"][key] is not None)])
+
+
+@sim.command("map")
+@click.option("--hardware", "name", required=True, help="A preset or spec file: its GPU catalog is simulated on it.")
+@click.option("--dtype", default=None, help="Only this dtype's scenarios (default: the machine's mix).")
+@json_option()
+def sim_map(name, dtype, as_json) -> None:
+    """Where overlap pays on a machine: the full catalog simulated on it (noise-free), the share
+    of scenarios whose best schedule beats the serial baseline by more than 2%, by op, dtype
+    and band of m, with the best schedule's granularity."""
+    import dataclasses
+
+    from data.catalog import catalog
+    from data.simulate import overlap_map, simulate_rows
+    from ficco_select.hardware import HardwareError, load_hardware
+    from ficco_select.scenario import Scenario
+
+    with reported(HardwareError, ValueError):
+        hw = load_hardware(name)
+        base = hw.name.split("~")[0]
+        records = catalog("full", hardware=base if base in _preset_names() else None, dtype=dtype)
+        scenarios = [dataclasses.replace(Scenario.from_record(r), hardware=hw.name) for r in records]
+        table = overlap_map(simulate_rows(scenarios, hw))
+    rows = table.to_dict("records")
+    show(as_json, rows, lambda: [f"{hw.name}: share of scenarios where overlap pays (> 2% over the serial baseline)",
+                                 f"{'op':<9} {'dtype':<14} {'m':<12} {'scenarios':>9} {'pays':>6} {'shard':>6} {'ficco':>6}",
+                                 *(f"{r['op']:<9} {r['dtype']:<14} {r['m_band']:<12} {r['scenarios']:>9} "
+                                   f"{r['overlap_pays']:>6.0%} {r['shard']:>6.0%} {r['ficco']:>6.0%}" for r in rows)])
+
+
+def _preset_names() -> list[str]:
+    from ficco_select.hardware import preset_names
+
+    return preset_names()
 
 
 @sim.command("calibrate")

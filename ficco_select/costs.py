@@ -1,7 +1,9 @@
-"""Analytic primitive costs on a hardware spec: a GEMM, a transfer, their contention.
+"""The cost model, in one place: primitive costs on a hardware spec (a GEMM, a transfer, a
+collective, their contention), a scenario's estimates (T_comp, T_comm, DIL, chunking loss)
+and whole schedules' times.
 
-Shared by the simulator (``data.simulate``), the features and the hand heuristic, so
-they all estimate with the same formulas. NumPy only (vectorized; scalars work too).
+The simulator (``data.simulate``), the features and the hand heuristic all call these, so
+they estimate with the same formulas. NumPy only (vectorized; scalars work too).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from ficco_select.hardware import HardwareSpec
 
 US = 1e-6
 GB = 1e9
+OP_CODES = {"ag_gemm": 0, "gemm_rs": 1, "a2a_gemm": 2}
+GRANULARITY_CODES = {"none": 0, "shard": 1, "ficco": 2}
 
 
 # -- primitives (vectorized: every argument may be an array) ------------------------------
@@ -49,7 +53,9 @@ def _gemm_time(hw, M, N, K, dtype_bytes, peak_flops, units_free, mem_slowdown):
     if not (scalar_units and units_free == 1):  # x * 1.0 is x, bit for bit
         rate = rate * units_free
     compute = np.minimum.reduce(flops / rate, axis=0)  # the fastest tile choice
-    memory = (M * K + K * N + M * N) * dtype_bytes / (hw.mem_bw_gbps * GB)
+    # Operand traffic at the bandwidth a GEMM reaches: a piece with few rows streams the whole
+    # weight matrix for little compute, and that bounds it.
+    memory = (M * K + K * N + M * N) * dtype_bytes / (hw.mem_bw_gbps * hw.gemm_mem_efficiency * GB)
     if not (type(mem_slowdown) in (float, int) and mem_slowdown == 0):  # x * (1 + 0) is x
         memory = memory * (1 + mem_slowdown)
     return np.where(flops > 0, np.maximum(compute, memory) + hw.gemm_launch_us * US, 0.0)
@@ -93,6 +99,31 @@ def transfer_time(hw: HardwareSpec, nbytes, concurrent, engine_dma, P):
     return np.where(nbytes > 0, sm_latency + nbytes / per_transfer_bw, 0.0)
 
 
+def collective_time(hw: HardwareSpec, op, shard_bytes, P):
+    """Seconds for the serial baseline's whole collective: each rank sends one shard of
+    `shard_bytes` to each of its P - 1 peers (``op`` an ``OP_CODES`` code).
+
+    With a collective library's numbers (``coll_bw_gbps`` > 0: NCCL's bus bandwidth and
+    fixed cost, fitted to its measured times) that is latency + (P - 1) shards / bus
+    bandwidth; a reduce-scatter's additions are in its bus bandwidth (the library adds as
+    it moves). Without them, the better of a ring of ``sm`` transfers and a direct exchange
+    with every peer at once (what a library picks: direct on a fully connected node), plus a
+    reduce-scatter's additions (``reduction_time``)."""
+    shard_bytes = np.asarray(shard_bytes, dtype=float)
+    if hw.coll_bw_gbps > 0:
+        moved = hw.coll_latency_us * US + (P - 1) * shard_bytes / (hw.coll_bw_gbps * GB)
+        return np.where(shard_bytes > 0, moved, 0.0)
+    coll = np.minimum((P - 1) * transfer_time(hw, shard_bytes, 1, False, P),
+                      transfer_time(hw, shard_bytes, P - 1, False, P))
+    return coll + reduction_time(hw, op, shard_bytes, P)
+
+
+def reduction_time(hw: HardwareSpec, op, shard_bytes, P):
+    """Seconds a reduce-scatter spends adding the P - 1 partial shards it receives (read two,
+    write one, at memory bandwidth); 0 for the other operators."""
+    return np.where(op == OP_CODES["gemm_rs"], (P - 1) * 3 * shard_bytes / (hw.mem_bw_gbps * GB), 0.0)
+
+
 def contended(hw: HardwareSpec, g, c, dma):
     """GEMM time while a transfer of time c runs beside it (only the overlapped part slows)."""
     overlap = np.minimum(1.0, np.where(g > 0, c / np.maximum(g, 1e-30), 0.0))
@@ -101,9 +132,7 @@ def contended(hw: HardwareSpec, g, c, dma):
     return g * (1 + factor * overlap)
 
 
-# -- whole schedules -----------------------------------------------------------------------
-OP_CODES = {"ag_gemm": 0, "gemm_rs": 1, "a2a_gemm": 2}
-GRANULARITY_CODES = {"none": 0, "shard": 1, "ficco": 2}
+# -- a scenario's estimates and whole schedules -------------------------------------------
 
 
 def rank_work(op, m, n, k, P, imbalance):
@@ -126,6 +155,37 @@ def rank_work(op, m, n, k, P, imbalance):
     return M, N, K, M / P, np.where(is_rs, n, k)
 
 
+def scenario_estimates(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_bytes, peak,
+                       degrees=(2, 4)) -> dict[str, np.ndarray]:
+    """A scenario's analytic estimates on `hw` (every argument a number or an array):
+
+    - ``t_comp``: the busiest rank's whole GEMM; ``t_comm``: the whole collective
+      (``collective_time``), each alone, in seconds;
+    - ``ring``: the collective as a ring of P - 1 ``sm`` transfers of one shard;
+    - per degree d of `degrees`: ``dil_<d>``, the decomposition loss of P x d row pieces
+      (their GEMMs over the whole GEMM, minus 1); ``chunk_<d>``, the chunking loss of a ring
+      moving d pieces per shard (over the ring, minus 1); ``piece_comm_<d>``, one piece's
+      ``sm`` transfer;
+    - the per-rank work of ``rank_work`` (``M``, ``N``, ``K``, ``shard_rows``,
+      ``shard_cols``) and ``shard_bytes``.
+    The heuristic, the features and the simulator's baseline read these.
+    """
+    M, N, K, shard_rows, shard_cols = rank_work(op, m, n, k, P, imbalance)
+    shard_bytes = shard_rows * shard_cols * dtype_bytes
+    t_comp = gemm_time(hw, M, N, K, dtype_bytes, peak)
+    ring = (P - 1) * transfer_time(hw, shard_bytes, 1, False, P)
+    out = {"M": M, "N": N, "K": K, "shard_rows": shard_rows, "shard_cols": shard_cols, "shard_bytes": shard_bytes,
+           "t_comp": t_comp, "t_comm": collective_time(hw, op, shard_bytes, P), "ring": ring}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for d in degrees:
+            pieces = P * d
+            piece_comm = transfer_time(hw, shard_bytes / d, 1, False, P)
+            out[f"dil_{d}"] = pieces * gemm_time(hw, M / pieces, N, K, dtype_bytes, peak) / t_comp - 1
+            out[f"chunk_{d}"] = (P - 1) * d * piece_comm / ring - 1
+            out[f"piece_comm_{d}"] = piece_comm
+    return out
+
+
 def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_bytes, peak, gran, degree, a2a, per_step,
                    split_n, dma) -> dict[str, np.ndarray]:
     """The analytic time of whole schedules along their pipelines, one entry per
@@ -141,19 +201,13 @@ def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_bytes, 
     """
     b = dtype_bytes
     d = degree
-    is_rs, is_moe = op == OP_CODES["gemm_rs"], op == OP_CODES["a2a_gemm"]
     M_whole, N_whole, K_whole, shard_rows, shard_cols = rank_work(op, m, n, k, P, imbalance)
     g_whole = gemm_time(hw, M_whole, N_whole, K_whole, b, peak)
 
-    # Baseline: the whole collective, then the GEMM. The collective uses the better of a
-    # ring and a direct exchange with every peer at once (what a collective library picks:
-    # direct on a fully connected node), A2A always the direct exchange.
+    # Baseline: the whole collective (``collective_time``), then the GEMM.
     shard_bytes = shard_rows * shard_cols * b
-    ring_coll = (P - 1) * transfer_time(hw, shard_bytes, 1, False, P)
-    a2a_coll = transfer_time(hw, shard_bytes, P - 1, False, P)
-    t_comm_whole = np.where(is_moe, a2a_coll, np.minimum(ring_coll, a2a_coll))
-    rs_adds = np.where(is_rs, (P - 1) * 3 * shard_bytes / (hw.mem_bw_gbps * GB), 0.0)
-    t_comm_whole = t_comm_whole + rs_adds
+    t_comm_whole = collective_time(hw, op, shard_bytes, P)
+    rs_adds = reduction_time(hw, op, shard_bytes, P)
 
     # Overlapped schedules: pieces of shard_rows / d rows (or n / d columns for gemm_rs split n).
     dd = np.where(gran == GRANULARITY_CODES["ficco"], d, 1.0)
@@ -179,7 +233,8 @@ def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_bytes, 
     g_local = np.where(a2a, np.where(per_step, 0.0, g_piece), np.where(per_step, g_shard, dd * g_piece))
     first = np.maximum(contended(hw, g_local, c_step, dma), c_step)
     middle = (steps - 1) * np.maximum(g_step_c, c_step)
-    t_over = first + middle + g_step + rs_adds / np.maximum(steps, 1)
+    # Each step also waits on its peer's signal and orders the streams (``step_sync_us``).
+    t_over = first + middle + g_step + rs_adds / np.maximum(steps, 1) + steps * (hw.step_sync_us * US)
     time = np.where(gran == GRANULARITY_CODES["none"], t_comm_whole + g_whole, t_over)
 
     return {"time_s": time, "t_comp_s": g_whole, "t_comm_s": t_comm_whole, "M": M_whole, "N": N_whole, "K": K_whole,

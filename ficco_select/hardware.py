@@ -34,46 +34,80 @@ class HardwareError(ValueError):
     """A hardware spec is missing, malformed or impossible; names the field."""
 
 
+def _field(unit: str, role: str, default: Any = dataclasses.MISSING, **bounds) -> Any:
+    """A spec field with its unit and role (``ROLES``); `bounds` (low, high, low_open,
+    high_open) narrow a number's validation, ``sample=(exponent, cap)`` how machine sampling
+    draws a fraction (value x factor ** exponent, at most cap)."""
+    return dataclasses.field(default=default, metadata={"unit": unit, "role": role, **bounds})
+
+
+ROLES = ("label", "count", "peak", "topology", "rate", "latency", "fraction")
+"""What a spec field is. The lists that treat fields alike derive from the roles
+(``fields_of``): validation, machine sampling (``data.machines``), recalibration
+(``data.calibrate.RECALIBRATED``), perturbation (``train.adapt.PERTURBED``) and the
+runtime's range check (``ficco_select.runtime.scope.SPEC_RANGE_FIELDS``).
+- ``label``: a non-empty string. ``count``: a positive integer (``copy_engines`` may be 0).
+- ``peak``: TFLOP/s per dtype. ``topology``: one of ``TOPOLOGIES``.
+- ``rate``: a bandwidth, GB/s. ``latency``: a fixed cost, us. ``fraction``: a number in its bounds.
+A rate or latency with a default of 0 is a model term a spec may leave out: 0 turns it off."""
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HardwareSpec:
-    name: str
+    name: str = _field("", "label")
     """Preset name, e.g. ``mi300x-8``."""
-    description: str
+    description: str = _field("", "label")
     """What machine this is."""
-    devices: int
+    devices: int = _field("devices", "count")
     """Accelerators (ranks) in one node."""
-    peak_tflops: dict[str, float]
+    peak_tflops: dict[str, float] = _field("TFLOP/s", "peak")
     """Dense peak matrix throughput per dtype (float32, bfloat16, float16, float8_e4m3fn where
     the hardware has fp8), TFLOP/s."""
-    mem_bw_gbps: float
+    mem_bw_gbps: float = _field("GB/s", "rate")
     """Memory bandwidth of one device, GB/s."""
-    compute_units: int
+    compute_units: int = _field("units", "count")
     """SMs (NVIDIA) or CUs (AMD): the unit of wave quantization."""
-    tile_m: int
+    tile_m: int = _field("rows", "count")
     """GEMM output tile rows per compute unit (wave quantization)."""
-    tile_n: int
+    tile_n: int = _field("columns", "count")
     """GEMM output tile columns per compute unit."""
-    gemm_efficiency: float
+    gemm_efficiency: float = _field("fraction", "fraction", low=0.0, high=1.0, high_open=False, sample=(0.5, 0.95))
     """Fraction of peak a large, well-shaped GEMM reaches, in (0, 1]."""
-    gemm_launch_us: float
+    gemm_launch_us: float = _field("us", "latency")
     """Fixed cost of one GEMM call (launch, prologue), microseconds."""
-    topology: str
+    topology: str = _field("", "topology")
     """How devices connect: fully_connected (a link per pair), switch (NVSwitch-like), ring."""
-    link_bw_gbps: float
+    link_bw_gbps: float = _field("GB/s", "rate")
     """One-direction bandwidth of one peer link (fully_connected, ring) or of a device's
     port into the switch (switch), GB/s."""
-    sm_comm_latency_us: float
+    sm_comm_latency_us: float = _field("us", "latency")
     """Fixed cost per transfer moved by kernels on compute units (``sm`` engine), us."""
-    sm_comm_units: float
+    sm_comm_units: float = _field("fraction", "fraction", low=0.0, high=1.0, low_open=False, sample=(1.0, 0.5))
     """Fraction of compute units an ``sm`` transfer occupies while it runs, in [0, 1)."""
-    copy_engines: int
+    copy_engines: int = _field("engines", "count")
     """DMA copy engines per device usable for peer transfers (0: no ``dma`` engine)."""
-    dma_latency_us: float
+    dma_latency_us: float = _field("us", "latency")
     """Fixed cost per copy-engine transfer, us (larger than ``sm``'s)."""
-    dma_bw_gbps: float
+    dma_bw_gbps: float = _field("GB/s", "rate")
     """Bandwidth one copy engine sustains, GB/s."""
-    dma_mem_contention: float
+    dma_mem_contention: float = _field("fraction", "fraction", low=0.0, high=1.0, low_open=False, high_open=False,
+                                       sample=(1.0, 1.0))
     """GEMM slowdown fraction per unit of memory bandwidth a ``dma`` transfer takes, in [0, 1]."""
+    gemm_mem_efficiency: float = _field("fraction", "fraction", 1.0, low=0.0, high=1.0, high_open=False,
+                                        sample=(0.5, 1.0))
+    """Fraction of ``mem_bw_gbps`` a GEMM's operand traffic reaches, in (0, 1]: what bounds a
+    GEMM with few rows (a piece of a decomposed schedule), which streams its whole weight
+    matrix for little compute. 1 (the default): the data-sheet bandwidth."""
+    coll_latency_us: float = _field("us", "latency", 0.0)
+    """Fixed cost of one whole collective of the collective library (NCCL, RCCL), us."""
+    coll_bw_gbps: float = _field("GB/s", "rate", 0.0)
+    """Bus bandwidth of the collective library's all-gather / reduce-scatter / all-to-all
+    (nccl-tests' busbw: (P - 1) shards through each device), GB/s. 0 (the default): the
+    serial baseline's collective is modelled by ``sm`` transfers (a ring, or a direct
+    exchange with every peer, the faster)."""
+    step_sync_us: float = _field("us", "latency", 0.0)
+    """Fixed cost per step of a decomposed schedule beyond its transfer and its GEMM: waiting
+    on the peer's signal, ordering the streams, us."""
 
     def peak_of(self, dtype: str) -> float:
         """Dense peak TFLOP/s of `dtype`, float32's where the spec gives none: the one rule the
@@ -86,6 +120,16 @@ class HardwareSpec:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(HardwareSpec)}
+
+
+def fields_of(*roles: str) -> tuple[str, ...]:
+    """The spec's fields of these roles (``ROLES``), in declaration order."""
+    return tuple(name for name, f in _FIELDS.items() if f.metadata["role"] in roles)
+
+
+def spec_field(name: str) -> dataclasses.Field:
+    """A spec field's declaration: its ``metadata`` holds its unit, role and bounds."""
+    return _FIELDS[name]
 SPEC_SUFFIXES = (".yaml", ".yml")
 """A hardware value ending so (or holding a path separator) is a spec file; else a name."""
 
@@ -94,6 +138,7 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
     """Check every field of a spec mapping; HardwareError naming `where` and the field."""
     if not isinstance(spec, dict):
         raise HardwareError(f"{where}: a hardware spec is a mapping of fields, got {type(spec).__name__}")
+    spec = {**{f: v.default for f, v in _FIELDS.items() if v.default is not dataclasses.MISSING}, **spec}
     missing = [f for f in _FIELDS if f not in spec]
     if missing:
         raise HardwareError(f"{where}: field '{missing[0]}' is missing")
@@ -113,38 +158,35 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
             lo, hi = "(" if low_open else "[", ")" if high_open else "]"
             raise HardwareError(f"{where}: field '{field}' must lie in {lo}{low:g}, {high:g}{hi}, got {value!r}")
 
-    for f in ("name", "description"):
+    for f in fields_of("label"):
         if not isinstance(spec[f], str) or not spec[f].strip():
             raise HardwareError(f"{where}: field '{f}' must be a non-empty string, got {spec[f]!r}")
     if is_spec_path(spec["name"]):
         raise HardwareError(f"{where}: field 'name' is {spec['name']!r}, which reads as a file path; "
                             "give the machine a plain name such as my-node")
-    for f in ("devices", "compute_units", "tile_m", "tile_n"):
-        number(f, spec[f], integer=True)
+    for f in fields_of("count"):
+        number(f, spec[f], integer=True, low_open=f != "copy_engines")
     if spec["devices"] < 2:  # every scenario has P >= 2 ranks on one node
         raise HardwareError(f"{where}: field 'devices' must be at least 2 (a spec describes a node whose devices "
                             f"are the ranks; one GPU is measured in loopback under its node's spec), got {spec['devices']}")
-    for f in ("mem_bw_gbps", "link_bw_gbps", "gemm_launch_us", "sm_comm_latency_us"):
-        number(f, spec[f])
     if not isinstance(spec["peak_tflops"], dict) or "float32" not in spec["peak_tflops"]:
         raise HardwareError(f"{where}: field 'peak_tflops' must map dtypes to TFLOP/s, including float32")
     for dtype, value in spec["peak_tflops"].items():
         if dtype not in DTYPES:
             raise HardwareError(f"{where}: field 'peak_tflops.{dtype}': unknown dtype (known: {', '.join(DTYPES)})")
         number(f"peak_tflops.{dtype}", value)
-    number("gemm_efficiency", spec["gemm_efficiency"], high=1.0, high_open=False)
-    number("sm_comm_units", spec["sm_comm_units"], high=1.0, low_open=False)
     if spec["topology"] not in TOPOLOGIES:
         raise HardwareError(f"{where}: field 'topology' must be one of {', '.join(TOPOLOGIES)}, "
                             f"got {spec['topology']!r}")
-    number("copy_engines", spec["copy_engines"], integer=True, low_open=False)
-    if spec["copy_engines"]:
-        number("dma_latency_us", spec["dma_latency_us"])
-        number("dma_bw_gbps", spec["dma_bw_gbps"])
-    else:  # unused without copy engines, but a dataset stores them: numbers all the same
-        number("dma_latency_us", spec["dma_latency_us"], low_open=False)
-        number("dma_bw_gbps", spec["dma_bw_gbps"], low_open=False)
-    number("dma_mem_contention", spec["dma_mem_contention"], high=1.0, low_open=False, high_open=False)
+    for f in (*fields_of("rate"), *fields_of("latency")):
+        # Zero is allowed where the term may be off: a model term left out, or a copy-engine
+        # number of a machine without copy engines (a dataset stores them all the same).
+        may_be_off = _FIELDS[f].default == 0 or (f.startswith("dma_") and not spec["copy_engines"])
+        number(f, spec[f], low_open=not may_be_off)
+    for f in fields_of("fraction"):
+        meta = _FIELDS[f].metadata
+        number(f, spec[f], low=meta.get("low", 0.0), high=meta.get("high", math.inf),
+               low_open=meta.get("low_open", True), high_open=meta.get("high_open", True))
     return HardwareSpec(**{**spec, "name": spec["name"].strip(),
                            "peak_tflops": {k: float(v) for k, v in spec["peak_tflops"].items()}})
 

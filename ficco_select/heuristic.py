@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ficco_select.costs import OP_CODES, gemm_time, rank_work, transfer_time
+from ficco_select.costs import OP_CODES, scenario_estimates
 from ficco_select.hardware import HardwareSpec
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import BASELINE, SHARD, Schedule, degrees, is_legal
@@ -59,23 +59,18 @@ def backend_for(hw: HardwareSpec) -> str:
 
 
 def estimates(s: Scenario, hw: HardwareSpec) -> dict[str, float]:
-    """Analytic T_comp, T_comm, ideal speedup, DIL per degree, piece transfer per degree."""
-    P, b = s.world_size, s.dtype_bytes
-    peak = hw.peak_of(s.dtype) * 1e12
+    """Analytic T_comp, T_comm, the ring's transfers, ideal speedup, DIL and piece transfer per
+    degree (``costs.scenario_estimates``)."""
     # Floats, not ints: a huge int would overflow NumPy's int64 (the runtime must not fail on it).
-    work = rank_work(OP_CODES[s.op], float(s.m), float(s.n), float(s.k), P, s.imbalance)
-    M, N, K, shard_rows, shard_cols = (float(x) for x in work)
-    shard_bytes = shard_rows * shard_cols * b
-    t_comp = float(gemm_time(hw, M, N, K, b, peak))
-    ring = (P - 1) * float(transfer_time(hw, shard_bytes, 1, False, P))
-    direct = float(transfer_time(hw, shard_bytes, P - 1, False, P))
-    t_comm = min(ring, direct)
-    out = {"t_comp": t_comp, "t_comm": t_comm,
-           "ideal": (t_comp + t_comm) / max(t_comp, t_comm, 1e-30)}
-    for d in (1, *degrees(P)):
-        pieces = P * d
-        out[f"dil_{d}"] = pieces * float(gemm_time(hw, M / pieces, N, K, b, peak)) / max(t_comp, 1e-30) - 1
-        out[f"piece_comm_{d}"] = float(transfer_time(hw, shard_bytes / d, 1, False, P))
+    est = scenario_estimates(hw, op=OP_CODES[s.op], m=float(s.m), n=float(s.n), k=float(s.k), P=s.world_size,
+                             imbalance=s.imbalance, dtype_bytes=s.dtype_bytes, peak=hw.peak_of(s.dtype) * 1e12,
+                             degrees=(1, *degrees(s.world_size)))
+    out = {key: float(est[key]) for key in ("t_comp", "t_comm", "ring")}
+    out["ideal"] = (out["t_comp"] + out["t_comm"]) / max(out["t_comp"], out["t_comm"], 1e-30)
+    for d in (1, *degrees(s.world_size)):
+        dil = float(est[f"dil_{d}"])
+        out[f"dil_{d}"] = dil if out["t_comp"] > 0 else -1.0  # an empty GEMM loses nothing
+        out[f"piece_comm_{d}"] = float(est[f"piece_comm_{d}"])
     return out
 
 
@@ -94,8 +89,7 @@ def choose(s: Scenario, hw: HardwareSpec, params: HeuristicParams = HeuristicPar
     pattern = "a2a" if hw.topology in ("fully_connected", "switch") and P >= 3 else "ring"
     # A ring moves everything over one link per step: when that alone outlasts the whole
     # baseline, no ring schedule can win.
-    ring_total = (P - 1) * est["piece_comm_1"]
-    ring_viable = ring_total < est["t_comp"] + est["t_comm"]
+    ring_viable = est["ring"] < est["t_comp"] + est["t_comm"]
     latency = hw.sm_comm_latency_us * 1e-6
     degree = 1
     for d in degrees(P):

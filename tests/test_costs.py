@@ -37,7 +37,8 @@ def _ref_gemm_time(hw, M, N, K, dtype_bytes, peak_flops, units_free, mem_slowdow
         utilization = np.where(tiles > 0, tiles / np.maximum(waves * units, 1), 1.0)
         t = flops / (peak_flops * hw.gemm_efficiency * efficiency * utilization * units_free)
         compute = np.minimum(compute, t)
-    memory = (M * K + K * N + M * N) * dtype_bytes / (hw.mem_bw_gbps * GB) * (1 + mem_slowdown)
+    # The one change since: operands move at the GEMM's share of the bandwidth (gemm_mem_efficiency).
+    memory = (M * K + K * N + M * N) * dtype_bytes / (hw.mem_bw_gbps * hw.gemm_mem_efficiency * GB) * (1 + mem_slowdown)
     return np.where(flops > 0, np.maximum(compute, memory) + hw.gemm_launch_us * US, 0.0)
 
 
@@ -129,7 +130,7 @@ def test_gemm_time_bit_equal_on_random_shapes(hw):
         assert_same(gemm_time(hw, M[7], N[7], K[7], b[7], peak[7]), ref_gemm_time(hw, M[7], N[7], K[7], b[7], peak[7]),
                     "one random shape, scalars")
     compute = ref_gemm_time(hw, M, N, K, b, peak)
-    memory = (M * K + K * N + M * N) * b / (hw.mem_bw_gbps * GB) + hw.gemm_launch_us * US
+    memory = (M * K + K * N + M * N) * b / (hw.mem_bw_gbps * hw.gemm_mem_efficiency * GB) + hw.gemm_launch_us * US
     assert (compute == memory).any() and (compute > memory).any(), "both regimes are exercised"
 
 

@@ -48,7 +48,7 @@ from data.dataset import read_dataset, write_parquet_atomic
 from data.locks import output_lock
 from data.machines import base_machine
 from data.simulate import simulate, simulate_rows
-from ficco_select.hardware import HardwareSpec, register_hardware, spec_as_dict, spec_from_dict
+from ficco_select.hardware import HardwareSpec, fields_of, register_hardware, spec_as_dict, spec_field, spec_from_dict
 from ficco_select.scenario import Scenario
 from train.metrics import ceiling_choices, score, usable_rows
 from train.selectors import FEATURE_COLUMNS, XGBTimeRegressor, feature_pairs, with_features
@@ -126,8 +126,7 @@ def sim_machine(name: str, start: HardwareSpec, truth_spec: HardwareSpec, grid: 
                        time_model_s=lambda d: d["time_s"], status="ok", verified=True, near_best=False))
 
 
-PERTURBED = ("peak_tflops", "gemm_efficiency", "mem_bw_gbps", "gemm_launch_us", "compute_units", "link_bw_gbps",
-             "sm_comm_latency_us", "sm_comm_units", "dma_latency_us", "dma_bw_gbps", "dma_mem_contention")
+PERTURBED = ("peak_tflops", "compute_units", *fields_of("fraction", "rate", "latency"))
 """The numbers ``perturbed`` draws: every rate, latency, unit count and contention factor.
 The compute units are among them (``recalibrate`` searches them count by count: a count a
 few units off misplaces schedules in ways a rescaled rate only approximates)."""
@@ -142,9 +141,8 @@ def perturbed(spec: HardwareSpec, name: str, *, spread: float = 1.3, seed: int =
     changes = {f: getattr(spec, f) * factor[f] for f in PERTURBED if f != "peak_tflops"}
     changes["peak_tflops"] = {d: v * factor["peak_tflops"] for d, v in spec.peak_tflops.items()}
     changes["compute_units"] = max(1, round(changes["compute_units"]))
-    changes["gemm_efficiency"] = min(changes["gemm_efficiency"], 0.95)
-    changes["sm_comm_units"] = min(changes["sm_comm_units"], 0.9)
-    changes["dma_mem_contention"] = min(changes["dma_mem_contention"], 1.0)
+    for f in fields_of("fraction"):  # within the cap machine sampling keeps them under
+        changes[f] = min(changes[f], spec_field(f).metadata["sample"][1])
     return dataclasses.replace(spec, name=name, description=f"{spec.name}, every number off by up to x{spread:g}",
                                **changes)
 

@@ -34,7 +34,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ficco_select.hardware import HardwareSpec, spec_from_dict
+from ficco_select.hardware import HardwareSpec, fields_of, spec_from_dict
 from ficco_select.heuristic import backend_for
 
 SELECTORS = ("xgb-regressor", "xgb-ranker")
@@ -48,10 +48,10 @@ DEFAULT_MIN_MARGIN = 0.01
 """The margin below which a model without a fitted ``abstention`` rule abstains."""
 FALLBACKS = ("heuristic", "baseline")
 """Where a fitted abstention rule may send a low-margin decision."""
-SPEC_RANGE_FIELDS = ("mem_bw_gbps", "compute_units", "link_bw_gbps", "sm_comm_latency_us", "dma_latency_us",
-                     "copy_engines")
-"""Spec fields (the features' hardware numbers, with ``peak_tflops.<dtype>``) whose trained
-ranges bound the machines an ``unseen_hardware`` rule lets the model decide."""
+SPEC_RANGE_FIELDS = ("compute_units", "copy_engines", *fields_of("rate", "latency"))
+"""Spec fields (with ``peak_tflops.<dtype>``) whose trained ranges bound the machines an
+``unseen_hardware`` rule lets the model decide: every rate and latency the cost estimates
+read, and the counts the features read."""
 MACHINE_KINDS = ("gpu", "cpu")
 """``unseen_hardware`` ranges are per kind of machine (``machine_kind``)."""
 

@@ -1,0 +1,355 @@
+"""Published real-GPU measurements, and the simulator held against them.
+
+``data/published/gpu-calibration.csv`` holds numbers measured on real GPUs by others, each
+row with its source URL (copied verbatim from the project's shared calibration set; its
+README says what each column means). ``read_published`` turns such a table into points;
+``compare`` predicts every point on a spec; ``fit`` fits a preset's model terms to them.
+
+Kinds of point (``Point.kind``):
+- ``overlap``: a collective + GEMM whose method is one of the project's schedules
+  (``METHOD_SCHEDULES``): its serial baseline's time and the method's speedup over it.
+- ``baseline``: a collective + GEMM whose method is not one of ours (a fused kernel): its
+  baseline's time only (the serial baseline is what ``none.*`` runs).
+- ``collective``: a plain collective of a stated message size: its time.
+- ``gemm``: one device's matmul: its time.
+- ``bandwidth``: a reported bus or copy-engine bandwidth, no time: compared in GB/s.
+Errors name the file, the row (1-based, header excluded) and the column.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ficco_select.costs import GB, OP_CODES, US, collective_time, gemm_time, transfer_time
+from ficco_select.hardware import HardwareSpec, load_hardware, preset_for_device, spec_field
+from ficco_select.scenario import DTYPE_ALIASES, DTYPES, Scenario
+
+COLUMNS = ("source", "hardware", "gpus", "interconnect", "op", "m", "n", "k", "dtype", "world_size", "baseline",
+           "method", "baseline_time_us", "method_time_us", "speedup", "notes")
+METHOD_SCHEDULES = {"torch.ops.symm_mem.fused_all_gather_matmul": "shard.ring.dma",
+                    "torch.ops.symm_mem.fused_matmul_reduce_scatter": "shard.ring.dma"}
+"""Published methods that are one of the project's schedules (named in the ``method`` cell):
+PyTorch async-TP's fused all-gather matmul pulls one shard per step with copy engines and
+multiplies it as it lands; its fused matmul reduce-scatter multiplies one shard's rows per
+step and sends them with copy engines."""
+BASELINE_SCHEDULE = "none.sm"
+"""The serial baseline: the library's collective, then one GEMM."""
+COLLECTIVES = {"all_gather": "ag_gemm", "reduce_scatter": "gemm_rs", "all_reduce": None}
+"""Plain collectives, with the operator whose collective they are (all-reduce: none)."""
+PEAK_MESSAGE_BYTES = 1 << 30
+"""Message size at which a bandwidth reported without one ("peak busbw") is predicted."""
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+class PublishedError(ValueError):
+    """A published table is unreadable or a row cannot be used; names the row and column."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    row: int
+    """1-based row of the table, header excluded."""
+    source: str
+    kind: str
+    """overlap, baseline, collective, gemm or bandwidth (the module's docstring)."""
+    hardware: str
+    """The preset of the published device (``preset_for_device``); "" where no preset is that
+    device (an export variant with other links, say): such a point is read, not compared."""
+    grade: str
+    """A, B or C: how much the source says about its setup (the table's README)."""
+    op: str = ""
+    """ag_gemm / gemm_rs / a2a_gemm; for a collective or bandwidth, the collective's name."""
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    dtype: str = "bfloat16"
+    world_size: int = 1
+    baseline_us: float = math.nan
+    """The measured time: the serial baseline, the collective or the GEMM."""
+    method_us: float = math.nan
+    """The overlapped method's measured time (``overlap``)."""
+    schedule: str = ""
+    """The project's schedule that the method is (``overlap``)."""
+    message_bytes: float = math.nan
+    """The collective's message (the gathered buffer, or the reduce-scatter's input)."""
+    bandwidth_gbps: float = math.nan
+    """A reported bandwidth (``bandwidth``): bus bandwidth, or one copy's."""
+
+    @property
+    def speedup(self) -> float:
+        return self.baseline_us / self.method_us
+
+    def scenario(self, hardware: str) -> Scenario:
+        return Scenario(group="published", op=self.op, m=self.m, n=self.n, k=self.k, dtype=self.dtype,
+                        world_size=self.world_size, hardware=hardware, imbalance=1.0)
+
+
+def packaged() -> Path:
+    """The committed table of published measurements."""
+    return Path(str(resources.files("data") / "published" / "gpu-calibration.csv"))
+
+
+def read_published(path: str | Path | None = None) -> list[Point]:
+    """The points of a published table (default: the committed one). PublishedError names
+    the file, the row and the column of the first unusable cell."""
+    path = Path(path) if path is not None else packaged()
+    try:
+        table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except FileNotFoundError:
+        raise PublishedError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise PublishedError(f"{path}: not a readable CSV table ({type(e).__name__})") from None
+    missing = [c for c in COLUMNS if c not in table.columns]
+    if missing:
+        raise PublishedError(f"{path}: column '{missing[0]}' is missing (columns: {', '.join(COLUMNS)})")
+    points = []
+    for i, record in enumerate(table.to_dict("records"), start=1):
+        try:
+            points.append(_point(i, {k: str(v).strip() for k, v in record.items()}))
+        except PublishedError as e:
+            raise PublishedError(f"{path}: row {i}, {e}") from None
+    return points
+
+
+def _point(row: int, r: dict[str, str]) -> Point:
+    if not r["source"].startswith(("http://", "https://")):
+        raise PublishedError(f"column 'source': every row names the URL it was read from, got {r['source']!r}")
+    token = re.match(r"[A-Za-z]+\d+[A-Za-z]*", r["hardware"])
+    if token is None:
+        raise PublishedError(f"column 'hardware': not a device name: {r['hardware']!r}")
+    preset = preset_for_device(token.group(0)) or ""
+    grade = re.match(r"\[grade ([ABC])\]", r["notes"])
+    if grade is None:
+        raise PublishedError("column 'notes': a note begins with its grade, [grade A], [grade B] or [grade C]")
+    common = {"row": row, "source": r["source"], "hardware": preset, "grade": grade.group(1)}
+    op = r["op"]
+    if op in OP_CODES:
+        method = r["method"]
+        schedule = next((s for name, s in METHOD_SCHEDULES.items() if name in method), "")
+        point = Point(**common, kind="overlap" if schedule else "baseline", op=op, schedule=schedule,
+                      **_shape(r), baseline_us=_number(r, "baseline_time_us"),
+                      method_us=_number(r, "method_time_us") if schedule else math.nan)
+        return point
+    plain = re.match(r"plain (all_gather|reduce_scatter|all_reduce|GEMM|p2p copy)", op)
+    if plain is None:
+        raise PublishedError(f"column 'op': {op!r} is neither an operator ({', '.join(OP_CODES)}) nor a plain "
+                             "collective, copy or GEMM")
+    what = plain.group(1)
+    if what == "GEMM":
+        return Point(**common, kind="gemm", op="gemm", **_shape(r, gemm=True), baseline_us=_number(r, "baseline_time_us"))
+    P = _integer(r, "world_size") if r["world_size"] else _integer(r, "gpus", first_word=True)
+    if r["baseline_time_us"] and what in COLLECTIVES:
+        size = re.search(r"message = [^0-9]*(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|B)\b", r["notes"])
+        if size is None:
+            raise PublishedError("column 'notes': a timed collective states its message (message = ... MiB)")
+        return Point(**common, kind="collective", op=what, world_size=P, dtype=_dtype(r),
+                     message_bytes=float(size.group(1)) * _UNITS[size.group(2)],
+                     baseline_us=_number(r, "baseline_time_us"))
+    rate = (re.search(r"busbw[^\d]{0,12}(\d+(?:\.\d+)?)\s*GB/s", r["notes"])
+            or re.search(r"(\d+(?:\.\d+)?)\s*GB/s busbw", r["notes"])
+            or re.search(r"(\d+(?:\.\d+)?)\s*GB/s unidirectional", r["notes"]))
+    if rate is None:
+        raise PublishedError("column 'notes': a collective or copy without a time states its bandwidth (GB/s)")
+    size = re.search(r"(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB) payload", r["notes"])
+    return Point(**common, kind="bandwidth", op="copy" if what == "p2p copy" else what, world_size=P,
+                 bandwidth_gbps=float(rate.group(1)),
+                 message_bytes=float(size.group(1)) * _UNITS[size.group(2)] if size else float(PEAK_MESSAGE_BYTES))
+
+
+def _number(r: dict[str, str], column: str) -> float:
+    try:
+        value = float(r[column])
+    except ValueError:
+        raise PublishedError(f"column '{column}': a number is needed, got {r[column]!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise PublishedError(f"column '{column}': must be positive, got {r[column]!r}")
+    return value
+
+
+def _integer(r: dict[str, str], column: str, *, first_word: bool = False) -> int:
+    text = r[column].split()[0] if first_word and r[column] else r[column]
+    value = _number({column: text}, column)
+    if value != int(value):
+        raise PublishedError(f"column '{column}': an integer is needed, got {r[column]!r}")
+    return int(value)
+
+
+def _dtype(r: dict[str, str]) -> str:
+    word = r["dtype"].split(" ")[0]  # "bf16 (inferred)": the dtype, then a remark
+    dtype = DTYPE_ALIASES.get(word, {"float": "float32"}.get(word, word))
+    if dtype not in DTYPES:
+        raise PublishedError(f"column 'dtype': unknown dtype {r['dtype']!r} (known: {', '.join(DTYPES)})")
+    return dtype
+
+
+def _shape(r: dict[str, str], gemm: bool = False) -> dict:
+    shape = {c: _integer(r, c) for c in ("m", "n", "k")}
+    return {**shape, "dtype": _dtype(r), "world_size": 1 if gemm else _integer(r, "world_size")}
+
+
+# -- the simulator against the points --------------------------------------------------------
+def predict(point: Point, hw: HardwareSpec) -> dict[str, float]:
+    """What the cost model says of `point` on `hw`: ``time_us`` (the baseline, collective or
+    GEMM), ``method_us`` (an overlap point's schedule) or ``bandwidth_gbps``."""
+    if point.kind in ("overlap", "baseline"):
+        from data.simulate import simulate_rows
+
+        times = simulate_rows([point.scenario(hw.name)], hw).set_index("schedule")["time_s"]
+        out = {"time_us": float(times[BASELINE_SCHEDULE]) / US}
+        if point.kind == "overlap":
+            out["method_us"] = float(times[point.schedule]) / US if point.schedule in times.index else math.nan
+        return out
+    if point.kind == "gemm":
+        peak = hw.peak_of(point.dtype) * 1e12
+        return {"time_us": float(gemm_time(hw, point.m, point.n, point.k, DTYPES[point.dtype], peak)) / US}
+    P = point.world_size
+    shard = point.message_bytes / P
+    if point.kind == "collective":
+        return {"time_us": float(collective_time(hw, OP_CODES[COLLECTIVES[point.op]], shard, P)) / US}
+    if point.op == "copy":  # one copy-engine copy between two devices
+        return {"bandwidth_gbps": point.message_bytes / float(transfer_time(hw, point.message_bytes, 1, True, 2)) / GB}
+    gather = float(collective_time(hw, OP_CODES["ag_gemm"], shard, P))
+    if point.op == "all_gather":
+        return {"bandwidth_gbps": (P - 1) * shard / gather / GB}
+    scatter = float(collective_time(hw, OP_CODES["gemm_rs"], shard, P))
+    if point.op == "reduce_scatter":
+        return {"bandwidth_gbps": (P - 1) * shard / scatter / GB}
+    # all-reduce: a reduce-scatter, then an all-gather; nccl-tests' busbw counts 2 (P - 1) shards
+    return {"bandwidth_gbps": 2 * (P - 1) * shard / (scatter + gather) / GB}
+
+
+def compare(points: list[Point], specs: dict[str, HardwareSpec] | None = None) -> dict:
+    """Each point predicted on its preset (or ``specs[preset]``), and a summary per preset.
+
+    Per point: the measured and predicted value, their absolute percentage error (APE) and,
+    for an overlap point, the speedup's and whether overlap wins (speedup > 1) as measured.
+    Per preset: median APEs of the serial baseline (each distinct baseline once), of the
+    overlap speedup, of collectives and of GEMMs, and how many overlap points win or lose
+    as measured."""
+    specs = specs or {}
+    rows = []
+    for point in points:
+        if not point.hardware:
+            continue  # listed under "unmatched"
+        hw = specs.get(point.hardware) or load_hardware(point.hardware)
+        p = predict(point, hw)
+        row = {"row": point.row, "kind": point.kind, "hardware": point.hardware, "grade": point.grade,
+               "op": point.op, "m": point.m, "n": point.n, "k": point.k, "world_size": point.world_size}
+        if "time_us" in p:
+            row.update(measured_us=point.baseline_us, predicted_us=round(p["time_us"], 2),
+                       ape=_ape(p["time_us"], point.baseline_us))
+        if point.kind == "collective":
+            row["message_mib"] = point.message_bytes / (1 << 20)
+        if point.kind == "overlap":
+            predicted = p["time_us"] / p["method_us"]
+            row.update(schedule=point.schedule, speedup=round(point.speedup, 3), predicted_speedup=round(predicted, 3),
+                       speedup_ape=_ape(predicted, point.speedup), wins=point.speedup > 1,
+                       predicted_wins=bool(predicted > 1), agrees=(point.speedup > 1) == bool(predicted > 1))
+        if point.kind == "bandwidth":
+            row.update(measured_gbps=point.bandwidth_gbps, predicted_gbps=round(p["bandwidth_gbps"], 1),
+                       ape=_ape(p["bandwidth_gbps"], point.bandwidth_gbps))
+        rows.append(row)
+    return {"points": rows, "presets": _summaries(rows), "unmatched": [p.row for p in points if not p.hardware]}
+
+
+def _ape(predicted: float, measured: float) -> float:
+    return round(abs(predicted - measured) / measured, 4)
+
+
+def _summaries(rows: list[dict]) -> dict[str, dict]:
+    out = {}
+    for preset in sorted({r["hardware"] for r in rows}):
+        mine = [r for r in rows if r["hardware"] == preset]
+        baselines = {(r["op"], r["m"], r["n"], r["k"], r["world_size"], r["measured_us"]): r["ape"]
+                     for r in mine if r["kind"] in ("overlap", "baseline")}
+        overlap = [r for r in mine if r["kind"] == "overlap"]
+        median = lambda values: round(float(np.median(values)), 4) if len(values) else None  # noqa: E731
+        out[preset] = {
+            "baselines": len(baselines), "baseline_ape_median": median(list(baselines.values())),
+            "overlap_points": len(overlap), "speedup_ape_median": median([r["speedup_ape"] for r in overlap]),
+            "wins_as_measured": sum(r["agrees"] for r in overlap),
+            "collectives": sum(r["kind"] == "collective" for r in mine),
+            "collective_ape_median": median([r["ape"] for r in mine if r["kind"] == "collective"]),
+            "gemms": sum(r["kind"] == "gemm" for r in mine),
+            "gemm_ape_median": median([r["ape"] for r in mine if r["kind"] == "gemm"]),
+            "bandwidths": sum(r["kind"] == "bandwidth" for r in mine),
+            "bandwidth_ape_median": median([r["ape"] for r in mine if r["kind"] == "bandwidth"]),
+        }
+    return out
+
+
+# -- fitting a preset's model terms to the points ---------------------------------------------
+FITTED = ("gemm_efficiency", "gemm_mem_efficiency", "coll_latency_us", "coll_bw_gbps", "step_sync_us",
+          "dma_mem_contention")
+"""The spec numbers ``fit`` fits by default: the GEMM's efficiency and the bandwidth its
+operands reach (what bounds a piece with few rows), the collective library's latency and
+bus bandwidth, a decomposed schedule's per-step cost and the GEMM's slowdown beside
+copy-engine transfers. The data-sheet numbers (peaks, memory and link bandwidth, units,
+tiles) stay as published; a fixed cost the times cannot tell from the others (a GEMM's
+launch, a copy's issue latency) stays as the preset says."""
+FIT_KINDS = ("overlap", "collective")
+"""The points a fit reads by default: each overlap point's baseline and method times, each
+collective's time. GEMM and bandwidth rows are checks there: the GEMM rows were measured in
+other setups (a best shape found by a sweep, the L2 not flushed). A preset without overlap
+points fits its GEMM efficiency and bus bandwidth to them (``kinds``)."""
+KINDS = ("overlap", "baseline", "collective", "gemm", "bandwidth")
+NEGLIGIBLE = 1e-3
+"""A fitted fraction or fixed cost below this is written as 0: the data say the term is absent."""
+
+
+def _written(field: str, value: float) -> float:
+    """A fitted number as a preset holds it: 3 significant digits; 0 where the term vanished
+    and may be off (a term a spec may leave out, a contention factor)."""
+    may_be_off = spec_field(field).default == 0 or field == "dma_mem_contention"
+    return 0.0 if value < NEGLIGIBLE and may_be_off else float(f"{max(value, NEGLIGIBLE):.3g}")
+
+
+def fit(points: list[Point], spec: HardwareSpec, *, fields: tuple[str, ...] = FITTED,
+        kinds: tuple[str, ...] = FIT_KINDS) -> tuple[HardwareSpec, dict]:
+    """`spec` with `fields` fitted to the points of its preset whose kind is in `kinds`: least
+    squares on the log ratios of predicted to measured times (bandwidths for ``bandwidth``
+    points), fractions kept in (0, 1]. Returns the fitted spec and what it was fitted to: the
+    rows, their sources, and the APE medians before and after."""
+    from scipy.optimize import least_squares
+
+    unknown = [f for f in fields if f not in FITTED and f not in ("gemm_launch_us", "dma_latency_us", "dma_bw_gbps")]
+    if unknown:
+        raise PublishedError(f"cannot fit field '{unknown[0]}' (fitted: {', '.join(FITTED)}, gemm_launch_us, "
+                             "dma_latency_us, dma_bw_gbps)")
+    mine = [p for p in points if p.hardware == spec.name and p.kind in kinds]
+    if not mine:
+        raise PublishedError(f"no {' or '.join(kinds)} points of {spec.name} to fit to")
+    fractions = [f for f in fields if f in ("gemm_efficiency", "gemm_mem_efficiency", "dma_mem_contention")]
+
+    def spec_at(x: np.ndarray) -> HardwareSpec:
+        return dataclasses.replace(spec, **{f: float(np.exp(v)) for f, v in zip(fields, x)})
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        hw = spec_at(x)
+        out = []
+        for p in mine:
+            predicted = predict(p, hw)
+            if p.kind == "bandwidth":
+                out.append(np.log(predicted["bandwidth_gbps"] / p.bandwidth_gbps))
+                continue
+            out.append(np.log(predicted["time_us"] / p.baseline_us))
+            if p.kind == "overlap":
+                out.append(np.log(predicted["method_us"] / p.method_us))
+        return np.array(out)
+
+    start = np.log([max(getattr(spec, f), 0.5 if f.endswith("_us") else 0.05) for f in fields])
+    low = np.full(len(fields), -np.inf)
+    high = np.array([0.0 if f in fractions else np.inf for f in fields])
+    result = least_squares(residuals, np.minimum(start, high - 1e-9), bounds=(low, high), x_scale=1.0)
+    fitted = dataclasses.replace(spec, **{f: _written(f, v) for f, v in zip(fields, np.exp(result.x))})
+    before, after = compare(mine, {spec.name: spec}), compare(mine, {spec.name: fitted})
+    return fitted, {"rows": [p.row for p in mine], "sources": sorted({p.source for p in mine}),
+                    "fields": {f: getattr(fitted, f) for f in fields},
+                    "before": before["presets"][spec.name], "after": after["presets"][spec.name]}

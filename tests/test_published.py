@@ -1,0 +1,156 @@
+"""The published-measurements table: its reader on hand-made rows, the comparison against the
+cost model, the fit, and the commands that print them."""
+
+import csv
+import dataclasses
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from data.published import COLUMNS, PublishedError, compare, fit, packaged, predict, read_published
+from ficco_cli.main import main as cli
+from ficco_select.costs import OP_CODES, US, collective_time, gemm_time
+from ficco_select.hardware import load_hardware
+
+URL = "https://example.org/benchmark"
+AG_POINT = {"source": URL, "hardware": "H100 (SXM assumed)", "gpus": "8", "interconnect": "NVSwitch", "op": "ag_gemm",
+            "m": "4096.0", "n": "53248.0", "k": "8192.0", "dtype": "bf16", "world_size": "8",
+            "baseline": "NCCL all_gather then torch.matmul",
+            "method": "torch.ops.symm_mem.fused_all_gather_matmul (async-TP)", "baseline_time_us": "900",
+            "method_time_us": "800", "speedup": "1.125", "notes": "[grade A] hand-made"}
+COLLECTIVE = {**{c: "" for c in COLUMNS}, "source": URL, "hardware": "H100", "gpus": "8",
+              "op": "plain all_gather (NCCL)", "dtype": "bf16", "world_size": "8", "baseline_time_us": "40",
+              "notes": "[grade A] message = full gathered buffer 8 MiB"}
+GEMM = {**{c: "" for c in COLUMNS}, "source": URL, "hardware": "MI300X", "gpus": "1", "op": "plain GEMM (torch.matmul)",
+        "m": "4096", "n": "4096", "k": "4096", "dtype": "bf16", "world_size": "1", "baseline_time_us": "300",
+        "notes": "[grade B] derived"}
+BUSBW = {**{c: "" for c in COLUMNS}, "source": URL, "hardware": "A100-SXM4-80GB", "gpus": "8 (inferred)",
+         "op": "plain all_reduce (nccl-tests)", "notes": "[grade C] all_reduce busbw ~200 GB/s"}
+
+
+def write(tmp_path, rows, name="points.csv"):
+    path = tmp_path / name
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else list(COLUMNS))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def test_each_kind_of_row_becomes_its_point(tmp_path):
+    fused = {**AG_POINT, "method": "a fused Triton kernel", "method_time_us": "700"}
+    points = read_published(write(tmp_path, [AG_POINT, fused, COLLECTIVE, GEMM, BUSBW]))
+    assert [p.kind for p in points] == ["overlap", "baseline", "collective", "gemm", "bandwidth"]
+    overlap, baseline, collective, gemm, busbw = points
+    assert (overlap.hardware, overlap.schedule, overlap.dtype, overlap.m, overlap.speedup) == (
+        "h100-nvswitch", "shard.ring.dma", "bfloat16", 4096, 900 / 800)
+    assert baseline.schedule == "" and baseline.method_us != baseline.method_us  # a fused kernel: no schedule, no time
+    assert (collective.op, collective.message_bytes, collective.world_size) == ("all_gather", 8 << 20, 8)
+    assert (gemm.hardware, gemm.world_size, gemm.grade) == ("mi300x-8", 1, "B")
+    assert (busbw.hardware, busbw.op, busbw.bandwidth_gbps, busbw.world_size) == ("a100-nvswitch", "all_reduce", 200.0, 8)
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"source": "kraken PR 2"}, "row 1, column 'source'"),
+    ({"hardware": "(unknown)"}, "row 1, column 'hardware'"),
+    ({"notes": "hand-made"}, "row 1, column 'notes'"),
+    ({"baseline_time_us": "fast"}, "row 1, column 'baseline_time_us'"),
+    ({"baseline_time_us": "-3"}, "row 1, column 'baseline_time_us'"),
+    ({"m": "1024.5"}, "row 1, column 'm'"),
+    ({"dtype": "int4"}, "row 1, column 'dtype'"),
+    ({"op": "plain broadcast"}, "row 1, column 'op'"),
+])
+def test_a_bad_cell_is_named_by_file_row_and_column(tmp_path, change, needle):
+    path = write(tmp_path, [{**AG_POINT, **change}])
+    with pytest.raises(PublishedError, match=needle) as e:
+        read_published(path)
+    assert str(path) in str(e.value)
+
+
+def test_a_device_without_a_preset_is_read_and_left_out_of_the_comparison(tmp_path):
+    points = read_published(write(tmp_path, [AG_POINT, {**AG_POINT, "hardware": "H800 (SXM assumed)"}]))
+    assert [p.hardware for p in points] == ["h100-nvswitch", ""]
+    report = compare(points)
+    assert [r["row"] for r in report["points"]] == [1] and report["unmatched"] == [2]
+
+
+def test_a_collective_without_its_message_or_a_table_without_a_column_is_refused(tmp_path):
+    with pytest.raises(PublishedError, match="row 2, column 'notes'"):
+        read_published(write(tmp_path, [COLLECTIVE, {**COLLECTIVE, "notes": "[grade A] no size"}]))
+    no_source = [{c: v for c, v in AG_POINT.items() if c != "source"}]
+    with pytest.raises(PublishedError, match="column 'source' is missing"):
+        read_published(write(tmp_path, no_source, "cut.csv"))
+    with pytest.raises(PublishedError, match="no such file"):
+        read_published(tmp_path / "absent.csv")
+
+
+def test_the_committed_table_reads_whole_with_a_url_on_every_row():
+    points = read_published(packaged())
+    assert len(points) == 36 and all(p.source.startswith("https://") for p in points)
+    assert sum(p.kind == "overlap" for p in points) == 9
+
+
+def test_predictions_are_the_cost_model_s(tmp_path):
+    collective, gemm = read_published(write(tmp_path, [COLLECTIVE, GEMM]))
+    h100, mi300x = load_hardware("h100-nvswitch"), load_hardware("mi300x-8")
+    assert predict(collective, h100)["time_us"] == float(collective_time(h100, OP_CODES["ag_gemm"], (8 << 20) / 8, 8)) / US
+    assert predict(gemm, mi300x)["time_us"] == float(gemm_time(mi300x, 4096, 4096, 4096, 2, 1307.4e12)) / US
+
+
+def test_compare_scores_speedups_and_wins(tmp_path):
+    overlap, = read_published(write(tmp_path, [AG_POINT]))
+    report = compare([overlap])
+    row = report["points"][0]
+    predicted = predict(overlap, load_hardware("h100-nvswitch"))
+    assert row["predicted_speedup"] == round(predicted["time_us"] / predicted["method_us"], 3)
+    assert row["agrees"] == (row["predicted_speedup"] > 1)  # measured 1.125: a win
+    summary = report["presets"]["h100-nvswitch"]
+    assert (summary["baselines"], summary["overlap_points"]) == (1, 1)
+
+
+def test_a_fit_recovers_the_numbers_that_made_the_points(tmp_path):
+    truth = dataclasses.replace(load_hardware("h100-nvswitch"), coll_latency_us=9.0, coll_bw_gbps=250.0)
+    rows = []
+    for mib in (2, 8, 32, 128):  # collectives "measured" on the truth
+        point = {**COLLECTIVE, "notes": f"[grade A] message = full gathered buffer {mib} MiB"}
+        p, = read_published(write(tmp_path, [point], f"c{mib}.csv"))
+        rows.append({**point, "baseline_time_us": repr(predict(p, truth)["time_us"])})
+    points = read_published(write(tmp_path, rows))
+    start = dataclasses.replace(truth, coll_latency_us=20.0, coll_bw_gbps=400.0)
+    fitted, report = fit(points, start, fields=("coll_latency_us", "coll_bw_gbps"), kinds=("collective",))
+    assert fitted.coll_latency_us == pytest.approx(9.0, rel=0.01)
+    assert fitted.coll_bw_gbps == pytest.approx(250.0, rel=0.01)
+    assert report["rows"] == [1, 2, 3, 4] and report["after"]["collective_ape_median"] < 0.01
+    with pytest.raises(PublishedError, match="no overlap or collective points of mi300x-8"):
+        fit(points, load_hardware("mi300x-8"))
+    with pytest.raises(PublishedError, match="cannot fit field 'topology'"):
+        fit(points, start, fields=("topology",))
+
+
+def test_the_commands_print_the_comparison_the_fit_and_the_map(tmp_path):
+    runner = CliRunner()
+    path = write(tmp_path, [AG_POINT, COLLECTIVE])
+    shown = runner.invoke(cli, ["sim", "validate", "--published", str(path)])
+    assert shown.exit_code == 0, shown.output
+    assert "h100-nvswitch: median serial baseline APE" in shown.output and "shard.ring.dma" in shown.output
+    # Another spec for a preset's points: its numbers, not the preset's.
+    other = tmp_path / "slow.yaml"
+    spec = json.loads(runner.invoke(cli, ["hardware", "show", "h100-nvswitch", "--json"]).output)
+    import yaml
+    other.write_text(yaml.safe_dump({**spec, "coll_bw_gbps": 30.0}))
+    slow = json.loads(runner.invoke(cli, ["sim", "validate", "--published", str(path), "--json",
+                                          "--hardware", f"h100-nvswitch={other}"]).output)
+    fast = json.loads(runner.invoke(cli, ["sim", "validate", "--published", str(path), "--json"]).output)
+    assert slow["points"][1]["predicted_us"] > 5 * fast["points"][1]["predicted_us"]
+    assert runner.invoke(cli, ["sim", "validate"]).exit_code == 2  # --dataset or --published
+    fitted = runner.invoke(cli, ["sim", "fit", "--published", str(path), "--hardware", "h100-nvswitch",
+                                 "--fields", "coll_bw_gbps", "--kinds", "collective"])
+    assert fitted.exit_code == 0 and "coll_bw_gbps" in fitted.output and "fitted to rows 2" in fitted.output
+    bad = runner.invoke(cli, ["sim", "fit", "--published", str(path), "--hardware", "h100-nvswitch", "--set", "x=1"])
+    assert bad.exit_code == 1 and "--set 'x=1'" in bad.output
+    mapped = json.loads(runner.invoke(cli, ["sim", "map", "--hardware", "h100-nvswitch", "--dtype", "bfloat16",
+                                            "--json"]).output)
+    assert {r["op"] for r in mapped} == {"ag_gemm", "gemm_rs", "a2a_gemm"}
+    assert all(0 <= r["overlap_pays"] <= 1 and r["shard"] + r["ficco"] == pytest.approx(r["overlap_pays"])
+               for r in mapped)
