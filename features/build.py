@@ -280,7 +280,7 @@ def _candidate_rows(scenario: Scenario, m: float | np.ndarray, layout: _Candidat
             "log2_t_comp_est": t_comp, "log2_t_comm_est": t_comm, "log2_comp_comm_ratio": t_comp / t_comm,
             "ideal_est": (t_comp + t_comm) / maximum(t_comp, t_comm),
             "dil_d2_est": P * 2 * gemm[1] / t_comp - 1, "dil_d4_est": P * 4 * gemm[2] / t_comp - 1,
-            "chunk_d2_est": (P - 1) * 2 * comm[2] / ring - 1, "chunk_d4_est": (P - 1) * 4 * comm[3] / ring - 1,
+            "chunk_d2_est": (P - 1) * 2 * comm[1] / ring - 1, "chunk_d4_est": (P - 1) * 4 * comm[2] / ring - 1,
         }
         values = [raw[name] for name in SCENARIO_FEATURES]
         if grid:  # (G, n_scenario_features): each value, one or one per m, assigned down its column
@@ -295,15 +295,15 @@ def _candidate_rows(scenario: Scenario, m: float | np.ndarray, layout: _Candidat
         X[..., _AXES_AT] = layout.axes
         # (len(_PIECE_COLUMNS), n[, G]): the raw values of _PIECE_COLUMNS, then their log2 in place
         if grid:
-            pieces = np.stack((gemm_M.T[3:], comm_bytes.T[4:], gemm[3:], comm[4:]))
+            pieces = np.stack((gemm_M.T[3:], comm_bytes.T[3:], gemm[3:], comm[3:]))
         else:
-            pieces = np.concatenate((gemm_M[3:], comm_bytes[4:], gemm[3:], comm[4:])).reshape(len(_PIECE_COLUMNS), n)
+            pieces = np.concatenate((gemm_M[3:], comm_bytes[3:], gemm[3:], comm[3:])).reshape(len(_PIECE_COLUMNS), n)
         X[..., _PIECES_AT] = np.log2(np.maximum(pieces, 1e-30, out=pieces), out=pieces).T  # _log2
     whole_m = m if grid else np.full(n, m)  # the batch path's per-row arrays
     over_base, over_bound = _whole_schedule(
         hw, op=np.full(n, OP_CODES[op]), m=whole_m, n=np.full(n, nn), k=np.full(n, k), P=np.full(n, P),
         imbalance=np.full(n, imb), dtype_bytes=np.full(n, b), peak=np.full(n, peak), gran=layout.gran,
-        degree=layout.degree, a2a=layout.a2a, per_step=layout.per_step, split_n=layout.split_n, dma=layout.dma[4:])
+        degree=layout.degree, a2a=layout.a2a, per_step=layout.per_step, split_n=layout.split_n, dma=layout.dma[3:])
     X[..., _WHOLE_AT] = np.stack((over_base, over_bound), axis=-1)
     return X
 
@@ -314,9 +314,9 @@ class _CandidateLayout:
 
     The batched cost calls evaluate, in this order:
     GEMMs (3 + n,): the whole per-rank GEMM, its pieces at d = 2 and d = 4 (for DIL), then
-    each candidate's piece GEMM; transfers (4 + n,): one ring step, the direct exchange,
-    a ring step of a shard cut in 2 and in 4 (for chunking loss), then each candidate's
-    piece transfer. d is the number of pieces per shard (the degree for ficco, else 1).
+    each candidate's piece GEMM; transfers (3 + n,): one ring step, a ring step of a shard
+    cut in 2 and in 4 (for chunking loss), then each candidate's piece transfer (T_comm is
+    ``costs.collective_time``'s, one call of its own). d is the number of pieces per shard (the degree for ficco, else 1).
     """
 
     axes: np.ndarray
@@ -328,11 +328,11 @@ class _CandidateLayout:
     gemm_N_div: np.ndarray
     """(3 + n,): columns divisor: 1, 1, 1, then d for an n-split, else 1."""
     comm_bytes_div: np.ndarray
-    """(4 + n,): shard bytes divisor: 1, 1, 2, 4, then d."""
+    """(3 + n,): shard bytes divisor: 1, 2, 4, then d."""
     concurrent: np.ndarray
-    """(4 + n,): peers sent to at once: 1, P - 1, 1, 1, then P - 1 for a2a, else 1."""
+    """(3 + n,): peers sent to at once: 1, 1, 1, then P - 1 for a2a, else 1."""
     dma: np.ndarray
-    """(4 + n,) bool: the transfer runs on copy engines."""
+    """(3 + n,) bool: the transfer runs on copy engines."""
     gran: np.ndarray
     """(n,): each candidate's ``GRANULARITY_CODES`` (for ``_whole_schedule``)."""
     degree: np.ndarray
@@ -370,9 +370,9 @@ def _layout(world_size: int, schedules: tuple, remember: bool = False) -> _Candi
             is_piece_gemm=np.concatenate([[False] * 3, np.ones(len(d), bool)]),
             gemm_M_div=np.concatenate([[1.0, P * 2, P * 4], np.where(split_n, 1.0, d)]),
             gemm_N_div=np.concatenate([[1.0, 1.0, 1.0], np.where(split_n, d, 1.0)]),
-            comm_bytes_div=np.concatenate([[1.0, 1.0, 2.0, 4.0], d]),
-            concurrent=np.concatenate([[1.0, P - 1, 1.0, 1.0], np.where(a2a, P - 1, 1.0)]),
-            dma=np.concatenate([[False] * 4, cols["engine_dma"] > 0]),
+            comm_bytes_div=np.concatenate([[1.0, 2.0, 4.0], d]),
+            concurrent=np.concatenate([[1.0, 1.0, 1.0], np.where(a2a, P - 1, 1.0)]),
+            dma=np.concatenate([[False] * 3, cols["engine_dma"] > 0]),
             gran=np.select([cols[f"gran_{g}"] > 0 for g in GRANULARITY_CODES], list(GRANULARITY_CODES.values())),
             degree=cols["degree"], a2a=a2a, per_step=cols["gemm_per_step"] > 0, split_n=split_n)
         for array in dataclasses.astuple(layout):
@@ -398,6 +398,9 @@ def _probe() -> tuple[list[dict], list[str], dict[str, HardwareSpec]]:
                 copy_engines=3, dma_latency_us=12.0, dma_bw_gbps=150.0, dma_mem_contention=0.05)
     specs = {f"probe-{t}": HardwareSpec(name=f"probe-{t}", **{**base, "topology": t}) for t in TOPOLOGIES}
     specs["probe-no-dma"] = HardwareSpec(name="probe-no-dma", **{**base, "topology": "switch", "copy_engines": 0})
+    specs["probe-library"] = HardwareSpec(name="probe-library", **{  # every fitted term on
+        **base, "topology": "switch", "gemm_mem_efficiency": 0.5, "coll_latency_us": 14.0, "coll_bw_gbps": 280.0,
+        "step_sync_us": 1.0})
     records, names = [], []
     for name, spec in specs.items():
         for op in OPS:

@@ -191,7 +191,8 @@ def test_cli_from_profile(tmp_path):
                                     "--base", "h200-nvswitch", "--out", str(out), "--json"])
     assert res.exit_code == 0, res.output
     report = json.loads(res.output)
-    assert report["overrides"]["dma_bw_gbps"] == {"base": 150, "profiled": 1480.0}
+    base = load_hardware("h200-nvswitch").dma_bw_gbps
+    assert report["overrides"]["dma_bw_gbps"] == {"base": base, "profiled": 1480.0}
     assert "link_bw_gbps" in report["kept"]
     spec = load_hardware(out)
     assert spec.dma_latency_us == 9.5 and spec.link_bw_gbps == 450
