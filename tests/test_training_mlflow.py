@@ -95,6 +95,11 @@ def test_promotion_rules(store):
     # better than both: the alias moves
     assert _maybe_promote(client, v2, tables(0.97, 0.90), ["family"], "xgb-ranker")
     assert str(client.get_model_version_by_alias(REGISTERED_MODEL, ALIAS).version) == v2
+    # A champion of another feature schema (the runtime refuses it) is no rival, whatever it scored.
+    client.set_model_version_tag(REGISTERED_MODEL, v2, "family_oracle_capture", "0.99")
+    client.set_model_version_tag(REGISTERED_MODEL, v2, "feature_schema_hash", "another-schema")
+    assert _maybe_promote(client, v1, tables(0.93, 0.90), ["family"], "xgb-ranker")
+    assert str(client.get_model_version_by_alias(REGISTERED_MODEL, ALIAS).version) == v1
 
 
 def test_the_report_is_one_html_file_with_tables_and_plots(store):

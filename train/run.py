@@ -159,7 +159,10 @@ def _register(model: BaseSelector, candidate: BaseSelector, df: pd.DataFrame, di
 
 
 def _maybe_promote(client, version: str, by_split: dict, grouped: Sequence[str], name: str) -> bool:
-    """Move the champion alias to `version` only if it beats the heuristic and the champion."""
+    """Move the champion alias to `version` only if it beats the heuristic and the champion.
+
+    A champion of another feature schema is no rival: the runtime refuses to load it, and
+    its scores were taken on other features (and, when the cost model changed, other labels)."""
     for split in grouped:
         if by_split[split].loc[name, "oracle_capture"] <= by_split[split].loc["heuristic", "oracle_capture"]:
             return False
@@ -167,7 +170,7 @@ def _maybe_promote(client, version: str, by_split: dict, grouped: Sequence[str],
         champion = client.get_model_version_by_alias(REGISTERED_MODEL, ALIAS)
     except Exception:  # noqa: BLE001 - no champion yet (MLflow raises its own error type)
         champion = None
-    if champion is not None:
+    if champion is not None and champion.tags.get("feature_schema_hash") == FEATURE_SCHEMA_HASH:
         for split in grouped:
             theirs = champion.tags.get(f"{split}_oracle_capture")
             if theirs is not None and by_split[split].loc[name, "oracle_capture"] < float(theirs):
