@@ -31,6 +31,7 @@ import json
 import math
 import os
 import platform
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -174,6 +175,53 @@ def read_dataset(path: str | Path) -> pd.DataFrame:
         return pd.read_parquet(path)
     except (pa.ArrowInvalid, OSError) as e:
         raise DatasetError(f"{path}: unreadable Parquet file ({e})") from None
+
+
+MERGE_KEYS = ("backend", "hardware_fingerprint")
+"""What every input of a merge must share: one backend, one kind of machine."""
+
+
+def merge(paths: Sequence[str | Path]) -> pd.DataFrame:
+    """The datasets `paths` as one (``ficco dataset merge``): the shards of one sweep, each
+    measured on its own node or process (``ficco measure --shard i/N``).
+
+    Refuses inputs of different backends or machines (``MERGE_KEYS``), naming the files. A
+    scenario in two inputs is kept once if both hold the same measurement (the same
+    schedules, statuses and times), and refused otherwise, naming it and both files: two
+    different measurements of one scenario are not one sweep's. Rows keep the inputs' order.
+    """
+    if not paths:
+        raise DatasetError("nothing to merge: give the datasets")
+    frames = [read_dataset(p) for p in paths]
+    first = frames[0]
+    for key in MERGE_KEYS:
+        values = [sorted(set(f[key].astype(str))) if key in f.columns else ["?"] for f in frames]
+        for path, got in zip(paths, values):
+            if len(got) != 1 or got != values[0]:
+                raise DatasetError(f"{path}: {key} {', '.join(got)}, {paths[0]} has {', '.join(values[0])}; "
+                                   "a merge joins the shards of one machine's sweep")
+    kept: list[pd.DataFrame] = [first]
+    owner = {sid: paths[0] for sid in first["scenario_id"].unique()}
+    measured = {sid: _measurement(g) for sid, g in first.groupby("scenario_id", sort=False)}
+    for path, frame in zip(paths[1:], frames[1:]):
+        drop = []
+        for sid, g in frame.groupby("scenario_id", sort=False):
+            if sid not in owner:
+                owner[sid], measured[sid] = path, _measurement(g)
+            elif _measurement(g) == measured[sid]:
+                drop.append(sid)
+            else:
+                raise DatasetError(f"{path}: scenario {sid} is also in {owner[sid]} with other rows (schedules, "
+                                   "statuses or times); two measurements of one scenario are not one sweep's: "
+                                   "keep one file's")
+        kept.append(frame[~frame["scenario_id"].isin(drop)])
+    return pd.concat(kept, ignore_index=True)
+
+
+def _measurement(rows: pd.DataFrame) -> tuple:
+    """A scenario's rows as what a duplicate must repeat exactly."""
+    return tuple(sorted(zip(rows["schedule"].astype(str), rows["status"].astype(str),
+                            rows["time_s"].astype(float).round(12).fillna(-1.0))))
 
 
 def validate(df: pd.DataFrame, *, max_problems: int = 50) -> list[str]:

@@ -6,6 +6,8 @@ Heavy imports (pandas, torch, `data`) stay inside the commands: `ficco --help` s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from ficco_cli.output import json_option, naming, naming_rows_of, reported, show
@@ -30,8 +32,12 @@ from ficco_cli.output import json_option, naming, naming_rows_of, reported, show
 @click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
               help="Abort when no schedule finishes for this many seconds (hung rank).")
 @json_option("Print a JSON summary instead of the table.")
+@click.option("--shard", default=None, metavar="i/N",
+              help="Measure only shard i of N (0 <= i < N; by scenario id): one node's part of a cluster sweep, "
+                   "resumable on its own; `ficco dataset merge` joins the shards.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeout_s, as_json, no_progress) -> None:
+def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeout_s, shard, as_json,
+            no_progress) -> None:
     """Time every legal schedule of every scenario on real ranks and verify each result.
 
     cpu: under torchrun (`torchrun --nproc-per-node P --no-python ficco measure ...`) this
@@ -41,7 +47,7 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeou
     with --ranks node a process per GPU (rank r on GPU r).
     """
     from data.measure.config import MeasureConfig, MeasureError
-    from data.measure.sweep import measure_table, summary_table, sweep_summary
+    from data.measure.sweep import measure_table, parse_shard, summary_table, sweep_summary
     from data.scenarios import DEFAULT_SCENARIOS, packaged
     from ficco_select.scenario import ScenarioError
 
@@ -49,7 +55,8 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeou
     given = {"reps": reps, "min_rep_s": min_rep_s}  # None: MeasureConfig's default
     with reported(ScenarioError, ValueError, MeasureError, message=naming_rows_of(path)):
         config = MeasureConfig(warmup=warmup, timeout_s=timeout_s, **{k: v for k, v in given.items() if v is not None})
-        df = measure_table(path, backend=backend, ranks=ranks, config=config, out=out, progress=not no_progress)
+        df = measure_table(path, backend=backend, ranks=ranks, config=config, out=out, progress=not no_progress,
+                           shard=parse_shard(shard) if shard is not None else None)
     if df is None:  # a non-zero torchrun rank
         return
     table = summary_table(df)
@@ -166,6 +173,30 @@ def _nested_lines(summary: dict) -> list[str]:
         else:
             lines.append(f"{key}: {value}")
     return lines
+
+
+@dataset.command("merge")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--out", type=click.Path(dir_okay=False), required=True,
+              help="The merged dataset (Parquet). An existing file is refused unless it is one of the inputs.")
+@json_option("Print the summary as JSON.")
+def merge_cmd(paths, out, as_json) -> None:
+    """Join the shards of one sweep (`ficco measure --shard i/N`) into one dataset; refuses
+    other backends or machines, and a scenario measured twice with different results."""
+    from data.dataset import DatasetError, merge, write_parquet_atomic
+    from data.locks import OutputLocked, output_lock
+
+    resolved = {str(Path(p).resolve()) for p in paths}
+    if Path(out).exists() and str(Path(out).resolve()) not in resolved:
+        raise click.ClickException(f"--out {out}: exists and is not one of the inputs; nothing is overwritten: "
+                                   "choose another --out, or list it among the inputs to add to it")
+    with reported(DatasetError, OutputLocked):
+        with output_lock(out, "ficco dataset merge"):
+            df = merge(list(paths))
+            write_parquet_atomic(df, out)
+    summary = {"out": out, "inputs": len(paths), "scenarios": int(df["scenario_id"].nunique()), "rows": len(df)}
+    show(as_json, summary, lambda: f"{out}: {summary['scenarios']} scenarios, {summary['rows']} rows "
+                                   f"from {len(paths)} datasets")
 
 
 @dataset.command("compare")

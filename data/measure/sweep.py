@@ -16,6 +16,7 @@ Two row sources feed the same sweep (parts, resume, failed rows, progress, summa
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -403,11 +404,36 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def measure_table(path, *, backend: str, ranks: str, config: MeasureConfig, out, progress: bool
-                  ) -> pd.DataFrame | None:
-    """``ficco measure``: measure the scenario table `path`; the rows, or None on a non-zero
-    torchrun rank. Raises ScenarioError, ValueError, MeasureError."""
+def parse_shard(text: str) -> tuple[int, int]:
+    """``i/N`` (0 <= i < N) -> (i, N); ValueError naming what is wrong."""
+    index, sep, count = str(text).partition("/")
+    try:
+        i, n = int(index), int(count)
+    except ValueError:
+        i = n = -1
+    if not sep or n < 1 or not 0 <= i < n:
+        raise ValueError(f"--shard {text!r}: expected i/N with 0 <= i < N (shard 0/3 is the first of three)")
+    return i, n
+
+
+def shard_of(scenarios: Sequence[Scenario], index: int, count: int) -> list[Scenario]:
+    """Shard `index` of `count`: the scenarios whose id hashes (crc32) to it, in table order.
+    Every scenario is in exactly one shard, whatever machine or process computes it; a table
+    that gains rows moves no scenario between shards."""
+    return [s for s in scenarios if zlib.crc32(s.scenario_id.encode()) % count == index]
+
+
+def measure_table(path, *, backend: str, ranks: str, config: MeasureConfig, out, progress: bool,
+                  shard: tuple[int, int] | None = None) -> pd.DataFrame | None:
+    """``ficco measure``: measure the scenario table `path` (only its shard ``(i, N)`` if
+    given: ``shard_of``); the rows, or None on a non-zero torchrun rank. Raises
+    ScenarioError, ValueError, MeasureError."""
     scenarios = read_scenarios(path, backend=backend)
+    if shard is not None:
+        scenarios = shard_of(scenarios, *shard)
+        if not scenarios:
+            raise ValueError(f"--shard {shard[0]}/{shard[1]}: no scenario of {path} falls in this shard; "
+                             "use fewer shards")
     if ranks == "node" and backend != "cuda":
         raise ValueError("--ranks node: a process per GPU is the cuda backend's mode; add --backend cuda")
     return measure(scenarios, backend=backend, config=config, out=out, progress=progress, ranks=ranks)

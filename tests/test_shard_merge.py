@@ -1,0 +1,110 @@
+"""A sweep across a cluster: `ficco measure --shard i/N` splits a scenario table, each shard
+resumable on its own, and `ficco dataset merge` joins the shards into the dataset one run
+would make; a merge refuses other backends, other machines and disagreeing duplicates."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from data.dataset import DatasetError, merge, read_dataset, write_parquet_atomic
+from data.measure.sweep import parse_shard, shard_of
+from data.scenarios import packaged, read_scenarios
+
+FICCO = [sys.executable, "-m", "ficco_cli.main"]
+MEASURED = "data/measured/cpu_catalog.parquet"
+
+
+def test_shards_partition_a_table_the_same_way_every_time():
+    scenarios = read_scenarios(packaged("catalog_cpu.csv"), backend="cpu")
+    shards = [shard_of(scenarios, i, 3) for i in range(3)]
+    ids = [[s.scenario_id for s in shard] for shard in shards]
+    assert sorted(sum(ids, [])) == sorted(s.scenario_id for s in scenarios)  # each scenario once
+    assert all(len(shard) > len(scenarios) / 4 for shard in shards)  # none starved
+    # A grown table moves nobody: the first 100 scenarios fall where they fell in the whole table.
+    assert [s.scenario_id for s in shard_of(scenarios[:100], 1, 3)] == [i for i in ids[1] if i in
+                                                                        {s.scenario_id for s in scenarios[:100]}]
+    assert parse_shard("2/3") == (2, 3)
+    for bad in ("3/3", "-1/3", "1", "a/b", "0/0"):
+        with pytest.raises(ValueError, match="i/N"):
+            parse_shard(bad)
+
+
+def split_by_scenario(tmp_path, df, parts):
+    ids = list(dict.fromkeys(df["scenario_id"]))
+    paths = []
+    for i in range(parts):
+        path = tmp_path / f"shard{i}.parquet"
+        write_parquet_atomic(df[df["scenario_id"].isin(ids[i::parts])], path)
+        paths.append(path)
+    return paths
+
+
+def test_a_merge_of_a_dataset_s_shards_is_that_dataset(tmp_path):
+    whole = read_dataset(MEASURED)
+    paths = split_by_scenario(tmp_path, whole, 3)
+    merged = merge(paths)
+    key = ["scenario_id", "schedule"]
+    pd.testing.assert_frame_equal(merged.sort_values(key).reset_index(drop=True),
+                                  whole.sort_values(key).reset_index(drop=True))
+    # The same measurement twice (a shard copied again) is kept once.
+    assert len(merge([*paths, paths[0]])) == len(whole)
+
+
+def test_a_merge_refuses_other_machines_backends_and_disagreeing_duplicates(tmp_path):
+    whole = read_dataset(MEASURED)
+    a, b = split_by_scenario(tmp_path, whole, 2)
+    other_machine = tmp_path / "other.parquet"
+    write_parquet_atomic(read_dataset(b).assign(hardware_fingerprint="x86_64-other-64cores"), other_machine)
+    with pytest.raises(DatasetError, match="other.parquet: hardware_fingerprint x86_64-other-64cores"):
+        merge([a, other_machine])
+    simulated = tmp_path / "sim.parquet"
+    write_parquet_atomic(read_dataset(b).assign(backend="sim"), simulated)
+    with pytest.raises(DatasetError, match="sim.parquet: backend sim"):
+        merge([a, simulated])
+    remeasured = read_dataset(a)
+    sid = remeasured["scenario_id"].iloc[0]
+    remeasured.loc[remeasured.index[0], "time_s"] *= 1.5
+    again = tmp_path / "again.parquet"
+    write_parquet_atomic(remeasured, again)
+    with pytest.raises(DatasetError, match=f"again.parquet: scenario {sid} is also in .*shard0.parquet"):
+        merge([a, again])
+    with pytest.raises(DatasetError, match="nothing to merge"):
+        merge([])
+
+
+@pytest.mark.gloo
+def test_three_shards_measured_apart_merge_into_what_one_run_makes(tmp_path):
+    table = tmp_path / "t.csv"
+    table.write_text("group,op,m,n,k,dtype,world_size,hardware,imbalance\n"
+                     "t,ag_gemm,64,32,48,float32,2,cpu,\nt,gemm_rs,64,32,48,float32,2,cpu,\n"
+                     "t,ag_gemm,96,32,48,float32,2,cpu,\n")
+    scenarios = read_scenarios(table, backend="cpu")
+    assert all(shard_of(scenarios, i, 3) for i in range(3))  # one scenario per shard
+
+    def measure(out, *extra):
+        res = subprocess.run(FICCO + ["measure", "--scenarios", str(table), "--out", str(out), "--no-progress",
+                                      "--warmup", "0", "--reps", "5", "--json", *extra],
+                             capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-2000:]
+        return json.loads(res.stdout)
+
+    shards = [tmp_path / f"shard{i}.parquet" for i in range(3)]
+    for i, out in enumerate(shards):
+        assert measure(out, "--shard", f"{i}/3")["scenarios"] == 1
+    assert measure(shards[0], "--shard", "0/3")["skipped"] == 1  # a shard resumes on its own
+    one = read_dataset(tmp_path / "one.parquet") if measure(tmp_path / "one.parquet") else None
+    res = subprocess.run(FICCO + ["dataset", "merge", *map(str, shards), "--out", str(tmp_path / "all.parquet"),
+                                  "--json"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["scenarios"] == 3
+    merged = read_dataset(tmp_path / "all.parquet")
+    assert set(zip(merged["scenario_id"], merged["schedule"])) == set(zip(one["scenario_id"], one["schedule"]))
+    assert list(merged.columns) == list(one.columns) and (merged.dtypes == one.dtypes).all()
+    assert merged["verified"].all()
+    # The merged file is not overwritten by a merge that does not read it.
+    res = subprocess.run(FICCO + ["dataset", "merge", str(shards[0]), "--out", str(tmp_path / "all.parquet")],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "exists and is not one of the inputs" in res.stderr
