@@ -183,7 +183,10 @@ def report(folder) -> None:
 @click.option("--hardware", required=True, help="The new machine: a preset name or a spec file (.yaml).")
 @click.option("--backend", type=click.Choice(["sim", "cpu", "cuda"]), default="sim", show_default=True,
               help="How to measure: sim (the spec simulated with noise, for experiments), cpu (this machine's "
-                   "gloo ranks, for real; --hardware cpu); cuda: not yet.")
+                   "gloo ranks, for real; --hardware cpu), cuda (this node's GPUs, for real, through `ficco measure "
+                   "--backend cuda`; --hardware names the GPU's spec).")
+@click.option("--ranks", type=click.Choice(["loopback", "node"]), default="loopback", show_default=True,
+              help="With --backend cuda: every scenario's ranks virtual on one GPU, or a process per GPU.")
 @click.option("--start", default=None, help="The spec to start from (a preset or a file; default: --hardware's).")
 @click.option("--budget", type=float, default=0.1, show_default=True, help="Fraction of the machine's grid to measure.")
 @click.option("--rounds", type=int, default=4, show_default=True, help="Rounds the budget is spent in.")
@@ -203,7 +206,7 @@ def report(folder) -> None:
               help="With --register: where a new champion is exported (default: where Selector.load() looks, "
                    "$FICCO_SELECTOR or ~/.cache/ficco-select/selector).")
 @json_option("Print the summary as JSON.")
-def adapt_cmd(hardware, backend, start, budget, rounds, strategy, perturb, seed, out_dir, no_track, register,
+def adapt_cmd(hardware, backend, ranks, start, budget, rounds, strategy, perturb, seed, out_dir, no_track, register,
               export_to, as_json) -> None:
     """Adapt the selector to a new machine in a few measurements, round by round."""
     from ficco_select.runtime.selector import DEFAULT_PATH
@@ -221,7 +224,7 @@ def adapt_cmd(hardware, backend, start, budget, rounds, strategy, perturb, seed,
         summary = run_adapt(hardware=hardware, backend=backend, start=start, budget=budget, rounds=rounds,
                             strategy=strategy, perturb=perturb, seed=seed, out_dir=out_dir, track=not no_track,
                             register=register, export_to=(export_to or DEFAULT_PATH) if register else None,
-                            on_round=line)
+                            on_round=line, ranks=ranks)
     run = f"; MLflow run {summary['mlflow_run_id']}" if "mlflow_run_id" in summary else ""
     show(as_json, summary, lambda: [f"adapted spec: {summary['spec']}; state and summary in {summary['out_dir']}{run}",
                                     *_registered_lines(summary.get("registered"))])

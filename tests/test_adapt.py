@@ -6,6 +6,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from data.calibrate import recalibrate
 from data.catalog import catalog
@@ -127,8 +128,11 @@ def test_bad_options_are_named():
         A.adapt(CountingMachine().machine, pd.DataFrame(), checkpoints=(0.0,), strategy="greedy")
     with pytest.raises(ValueError, match="checkpoints"):
         A.adapt(CountingMachine().machine, pd.DataFrame(), checkpoints=(0.2, 0.1))
-    with pytest.raises(ValueError, match="not yet"):
-        A.run_adapt(hardware="mi300x-8", backend="cuda")
+    if not torch.cuda.is_available():  # one line, before any work
+        with pytest.raises(ValueError, match="--backend cuda: CUDA is not available here"):
+            A.run_adapt(hardware="mi300x-8", backend="cuda")
+    with pytest.raises(ValueError, match="--hardware cpu"):  # the stand-in runs on the cpu spec only
+        A.run_adapt(hardware="mi300x-8", backend="cuda", device="cpu")
     with pytest.raises(ValueError, match="--hardware cpu"):
         A.run_adapt(hardware="mi300x-8", backend="cpu")
     with pytest.raises(ValueError, match="--budget"):
@@ -148,6 +152,45 @@ def test_the_cpu_backend_measures_for_real_and_scores_against_the_committed_swee
     assert (tmp_path / "harness.parquet").exists()  # the harness's own crash-safe file
     scores = rounds[-1].scores
     assert scores["n"] == 19 and 0 < scores["ceiling"]["near_opt_2"] <= 1
+
+
+@pytest.mark.gloo
+def test_the_cuda_path_adapts_through_measure_on_its_cpu_stand_in(base, tmp_path):
+    # ficco adapt --backend cuda measures through `ficco measure --backend cuda`'s path; on the
+    # CPU that path's stand-in (device "cpu": the loopback executor on CPU threads) runs it.
+    cpu = load_hardware("cpu")
+    machine = A.cuda_machine("cpu-cuda-test", cpu, A.cuda_grid(cpu), tmp_path, device="cpu", progress=False)
+    assert len(machine.grid) == 600 and {s.hardware for s in machine.grid} == {"cpu-cuda-test"}
+    machine.grid = machine.grid[:60:3]
+    rounds = A.adapt(machine, base, checkpoints=(0.0, 0.05), out_dir=tmp_path)
+    assert [r.measured for r in rounds] == [0, 1]
+    assert rounds[-1].scores == {}  # a new GPU has no full sweep to score against
+    rows = pd.read_parquet(tmp_path / "measured.parquet")
+    assert set(rows["hardware"]) == {"cpu-cuda-test"} and rows["verified"].all() and len(rows) > 1
+    harness = pd.read_parquet(tmp_path / "harness.parquet")  # measure's own crash-safe file
+    assert len(harness) == len(rows) and set(harness["hardware"]) == {"cpu"}  # measured as the cpu spec's rows
+    assert rounds[-1].spec["name"] == "cpu-cuda-test"
+
+
+def test_a_cuda_grid_is_the_gpu_catalog_without_fp8_within_its_devices():
+    h100 = load_hardware("h100-nvswitch")
+    grid = A.cuda_grid(h100)
+    assert grid and {s.hardware for s in grid} == {"h100-nvswitch"}
+    assert "float8_e4m3fn" not in {s.dtype for s in grid} and {s.world_size for s in grid} == {2, 4, 8}
+    assert "bfloat16" in {s.dtype for s in grid}
+
+
+def test_the_cli_says_in_one_line_that_cuda_is_missing(tmp_path):
+    from click.testing import CliRunner
+
+    from ficco_cli.main import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    res = CliRunner().invoke(main, ["adapt", "--hardware", "h100-nvswitch", "--backend", "cuda", "--out",
+                                    str(tmp_path / "a"), "--no-track"])
+    assert res.exit_code == 1 and res.output.strip().count("\n") == 0
+    assert "CUDA is not available here" in res.output and not (tmp_path / "a").exists()
 
 
 @pytest.mark.slow

@@ -181,6 +181,49 @@ def cpu_machine(name: str, start: HardwareSpec, out_dir: str | Path, *, progress
     return Machine(name, dataclasses.replace(start, name=name), grid, measure_here, truth=relabel(truth))
 
 
+def cuda_machine(name: str, start: HardwareSpec, grid: Sequence[Scenario], out_dir: str | Path, *,
+                 ranks: str = "loopback", device: str | None = None, progress: bool = True) -> Machine:
+    """A GPU measured for real, through ``ficco measure --backend cuda``'s path: each round's
+    scenarios are timed (``ranks`` loopback: every scenario's ranks virtual on one GPU;
+    node: a process per GPU) into ``<out_dir>/harness.parquet``, crash-safe on its own.
+    The grid is `grid`'s scenarios whose buffers fit (``fitting``). Nothing measured the
+    whole grid, so there is no truth to score rounds against: the adapted spec and the
+    measured rows are the result. `device` ``cpu``: the path's stand-in on this machine's
+    CPU (the loopback executor on CPU threads, the cpu backend's schedules; tests). Rows
+    carry `name`."""
+    from data.measure.config import MeasureConfig
+    from data.measure.sweep import fitting, measure
+
+    backend = "cpu" if device == "cpu" else "cuda"
+    grid = fitting(grid, backend=backend, device=device, ranks=ranks)
+    named = [dataclasses.replace(s, hardware=name) for s in grid]
+    back = {g.scenario_id: s for s, g in zip(grid, named)}
+    renamed = {s.scenario_id: g.scenario_id for s, g in zip(grid, named)}
+
+    def measure_here(scenarios: list[Scenario]) -> pd.DataFrame:
+        ids = {back[s.scenario_id].scenario_id for s in scenarios}
+        rows = measure([back[s.scenario_id] for s in scenarios], backend=backend, config=MeasureConfig(),
+                       out=Path(out_dir) / "harness.parquet", progress=progress, device=device,
+                       ranks=ranks if backend == "cuda" else "loopback")
+        rows = rows[rows["scenario_id"].isin(ids)]
+        return rows.assign(hardware=name, scenario_id=rows["scenario_id"].map(renamed))
+
+    return Machine(name, dataclasses.replace(start, name=name), named, measure_here)
+
+
+def cuda_grid(spec: HardwareSpec) -> list[Scenario]:
+    """The scenarios ``ficco adapt --backend cuda`` measures from: the full catalog on the
+    GPU's spec, at world sizes its devices hold, without fp8 (the executor's GEMMs do not run
+    fp8). On the ``cpu`` spec (the stand-in), the cpu catalog."""
+    from data.catalog import catalog
+    from data.scenarios import packaged, read_scenarios
+
+    if spec.name == "cpu":
+        return read_scenarios(packaged("catalog_cpu.csv"), backend="cpu")
+    return [Scenario.from_record(r) for r in catalog("full", hardware=spec.name, world_sizes=(2, 4, 8))
+            if r["world_size"] <= spec.devices and r["dtype"] != "float8_e4m3fn"]
+
+
 def register_spec(spec: HardwareSpec) -> None:
     register_hardware(spec, "ficco adapt", replace=True)
 
@@ -380,13 +423,17 @@ EXPERIMENT = "ficco-adapt"
 def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, budget: float = 0.1,
               rounds: int = 4, strategy: str = "active", perturb: float = 1.0, seed: int = 0,
               out_dir: str | Path = "out/adapt", track: bool = True, register: bool = False,
-              export_to: str | Path | None = None, on_round: Callable[[Round], None] | None = None) -> dict:
+              export_to: str | Path | None = None, on_round: Callable[[Round], None] | None = None,
+              ranks: str = "loopback", device: str | None = None) -> dict:
     """``ficco adapt``: adapt to `hardware` (a preset or a spec file) within `budget` (a
     fraction of its full-scale grid) in `rounds` equal steps, starting from `start`'s spec
     (default: the hardware's own) and a model trained on the default training data without
     the hardware's preset family. ``sim``: the measurements follow the hardware's spec, each
     number off by up to `perturb` (1: exactly), with noise. ``cpu``: this machine measured
     for real (``cpu_machine``); `perturb` > 1 puts the spec to start from off by up to that.
+    ``cuda``: a GPU measured for real (``cuda_machine``; `ranks` loopback or node, as
+    ``ficco measure``), likewise; `device` ``cpu`` is its stand-in (tests, on the ``cpu``
+    spec).
     Keeps its state in `out_dir` (resumable), writes the adapted spec there (``spec.yaml``)
     and, with `track`, logs the run and its learning curve to MLflow. With `register`, the
     measured rows then join the training data and the pipeline trains, registers and
@@ -394,22 +441,40 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
     `export_to`. Returns the summary."""
     from ficco_select.hardware import load_hardware, preset_names
 
-    if backend not in ("sim", "cpu"):
-        raise ValueError(f"--backend {backend}: not yet; this version adapts on sim and cpu (a GPU's harness "
-                         "rounds come once a GPU run has checked the cuda backend)")
+    if backend not in ("sim", "cpu", "cuda"):
+        raise ValueError(f"--backend {backend}: sim, cpu or cuda")
+    if backend == "cuda" and device != "cpu":
+        _check_cuda(ranks)
     if not 0 < budget <= 1 or rounds < 1:
         raise ValueError(f"--budget must be in (0, 1] and --rounds at least 1, got {budget} and {rounds}")
     spec = load_hardware(hardware)
     name = f"{spec.name}-adapted" if spec.name in preset_names() else spec.name
     if backend == "cpu" and spec.name != "cpu":
         raise ValueError(f"--backend cpu measures this machine's cpu backend: --hardware cpu, not {hardware!r}")
+    if backend == "cuda" and (spec.name == "cpu") != (device == "cpu"):
+        raise ValueError(f"--backend cuda measures a GPU: --hardware names its spec (a preset such as h100-nvswitch, "
+                         f"or a file), not {hardware!r}" if device != "cpu" else
+                         "device 'cpu' is the cuda path's stand-in on the cpu spec: --hardware cpu")
     out = Path(out_dir)
     options = dict(hardware=spec.name, backend=backend, start=load_hardware(start).name if start else spec.name,
                    budget=budget, rounds=rounds, strategy=strategy, perturb=perturb, seed=seed)
+    if backend == "cuda":  # the modes label differently: a folder holds one
+        options.update(ranks=ranks, device=device or "cuda")
     with output_lock(out, "ficco adapt"):  # a second run into the same folder refuses, naming this one
         _check_state(out, options)
         return _run(spec, name, out, options, hardware=hardware, track=track, register=register,
                     export_to=export_to, on_round=on_round)
+
+
+def _check_cuda(ranks: str) -> None:
+    """Refuse, in one line and before any work, a cuda adapt this machine cannot run."""
+    import torch
+
+    if ranks not in ("loopback", "node"):
+        raise ValueError(f"--ranks {ranks!r}: loopback (virtual ranks on one GPU) or node (a process per GPU)")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--backend cuda: CUDA is not available here (torch {torch.__version__}, built for CUDA "
+                         f"{torch.version.cuda or 'none'}); run it on the GPU node, or adapt with --backend sim")
 
 
 OPTIONS_FILE = "options.json"
@@ -447,11 +512,13 @@ def _run(spec, name: str, out: Path, options: dict, *, hardware: str, track: boo
 
     backend, start, perturb, seed = options["backend"], options["start"], options["perturb"], options["seed"]
     budget, rounds, strategy = options["budget"], options["rounds"], options["strategy"]
-    if backend == "cpu":
+    if backend in ("cpu", "cuda"):
         start_spec = load_hardware(start) if start != spec.name else spec
         if perturb > 1:  # the truth is this machine: the spec to start from is the one that is off
             start_spec = perturbed(start_spec, name, spread=perturb, seed=seed)
-        machine = cpu_machine(name, start_spec, out)
+        machine = (cpu_machine(name, start_spec, out) if backend == "cpu" else
+                   cuda_machine(name, start_spec, cuda_grid(spec), out, ranks=options["ranks"],
+                                device=None if options["device"] == "cuda" else options["device"]))
     else:
         start_spec = load_hardware(start) if start != spec.name else spec
         truth = (perturbed(spec, name, spread=perturb, seed=seed) if perturb > 1

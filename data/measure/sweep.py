@@ -235,9 +235,7 @@ def _check_memory(scenarios: Sequence[Scenario], backend: str, device: str | Non
     or virtual; torchrun's LOCAL_WORLD_SIZE under torchrun).
     """
     on_gpu = backend == "cuda" and device is not None or node is not None
-    if on_gpu and not torch.cuda.is_available():
-        return  # refused elsewhere with its own message
-    free = torch.cuda.mem_get_info(device or 0)[0] if on_gpu else _host_available_bytes()
+    free = _free_bytes(on_gpu, device)
     if free is None:
         return
     for i, s in enumerate(scenarios, start=1):
@@ -249,6 +247,27 @@ def _check_memory(scenarios: Sequence[Scenario], backend: str, device: str | Non
             raise ValueError(f"row {i} (scenario {s.scenario_id}: {_what(s)}), column '{col}': its buffers need {_size(need)} "
                              f"({ranks_here} rank(s) x {_size(need // ranks_here)}), {where} has "
                              f"{_size(free)} free; shrink {col}")
+
+
+def _free_bytes(on_gpu: bool, device: str | None) -> int | None:
+    """Free memory where the buffers go: the GPU's, or the host's; None where it is unknown
+    (no CUDA: refused elsewhere with its own message)."""
+    if on_gpu:
+        return torch.cuda.mem_get_info(device or 0)[0] if torch.cuda.is_available() else None
+    return _host_available_bytes()
+
+
+def fitting(scenarios: Sequence[Scenario], *, backend: str, device: str | None = None,
+            ranks: str = "loopback") -> list[Scenario]:
+    """The scenarios whose buffers fit in free memory as ``measure`` would run them (its
+    check's rule: every rank of a loopback scenario on the one device, one rank per GPU in
+    node mode): a grid to measure from, where ``measure`` would refuse the rest."""
+    node = ranks == "node"
+    on_gpu = backend == "cuda" and (node or (device or "cuda") != "cpu")
+    free = _free_bytes(on_gpu, device)
+    if free is None:
+        return list(scenarios)
+    return [s for s in scenarios if (1 if node else s.world_size) * rank_buffer_bytes(s) <= MEMORY_SHARE * free]
 
 
 def _what(s: Scenario) -> str:
