@@ -7,6 +7,8 @@ stays fast.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from ficco_cli.output import json_option, reported, show
@@ -237,4 +239,38 @@ def _registered_lines(registered: dict | None) -> list[str]:
             f"MLflow run {registered['run_id']}; report: {registered['report']}", *_export_lines(registered, False)]
 
 
-COMMANDS = [evaluate, train_cmd, pipeline, export_cmd, report, adapt_cmd]
+@click.command("bring-up")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/bring-up", show_default=True,
+              help="Every step's output and the summary (bring_up.json); a rerun resumes.")
+@click.option("--base", default=None, help="The preset the profile refines (default: the one matching the GPU).")
+@click.option("--budget", type=float, default=0.02, show_default=True,
+              help="Fraction of the GPU's catalog that adapt measures.")
+@click.option("--rounds", type=int, default=2, show_default=True, help="Rounds the budget is spent in.")
+@click.option("--ranks", type=click.Choice(["loopback", "node"]), default="loopback", show_default=True,
+              help="Adapt's measurements: every scenario's ranks virtual on one GPU, or a process per GPU.")
+@click.option("--export-to", type=click.Path(file_okay=False), default=None,
+              help="The runtime's folder (default: where Selector.load() looks; DIR/selector with --rehearse).")
+@click.option("--profile-s", type=float, default=300.0, show_default=True, help="Seconds for the profile.")
+@click.option("--rehearse", is_flag=True,
+              help="Every step on this machine's CPU stand-ins, tiny and with a registry of its own (CI).")
+@json_option("Print the summary as JSON.")
+def bring_up_cmd(out_dir, base, budget, rounds, ranks, export_to, profile_s, rehearse, as_json) -> None:
+    """A new GPU node in one command: profile, spec, adapt, register, export, benchmark."""
+    from train.bringup import bring_up
+
+    def line(step: dict) -> None:
+        if not as_json:
+            detail = step.get("error") or step.get("reason") or step.get("output", "")
+            click.echo(f"{step['step']:<10} {step['status']:<8} {step['seconds']:>7.1f} s  {detail}")
+
+    with reported(ValueError):
+        summary = bring_up(out_dir, base=base, budget=budget, rounds=rounds, ranks=ranks, export_to=export_to,
+                           profile_s=profile_s, rehearse=rehearse, on_step=line)
+    bench = next((s for s in summary["steps"] if s["step"] == "benchmark" and "hooked_over_plain" in s), None)
+    show(as_json, summary, lambda: [
+        f"{'ready' if summary['ok'] else 'NOT ready'}: summary in {Path(out_dir) / 'bring_up.json'}"
+        + (f"; hooked step / unhooked {bench['hooked_over_plain']}" if bench else "")],
+         exit_code=0 if summary["ok"] else 1)
+
+
+COMMANDS = [evaluate, train_cmd, pipeline, export_cmd, report, adapt_cmd, bring_up_cmd]

@@ -54,8 +54,9 @@ class HeuristicParams:
 
 
 def backend_for(hw: HardwareSpec) -> str:
-    """The backend whose candidate set applies: the cpu backend, or a GPU (cuda/sim)."""
-    return "cpu" if hw.name == "cpu" or hw.copy_engines == 0 and hw.compute_units == 1 else "sim"
+    """The backend whose candidate set applies: the cpu backend for a machine without copy
+    engines (its kind, as ``schedule.hardware_problem`` says), else a GPU's (cuda/sim)."""
+    return "sim" if hw.copy_engines else "cpu"
 
 
 def estimates(s: Scenario, hw: HardwareSpec) -> dict[str, float]:

@@ -214,12 +214,13 @@ def cuda_machine(name: str, start: HardwareSpec, grid: Sequence[Scenario], out_d
 def cuda_grid(spec: HardwareSpec) -> list[Scenario]:
     """The scenarios ``ficco adapt --backend cuda`` measures from: the full catalog on the
     GPU's spec, at world sizes its devices hold, without fp8 (the executor's GEMMs do not run
-    fp8). On the ``cpu`` spec (the stand-in), the cpu catalog."""
+    fp8). On a spec without copy engines (the CPU stand-in's), the cpu catalog on it."""
     from data.catalog import catalog
     from data.scenarios import packaged, read_scenarios
 
-    if spec.name == "cpu":
-        return read_scenarios(packaged("catalog_cpu.csv"), backend="cpu")
+    if not spec.copy_engines:
+        return [dataclasses.replace(s, hardware=spec.name)
+                for s in read_scenarios(packaged("catalog_cpu.csv"), backend="cpu")]
     return [Scenario.from_record(r) for r in catalog("full", hardware=spec.name, world_sizes=(2, 4, 8))
             if r["world_size"] <= spec.devices and r["dtype"] != "float8_e4m3fn"]
 
@@ -451,10 +452,11 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
     name = f"{spec.name}-adapted" if spec.name in preset_names() else spec.name
     if backend == "cpu" and spec.name != "cpu":
         raise ValueError(f"--backend cpu measures this machine's cpu backend: --hardware cpu, not {hardware!r}")
-    if backend == "cuda" and (spec.name == "cpu") != (device == "cpu"):
+    if backend == "cuda" and bool(spec.copy_engines) == (device == "cpu"):
         raise ValueError(f"--backend cuda measures a GPU: --hardware names its spec (a preset such as h100-nvswitch, "
                          f"or a file), not {hardware!r}" if device != "cpu" else
-                         "device 'cpu' is the cuda path's stand-in on the cpu spec: --hardware cpu")
+                         "device 'cpu' is the cuda path's stand-in on a machine without copy engines: "
+                         "--hardware cpu (or a spec of the CPU)")
     out = Path(out_dir)
     options = dict(hardware=spec.name, backend=backend, start=load_hardware(start).name if start else spec.name,
                    budget=budget, rounds=rounds, strategy=strategy, perturb=perturb, seed=seed)

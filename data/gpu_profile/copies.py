@@ -31,6 +31,8 @@ COPY_SIZES = tuple(4 * KiB * 4 ** i for i in range(11) if 4 * KiB * 4 ** i <= Gi
 H2D_SIZES = tuple(s for s in COPY_SIZES if s <= 64 * MiB)
 CIL_GEMM = (8192, 8192, 8192)
 CIL_COPY_BYTES = 256 * MiB
+TINY_COPY_SIZES, TINY_CIL_GEMM, TINY_CIL_COPY_BYTES = (4 * KiB, 16 * KiB, 64 * KiB), (64, 64, 64), 16 * KiB
+"""The rehearsal's sizes (``Run.tiny``)."""
 COPY_FUNCTIONS = "ficco_select.executor.cuda.COPIES"
 """Where the copies come from (``measurements.copy_functions``)."""
 
@@ -68,13 +70,14 @@ def _device_pair(nbytes: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
 def _copy_section(run: Run, until: float, engine: str, name: str, fitted: str) -> None:
     run.put("measurements", "copy_functions", value=COPY_FUNCTIONS)
     copy = COPIES[engine]
-    src, dst = _device_pair(max(COPY_SIZES), run.device)
+    sizes = TINY_COPY_SIZES if run.tiny else COPY_SIZES
+    src, dst = _device_pair(max(sizes), run.device)
 
     def make(size):
         s, d = src[:size // 2], dst[:size // 2]
         return lambda: copy(d, s)
 
-    _copy_sweep(run, until, name=name, fitted=fitted, sizes=COPY_SIZES, make=make)
+    _copy_sweep(run, until, name=name, fitted=fitted, sizes=sizes, make=make)
 
 
 def section_copy_dma(run: Run, until: float) -> None:
@@ -99,18 +102,20 @@ def section_copy_h2d(run: Run, until: float) -> None:
         h, d = host[:size], dev[:size]
         return lambda: d.copy_(h, non_blocking=True)
 
-    _copy_sweep(run, until, name="copy_h2d", fitted="h2d", sizes=H2D_SIZES, make=make)
+    _copy_sweep(run, until, name="copy_h2d", fitted="h2d", sizes=TINY_COPY_SIZES if run.tiny else H2D_SIZES,
+                make=make)
 
 
 # -- contention --------------------------------------------------------------------------------
 def section_cil(run: Run, until: float) -> None:
     """GEMM slowdown beside a dma / SM copy stream, and the copies' slowdown beside GEMMs."""
     dev = torch.device(run.device)
-    m, n, k = CIL_GEMM
+    m, n, k = TINY_CIL_GEMM if run.tiny else CIL_GEMM
+    copy_bytes = TINY_CIL_COPY_BYTES if run.tiny else CIL_COPY_BYTES
     a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     b = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
     c = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-    src, dst = _device_pair(CIL_COPY_BYTES, run.device)
+    src, dst = _device_pair(copy_bytes, run.device)
     gemm = lambda: torch.mm(a, b, out=c)  # noqa: E731
     run.put("measurements", "copy_functions", value=COPY_FUNCTIONS)
     copies = {engine: (lambda f=f: f(dst, src)) for engine, f in COPIES.items()}
@@ -120,7 +125,7 @@ def section_cil(run: Run, until: float) -> None:
     gemm_alone = median(time_gpu(gemm, reps=5, warmup=0, inner=n_gemm, stream=g_stream,
                                  device=run.device))
     result: dict[str, Any] = {"gemm": {"m": m, "n": n, "k": k, "dtype": "bfloat16", "calls": n_gemm},
-                              "copy_bytes": CIL_COPY_BYTES, "t_gemm_alone_us": us(gemm_alone)}
+                              "copy_bytes": copy_bytes, "t_gemm_alone_us": us(gemm_alone)}
     run.put("measurements", "cil", value=dict(result))  # a copy: result changes on
     for engine, copy in copies.items():
         if time.monotonic() > until:

@@ -24,13 +24,17 @@ DIL_SHAPES = ((1024, 1024, 1024), (2048, 4096, 4096), (1024, 8192, 8192), (4096,
               (8192, 8192, 8192), (16384, 8192, 4096))
 """(m, n, k) of the DIL curve, small to large (1024 x 8192 x 8192: skinny, weight-heavy)."""
 DIL_DEGREES = (2, 4, 8)
+TINY_GEMM_PEAK_SHAPES = ((64, 64, 64), (96, 64, 32), (128, 64, 64))
+TINY_DIL_SHAPES = ((64, 64, 64), (128, 96, 32))
+"""The rehearsal's shapes (``Run.tiny``)."""
 
 
 def section_gemm_peak(run: Run, until: float) -> None:
     """Best dense GEMM throughput per dtype, and the cost of one tiny GEMM call."""
     dev = torch.device(run.device)
     best: dict[str, dict[str, Any]] = {}
-    plan = [(d, s) for d in ("bfloat16", "float16") for s in GEMM_PEAK_SHAPES] + [("float32", GEMM_PEAK_SHAPES[1])]
+    shapes = TINY_GEMM_PEAK_SHAPES if run.tiny else GEMM_PEAK_SHAPES
+    plan = [(d, s) for d in ("bfloat16", "float16") for s in shapes] + [("float32", shapes[1])]
     for dtype, (m, n, k) in plan:
         if time.monotonic() > until:
             break
@@ -48,7 +52,7 @@ def section_gemm_peak(run: Run, until: float) -> None:
     if time.monotonic() < until and torch.get_float32_matmul_precision() == "highest":
         # Reference only: what fp32 would reach with TF32 allowed (not fitted: the executor
         # runs with torch's default precision, which is recorded in software).
-        m, n, k = GEMM_PEAK_SHAPES[1]
+        m, n, k = shapes[1]
         a, b = torch.randn(m, k, device=dev), torch.randn(k, n, device=dev)
         c = torch.empty(m, n, device=dev)
         torch.set_float32_matmul_precision("high")
@@ -91,7 +95,7 @@ def section_dil(run: Run, until: float) -> None:
     The pieces are cut as the executor cuts them (``piece_bounds``).
     """
     dev, dtype = torch.device(run.device), "bfloat16"
-    for m, n, k in DIL_SHAPES:
+    for m, n, k in TINY_DIL_SHAPES if run.tiny else DIL_SHAPES:
         if time.monotonic() > until:
             break
         a = torch.randn(m, k, device=dev, dtype=TORCH_DTYPES[dtype])

@@ -48,6 +48,11 @@ REALIZED_SCENARIOS = (
 per operator; as many as the budget allows run."""
 
 
+TINY_CORRECTNESS_SCENARIOS = (dict(op="gemm_rs", m=24, n=8, k=12, dtype="float32", world_size=2),)
+TINY_REALIZED_SCENARIOS = (dict(op="ag_gemm", m=32, n=16, k=16, dtype="float32", world_size=2),)
+"""The rehearsal's scenarios (``Run.tiny``)."""
+
+
 def scenario_for(spec: Mapping[str, Any], hardware: str) -> Scenario:
     """The Scenario of one entry of CORRECTNESS_SCENARIOS / REALIZED_SCENARIOS."""
     return Scenario(**{"group": "gpu-check", "hardware": hardware, **spec})
@@ -74,7 +79,8 @@ def _loopback(run: Run, scenario: Scenario, schedules: Sequence[Schedule], *, re
 
 def section_loopback_correctness(run: Run, until: float) -> None:
     """Every legal cuda schedule of small scenarios, verified against the reference."""
-    for scenario, schedules, row in _loopback_scenarios(run, CORRECTNESS_SCENARIOS, until):
+    specs = TINY_CORRECTNESS_SCENARIOS if run.tiny else CORRECTNESS_SCENARIOS
+    for scenario, schedules, row in _loopback_scenarios(run, specs, until):
         row["schedules"] = len(schedules)
         try:
             res = _loopback(run, scenario, schedules, reps=1, warmup=0)
@@ -139,7 +145,8 @@ def best_by_engine(per: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]
 
 def section_loopback_realized(run: Run, until: float) -> None:
     """Every legal schedule timed on >= 6 scenarios: realized fraction of ideal speedup."""
-    for scenario, schedules, row in _loopback_scenarios(run, REALIZED_SCENARIOS, until):
+    specs = TINY_REALIZED_SCENARIOS if run.tiny else REALIZED_SCENARIOS
+    for scenario, schedules, row in _loopback_scenarios(run, specs, until):
         try:
             t_comp = _ranks_gemm_time(scenario, run.device)
             row["t_comp_alone_s"] = t_comp

@@ -60,8 +60,7 @@ SECTIONS = (
 )
 
 
-def _environment(preset: str | None) -> dict[str, Any]:
-    props = torch.cuda.get_device_properties(0)
+def _environment(preset: str | None, device: str = "cuda") -> dict[str, Any]:
     from importlib import metadata
 
     try:
@@ -72,10 +71,7 @@ def _environment(preset: str | None) -> dict[str, Any]:
         "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
         "created_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "complete": False,
-        "device": {"name": props.name, "compute_capability": f"{props.major}.{props.minor}",
-                   "multiprocessor_count": int(props.multi_processor_count),
-                   "total_memory_gib": round(props.total_memory / 2 ** 30, 2),
-                   "count_visible": torch.cuda.device_count()},
+        "device": _device(device),
         "software": {"torch": torch.__version__, "cuda": torch.version.cuda,
                      "hip": getattr(torch.version, "hip", None),
                      "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
@@ -86,6 +82,37 @@ def _environment(preset: str | None) -> dict[str, Any]:
         "measurements": {},
         "sections": {s.name: {"status": "pending", "message": ""} for s in SECTIONS},
     }
+
+
+def _device(device: str) -> dict[str, Any]:
+    """What the profile ran on: the GPU's properties, or the CPU of a rehearsal."""
+    if device == "cpu":
+        return {"name": f"cpu ({platform.processor() or platform.machine()}, rehearsal)", "compute_capability": "none",
+                "multiprocessor_count": os.cpu_count() or 1, "total_memory_gib": 0.0, "count_visible": 0}
+    props = torch.cuda.get_device_properties(0)
+    return {"name": props.name, "compute_capability": f"{props.major}.{props.minor}",
+            "multiprocessor_count": int(props.multi_processor_count),
+            "total_memory_gib": round(props.total_memory / 2 ** 30, 2), "count_visible": torch.cuda.device_count()}
+
+
+def profile(out: Path, *, budget_s: float, preset: Any, preset_name: str | None, sections: Sequence[str] | None = None,
+            device: str = "cuda", tiny: bool = False) -> tuple[Run, bool]:
+    """The sections (all, or `sections`) into ``out/profile.json`` within `budget_s`: the
+    run, and whether every section returned (False: one hung and was abandoned). `device`
+    ``cpu`` with `tiny`: a rehearsal of the logic on the CPU (``Run.tiny``), no measurement."""
+    out.mkdir(parents=True, exist_ok=True)
+    run = Run(out=out, deadline=time.monotonic() + budget_s, state=_environment(preset_name, device), preset=preset,
+              device=device, tiny=tiny)
+    run.state["budget_s"] = budget_s
+    wanted = set(sections or [s.name for s in SECTIONS])
+    for s in SECTIONS:
+        if s.name not in wanted:
+            run.state["sections"][s.name] = {"status": "skipped", "message": "skipped: not in --sections"}
+    write_on_term(run)
+    returned = run_sections(run, [s for s in SECTIONS if s.name in wanted])
+    run.state["complete"] = all(run.state["sections"][s]["status"] == "ok" for s in wanted)
+    run.write()
+    return run, returned
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -131,18 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     else:
         log.warning("no preset matches %r: gemm_efficiency is not computed (pass --preset)", name)
-    args.out.mkdir(parents=True, exist_ok=True)
-    run = Run(out=args.out, deadline=time.monotonic() + args.budget_s, state=_environment(preset_name), preset=preset)
-    run.state["budget_s"] = args.budget_s
-    wanted = set(args.sections.split(","))
-    for s in SECTIONS:
-        if s.name not in wanted:
-            run.state["sections"][s.name] = {"status": "skipped", "message": "skipped: not in --sections"}
-    write_on_term(run)
-    log.info("profiling %s (preset %s), budget %.0f s -> %s", name, preset_name, args.budget_s, run.path)
-    returned = run_sections(run, [s for s in SECTIONS if s.name in wanted])
-    run.state["complete"] = all(run.state["sections"][s]["status"] == "ok" for s in wanted)
-    run.write()
+    log.info("profiling %s (preset %s), budget %.0f s -> %s", name, preset_name, args.budget_s,
+             args.out / "profile.json")
+    run, returned = profile(args.out, budget_s=args.budget_s, preset=preset, preset_name=preset_name,
+                            sections=args.sections.split(","))
     log.info("wrote %s (complete: %s)", run.path, run.state["complete"])
     if not returned:  # a section thread is still running: do not wait for it
         sys.stdout.flush()

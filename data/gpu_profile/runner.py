@@ -52,7 +52,10 @@ class Run:
     preset: Any = None
     """HardwareSpec whose peaks gemm_efficiency is relative to (None: not loaded)."""
     device: str = "cuda"
-    """Device the sections run on (``cpu`` only in tests: a dry run of the logic, not the GPU)."""
+    """Device the sections run on (``cpu`` only in tests and rehearsals: a dry run of the logic, not the GPU)."""
+    tiny: bool = False
+    """Each section's ``TINY_*`` shapes instead of its own: a rehearsal of the sections' logic
+    in seconds on the CPU (``ficco bring-up --rehearse``), no measurement."""
     started: float = dataclasses.field(default_factory=time.monotonic)
     lock: Any = dataclasses.field(default_factory=threading.RLock)
     """Re-entrant: the SIGTERM handler takes it on the main thread, which may hold it."""

@@ -268,10 +268,10 @@ class Selector:
         hw = self._spec(scenario.hardware)
         if hw is None:
             return Decision(BASELINE, "fallback", 0.0, f"unknown hardware {scenario.hardware!r}")
-        if scenario.world_size > hw.devices and backend_for(hw) != "cpu":
-            # A spec describes one node: its costs say nothing about a larger job. The
-            # datasets follow the same rule (schedule.hardware_problem); cpu ranks are
-            # processes, not devices, so the cpu backend runs any world size.
+        if scenario.world_size > hw.devices and hw.copy_engines:
+            # A GPU spec describes one node: its costs say nothing about a larger job. The
+            # datasets follow the same rule (schedule.hardware_problem); a machine without
+            # copy engines is the cpu backend's kind, whose ranks are processes, not devices.
             why = (f"world_size={scenario.world_size} exceeds the {hw.devices} devices of hardware "
                    f"{hw.name} (a spec describes one node)")
             self._warn_once(("devices", hw.name), f"{why}; running the baseline")
