@@ -116,7 +116,7 @@ def test_loopback_arguments_are_checked_before_any_work():
     with pytest.raises(ValueError, match="warmup: must be >= 0, got -1"):
         run_loopback(s, [BASELINE], warmup=-1)
     comm = LoopbackComm(0, 2, Rendezvous(HostLanes()), timeout_s=1.0)
-    with pytest.raises(ValueError, match=r"engine 'nvlink' not in \('dma', 'sm'\)|engine 'nvlink' not in"):
+    with pytest.raises(ValueError, match=r"engine 'nvlink' not in \('dma', 'sm'\)"):
         comm.begin_run(1, "nvlink")
     for peer in (0, 2, -1):
         with pytest.raises(ValueError, match=rf"rank 0: send with invalid peer {peer} \(tag 3\)"):

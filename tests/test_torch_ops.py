@@ -443,6 +443,43 @@ def test_tensor_parallel_mlp_with_m_varying_between_calls_decides_from_layer_tab
     spawn(check_tp_mlp_varying_m, 2, tmp_path)
 
 
+def check_install_builds_every_table_before_the_first_step(rank: int, P: int, tmp: Path) -> None:
+    from ficco_select.runtime.tp import install, parallelize
+
+    torch.manual_seed(0)
+    hidden, ffn, batch = 12, 8 * P, 3
+    full = nn.Sequential(nn.Linear(hidden, ffn), nn.GELU(), nn.Linear(ffn, hidden))
+    tp = parallelize(copy.deepcopy(full), {"0": "colwise", "2": "rowwise"}, dist.group.WORLD)
+    handle = install(tp)
+    tables = dict(dispatch._state.tables)
+    # Both layers' forward ops and their input-gradient ops, each built. In an MLP they pair
+    # up: the down projection's forward and the up projection's gradient are one layer
+    # (A (rows, ffn/P) @ B (ffn/P, hidden), reduce-scattered), and so are the other two.
+    assert len(tables) == 2 and all(table is not None for _, table in tables.values()), sorted(map(str, tables))
+    broadcasts = []
+    real_broadcast = dist.broadcast_object_list
+
+    def counted(*args, **kw):
+        broadcasts.append(1)
+        return real_broadcast(*args, **kw)
+
+    dispatch.dist.broadcast_object_list = counted  # this rank's process only
+    for seq in (3, 5, 16, 40):  # the first step too: no step decides or waits on a broadcast
+        x = torch.randn(P * seq, batch, hidden).chunk(P, dim=0)[rank].clone().requires_grad_()
+        tp(x).square().sum().backward()
+    assert broadcasts == [] and dispatch._state.tables == tables
+    sources = {d.source for d in dispatch.decisions().values()}
+    assert sources <= {"model", "heuristic", "fallback"} and len(dispatch.decisions()) == 2 * 4
+    handle.remove()
+    again = install(tp, tables=False)  # opting out builds nothing more
+    assert dispatch._state.tables == tables
+    again.remove()
+
+
+def test_install_builds_every_table_before_the_first_step(tmp_path):
+    spawn(check_install_builds_every_table_before_the_first_step, 2, tmp_path)
+
+
 def test_parallelize_names_what_is_wrong_in_the_plan():
     from ficco_select.runtime.tp import parallelize
 

@@ -183,6 +183,14 @@ def decide(key: tuple, group: dist.ProcessGroup, make_scenario, layer: tuple | N
 
 def _from_table(key: tuple, m: int, group: dist.ProcessGroup, make_scenario) -> tuple[Scenario, Decision] | None:
     """The decision for token count `m` from the layer's table, or None (decide per shape)."""
+    first, table = _table_entry(key, group, make_scenario)
+    decision = table.decide(m) if table is not None else None
+    return None if decision is None else (dataclasses.replace(first, m=m), decision)
+
+
+def _table_entry(key: tuple, group: dist.ProcessGroup, make_scenario) -> tuple[Scenario | None, LayerTable | None]:
+    """The layer's (first scenario, table), built on the group's rank 0 and broadcast at its
+    first use (None, None where it has none)."""
     entry = _state.tables.get(key)
     if entry is None:
         first = table = None
@@ -195,9 +203,17 @@ def _from_table(key: tuple, m: int, group: dist.ProcessGroup, make_scenario) -> 
         box = [(first, table)]
         dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
         entry = _state.tables[key] = box[0]
-    first, table = entry
-    decision = table.decide(m) if table is not None else None
-    return None if decision is None else (dataclasses.replace(first, m=m), decision)
+    return entry
+
+
+def prepare_layer(layer: tuple, group: dist.ProcessGroup, make_scenario) -> LayerTable | None:
+    """Build a layer's table now, as its first call would (every rank of `group` calls this,
+    in the same order): the calls that follow decide by a lookup, with no collective and
+    no model. None where the layer gets no table (a pinned schedule, a scenario the
+    selector cannot table)."""
+    if _state.settings.schedule is not None:
+        return None
+    return _table_entry((layer, group.group_name), group, make_scenario)[1]
 
 
 def _explore(key: tuple, scenario: Scenario, decision: Decision) -> tuple[Scenario, Decision]:

@@ -55,7 +55,8 @@ from ficco_select.runtime.dispatch import (
     scenario_for,
 )
 
-__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "all_to_all_matmul", "configure", "reset", "hardware_name"]
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "all_to_all_matmul", "configure", "reset", "hardware_name",
+           "prepare_all_gather_matmul", "prepare_matmul_reduce_scatter"]
 
 
 def __getattr__(name: str):
@@ -95,7 +96,7 @@ def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A):
     key = ("ag", tuple(A2.shape), sum(widths), A_shard.dtype, A_shard.device.type)
     scenario, decision = decide(key, group, lambda: scenario_for(
         "ag_gemm", P * A2.shape[0], P * sum(widths), A2.shape[1], A_shard.dtype, P, A_shard.device),
-        layer=key[:1] + key[2:] + (A2.shape[1],), m=P * A2.shape[0])
+        layer=_ag_layer(sum(widths), A_shard.dtype, A_shard.device.type, A2.shape[1]), m=P * A2.shape[0])
     if scenario is None:
         return symm_mem._fused_all_gather_matmul_fallback(A_shard, list(Bs), gather_dim, group.group_name,
                                                           return_A=return_A)
@@ -142,7 +143,8 @@ def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     key = ("rs", tuple(left.shape), right.shape[1], scatter_dim == A.ndim - 1, A.dtype, A.device.type)
     scenario, decision = decide(key, group, lambda: scenario_for(
         "gemm_rs", left.shape[0], right.shape[1], P * left.shape[1], A.dtype, P, A.device),
-        layer=key[:1] + key[2:] + (left.shape[1],), m=left.shape[0])
+        layer=_rs_layer(right.shape[1], scatter_dim == A.ndim - 1, A.dtype, A.device.type, left.shape[1]),
+        m=left.shape[0])
     if scenario is None:
         return symm_mem._fused_matmul_reduce_scatter_fallback(A, B, reduce_op, scatter_dim, group.group_name)
 
@@ -155,6 +157,42 @@ def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     if scatter_dim == A.ndim - 1:
         return out.t().reshape(*rows_lead, out.shape[0])
     return out.reshape(rows_lead[0] // P, *rows_lead[1:], out.shape[1]).movedim(0, scatter_dim)
+
+
+# -- layers: a call's shape without its token count -----------------------------------------
+TABLE_ROWS = 64
+"""Rows per rank of the scenario a prepared layer's table is built from (the table covers every m)."""
+
+
+def _ag_layer(n_local: int, dtype: torch.dtype, device_type: str, k: int) -> tuple:
+    """An all-gather matmul's layer: A_shard (rows, k) @ B (k, n_local), any rows."""
+    return ("ag", n_local, dtype, device_type, k)
+
+
+def _rs_layer(n: int, scatter_last: bool, dtype: torch.dtype, device_type: str, k_local: int) -> tuple:
+    """A matmul reduce-scatter's layer: A (rows, k_local) @ B (k_local, n), any rows."""
+    return ("rs", n, scatter_last, dtype, device_type, k_local)
+
+
+def prepare_all_gather_matmul(k: int, n_local: int, dtype: torch.dtype, device: torch.device, group_name) -> bool:
+    """Build now the decision table of ``all_gather_matmul`` calls of A_shard (rows, k) @ B
+    (k, n_local) along dim 0, for every row count: such a call then decides by a lookup,
+    with no collective and no model, from its first step on. Every rank of the group calls
+    it, in the same order (rank 0 builds the table and shares it). Whether a table was built."""
+    group = resolve_group(group_name)
+    P = dist.get_world_size(group)
+    return dispatch.prepare_layer(_ag_layer(n_local, dtype, device.type, k), group, lambda: scenario_for(
+        "ag_gemm", P * TABLE_ROWS, P * n_local, k, dtype, P, device)) is not None
+
+
+def prepare_matmul_reduce_scatter(k_local: int, n: int, dtype: torch.dtype, device: torch.device,
+                                  group_name) -> bool:
+    """``prepare_all_gather_matmul`` for ``matmul_reduce_scatter`` calls of A (rows, k_local)
+    @ B (k_local, n) scattered along dim 0."""
+    group = resolve_group(group_name)
+    P = dist.get_world_size(group)
+    return dispatch.prepare_layer(_rs_layer(n, False, dtype, device.type, k_local), group, lambda: scenario_for(
+        "gemm_rs", P * TABLE_ROWS, n, P * k_local, dtype, P, device)) is not None
 
 
 # -- gradients: each op's backward is the other op, chosen and run the same way -----------

@@ -26,7 +26,12 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 
-from ficco_select.runtime.torch_ops import all_gather_matmul, matmul_reduce_scatter
+from ficco_select.runtime.torch_ops import (
+    all_gather_matmul,
+    matmul_reduce_scatter,
+    prepare_all_gather_matmul,
+    prepare_matmul_reduce_scatter,
+)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -125,14 +130,35 @@ def parallelize(model: nn.Module, plan: dict[str, str], group: dist.ProcessGroup
     return model
 
 
-def install(model: nn.Module) -> HookHandle:
+def install(model: nn.Module, *, tables: bool = True) -> HookHandle:
     """Make every tensor-parallel linear layer of `model` run through ficco's ops.
 
-    Layers already switched are left alone (installing twice is harmless).
+    With `tables` (the default), the decision table of each layer's forward op and, for a
+    trained weight, of its backward op is built now, for every token count (rank 0 builds,
+    every rank receives): no step decides, or waits on a broadcast, the first one included.
+    Every rank must call it, with the same model. Layers already switched are left alone
+    (installing twice is harmless).
     """
     layers = []
     for module in model.modules():
         if isinstance(module, TP_LAYERS) and "forward" not in vars(module):
             module.forward = types.MethodType(type(module).ficco_forward, module)
             layers.append(module)
+            if tables:
+                _prepare(module)
     return HookHandle(layers)
+
+
+def _prepare(layer: nn.Module) -> None:
+    """Build the tables of `layer`'s ops: the forward's, and the backward's mirror op (the
+    input's gradient) when the weight is trained."""
+    w, group = layer.weight, layer.group
+    out_features, in_features = w.shape  # this rank's shard of the weight
+    if isinstance(layer, ColumnParallelLinear):  # AG(x) @ W^T; dx = RS(dy @ W)
+        prepare_all_gather_matmul(in_features, out_features, w.dtype, w.device, group)
+        if w.requires_grad:
+            prepare_matmul_reduce_scatter(out_features, in_features, w.dtype, w.device, group)
+    else:  # RS(x @ W^T); dx = AG(dy) @ W
+        prepare_matmul_reduce_scatter(in_features, out_features, w.dtype, w.device, group)
+        if w.requires_grad:
+            prepare_all_gather_matmul(out_features, in_features, w.dtype, w.device, group)
