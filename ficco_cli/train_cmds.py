@@ -266,10 +266,11 @@ def bring_up_cmd(out_dir, base, budget, rounds, ranks, export_to, profile_s, reh
     with reported(ValueError):
         summary = bring_up(out_dir, base=base, budget=budget, rounds=rounds, ranks=ranks, export_to=export_to,
                            profile_s=profile_s, rehearse=rehearse, on_step=line)
-    bench = next((s for s in summary["steps"] if s["step"] == "benchmark" and "hooked_over_plain" in s), None)
+    bench = next((s for s in summary["steps"] if s["step"] == "benchmark" and "hooked_speedup" in s), None)
     show(as_json, summary, lambda: [
         f"{'ready' if summary['ok'] else 'NOT ready'}: summary in {Path(out_dir) / 'bring_up.json'}"
-        + (f"; hooked step / unhooked {bench['hooked_over_plain']}" if bench else "")],
+        + (f"; training step hooked x{bench['hooked_speedup']} over unhooked PyTorch, best fixed schedule "
+           f"({bench['best_fixed']}) x{bench['best_fixed_speedup']}" if bench else "")],
          exit_code=0 if summary["ok"] else 1)
 
 

@@ -37,7 +37,7 @@ def test_the_rehearsal_runs_every_step_and_resumes(tmp_path, monkeypatch):
     assert steps["adapt"]["measured"] >= 1
     assert steps["register"]["version"] == "1" and (out / "mlflow.db").exists()  # its own registry
     assert (out / "selector" / "selector.json").exists()
-    assert 0 < steps["benchmark"]["hooked_over_plain"] < 10 and steps["benchmark"]["decisions"]
+    assert 0 < steps["benchmark"]["hooked_speedup"] < 10 and steps["benchmark"]["best_fixed"]
     assert json.loads((out / "bring_up.json").read_text())["ok"]
     # A second run finds every step's result and keeps it.
     again = subprocess.run(FICCO + ["bring-up", "--out", str(out), "--rehearse", "--budget", "0.01", "--json"],

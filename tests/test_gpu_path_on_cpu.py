@@ -331,7 +331,8 @@ def test_dil_rows_the_model_cannot_read_are_skipped():
     good = data["measurements"]["dil"]
     data["measurements"]["dil"] = [{"dtype": "int8", "m": 64, "n": 64, "k": 64, "split": "m", "d": 2, "dil": 0.1},
                                    {"dtype": "bfloat16", "m": "many", "n": 64, "k": 64, "split": "m", "d": 2},
-                                   {"dtype": "bfloat16", "n": 64, "k": 64, "split": "m", "d": 2}, *good]
+                                   {"dtype": "bfloat16", "n": 64, "k": 64, "split": "m", "d": 2},
+                                   {"dtype": "bfloat16", "m": 64, "n": 64, "k": 64, "split": "m", "d": 0}, *good]
     rows = dil_vs_model(validate_profile(data), load_hardware("h200-nvswitch"))
     assert [(r["m"], r["split"], r["d"]) for r in rows] == [(g["m"], g["split"], g["d"]) for g in good]
 

@@ -397,13 +397,8 @@ def test_tensor_parallel_mlp_same_hooked_and_unhooked(tmp_path):
     spawn(check_tp_mlp, 2, tmp_path)
 
 
-def check_tp_mlp_varying_m(rank: int, P: int, tmp: Path) -> None:
-    from ficco_select.runtime.tp import install, parallelize
-
-    torch.manual_seed(0)
-    hidden, ffn, batch = 12, 8 * P, 3
-    full = nn.Sequential(nn.Linear(hidden, ffn), nn.GELU(), nn.Linear(ffn, hidden))
-    tp = parallelize(copy.deepcopy(full), {"0": "colwise", "2": "rowwise"}, dist.group.WORLD)
+def _counting_broadcasts() -> list:
+    """The decisions' broadcasts from now on in this rank's process, one entry each."""
     broadcasts = []
     real_broadcast = dist.broadcast_object_list
 
@@ -411,7 +406,18 @@ def check_tp_mlp_varying_m(rank: int, P: int, tmp: Path) -> None:
         broadcasts.append(1)
         return real_broadcast(*args, **kw)
 
-    dispatch.dist.broadcast_object_list = counted  # this rank's process only
+    dispatch.dist.broadcast_object_list = counted
+    return broadcasts
+
+
+def check_tp_mlp_varying_m(rank: int, P: int, tmp: Path) -> None:
+    from ficco_select.runtime.tp import install, parallelize
+
+    torch.manual_seed(0)
+    hidden, ffn, batch = 12, 8 * P, 3
+    full = nn.Sequential(nn.Linear(hidden, ffn), nn.GELU(), nn.Linear(ffn, hidden))
+    tp = parallelize(copy.deepcopy(full), {"0": "colwise", "2": "rowwise"}, dist.group.WORLD)
+    broadcasts = _counting_broadcasts()
     seqs = [3, 5, 7, 9, 16, 40, 5, 3]  # per rank; m = P * seq * batch changes between calls
     schedules = []
     for seq in seqs:
@@ -456,14 +462,7 @@ def check_install_builds_every_table_before_the_first_step(rank: int, P: int, tm
     # up: the down projection's forward and the up projection's gradient are one layer
     # (A (rows, ffn/P) @ B (ffn/P, hidden), reduce-scattered), and so are the other two.
     assert len(tables) == 2 and all(table is not None for _, table in tables.values()), sorted(map(str, tables))
-    broadcasts = []
-    real_broadcast = dist.broadcast_object_list
-
-    def counted(*args, **kw):
-        broadcasts.append(1)
-        return real_broadcast(*args, **kw)
-
-    dispatch.dist.broadcast_object_list = counted  # this rank's process only
+    broadcasts = _counting_broadcasts()
     for seq in (3, 5, 16, 40):  # the first step too: no step decides or waits on a broadcast
         x = torch.randn(P * seq, batch, hidden).chunk(P, dim=0)[rank].clone().requires_grad_()
         tp(x).square().sum().backward()

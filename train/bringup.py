@@ -13,9 +13,9 @@ again, so a killed bring-up resumes where it stopped:
 4. ``register``: the pipeline on the default training data plus the measured rows; the
    champion moves by its usual rules -> ``DIR/adapt/pipeline/``.
 5. ``export``: the champion (the new version if it was promoted) into the runtime's folder.
-6. ``benchmark``: ``benchmarks/hook_overhead.py`` with that selector: a tensor-parallel MLP
-   hooked vs unhooked, on gloo ranks (the CPU; the GPU step benchmark is not written yet)
-   -> ``DIR/benchmark.json``.
+6. ``benchmark``: ``benchmarks/e2e_tp.py`` with that selector: a Llama-style block's training
+   step, hooked vs unhooked vs the fixed schedules, on gloo ranks (the CPU: the benchmark
+   has no GPU version yet) -> ``DIR/benchmark.json``.
 
 The summary (every step's status, seconds and result) is ``DIR/bring_up.json``, rewritten
 after each step. ``rehearse``: the same steps with the CPU as the device, tiny profile
@@ -35,9 +35,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 STEPS = ("profile", "spec", "adapt", "register", "export", "benchmark")
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "hook_overhead.py"
-REHEARSAL_BENCHMARK = ("--world-size", "2", "--seq", "256", "--hidden", "128", "--reps", "3")
-NODE_BENCHMARK = ("--world-size", "2", "--seq", "4096", "--hidden", "1024", "--reps", "10")
+BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "e2e_tp.py"
+REHEARSAL_BENCHMARK = ("--world-sizes", "2", "--sizes", "96", "--seq", "48", "--reps", "2")
+NODE_BENCHMARK = ("--world-sizes", "2", "--sizes", "768", "--seq", "1536", "--reps", "8")
 
 
 def bring_up(out_dir: str | Path, *, base: str | None = None, budget: float = 0.02, rounds: int = 2,
@@ -176,8 +176,9 @@ def _benchmark(c: dict) -> dict:
                 f"exit {res.returncode}"}
     result = json.loads(res.stdout)
     path.write_text(json.dumps(result, indent=1))
-    return {"status": "done", "output": str(path), "hooked_over_plain": result["hooked_over_plain"],
-            "decisions": result["decisions"]}
+    ways = result[0]["ways"]
+    return {"status": "done", "output": str(path), "hooked_speedup": ways["ficco"]["speedup"],
+            "best_fixed": result[0]["best_fixed"], "best_fixed_speedup": ways[result[0]["best_fixed"]]["speedup"]}
 
 
 _STEP = {"profile": _profile, "spec": _spec, "adapt": _adapt, "register": _register, "export": _export,

@@ -311,6 +311,8 @@ def dil_vs_model(profile: GpuProfile, spec: HardwareSpec) -> list[dict[str, Any]
     for r in rows:
         try:
             m, n, k, d, dtype = int(r["m"]), int(r["n"]), int(r["k"]), int(r["d"]), str(r["dtype"])
+            if min(m, n, k, d) < 1:
+                continue  # a row of nothing, or a degree of no pieces: nothing to compare
             b, peak = DTYPES[dtype], spec.peak_of(dtype) * 1e12
             whole = float(gemm_time(spec, m, n, k, b, peak))
             # Pieces differ by at most one row/column; the model takes the mean piece.

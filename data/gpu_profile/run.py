@@ -28,6 +28,7 @@ import datetime
 import logging
 import os
 import platform
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -108,10 +109,13 @@ def profile(out: Path, *, budget_s: float, preset: Any, preset_name: str | None,
     for s in SECTIONS:
         if s.name not in wanted:
             run.state["sections"][s.name] = {"status": "skipped", "message": "skipped: not in --sections"}
-    write_on_term(run)
-    returned = run_sections(run, [s for s in SECTIONS if s.name in wanted])
-    run.state["complete"] = all(run.state["sections"][s]["status"] == "ok" for s in wanted)
-    run.write()
+    previous = write_on_term(run)
+    try:
+        returned = run_sections(run, [s for s in SECTIONS if s.name in wanted])
+        run.state["complete"] = all(run.state["sections"][s]["status"] == "ok" for s in wanted)
+        run.write()
+    finally:  # a caller that goes on after the profile (ficco bring-up) keeps its own handler
+        signal.signal(signal.SIGTERM, previous)
     return run, returned
 
 

@@ -192,8 +192,9 @@ def _status(run: Run, name: str, status: str, message: str = "", elapsed: float 
     run.put("sections", name, value=entry)
 
 
-def write_on_term(run: Run) -> None:
-    """On SIGTERM (a timeout's), mark unfinished sections ``interrupted``, write, and exit."""
+def write_on_term(run: Run):
+    """On SIGTERM (a timeout's), mark unfinished sections ``interrupted``, write, and exit.
+    Returns the handler it replaced (``signal.signal``'s), for the caller to put back."""
 
     def on_term(signum, frame) -> None:
         with run.lock:
@@ -203,4 +204,4 @@ def write_on_term(run: Run) -> None:
         run.write()
         os._exit(128 + signum)
 
-    signal.signal(signal.SIGTERM, on_term)
+    return signal.signal(signal.SIGTERM, on_term)
