@@ -1,9 +1,10 @@
 """Published real-GPU measurements, and the simulator held against them.
 
-``data/published/gpu-calibration.csv`` holds numbers measured on real GPUs by others, each
-row with its source URL (copied verbatim from the project's shared calibration set; its
-README says what each column means). ``read_published`` turns such a table into points;
-``compare`` predicts every point on a spec; ``fit`` fits a preset's model terms to them.
+``data/published/gpu-calibration.csv`` (the fit set) and ``validation.csv`` (never fitted)
+hold numbers measured on real GPUs by others, each row with its source URL and a grade
+(``docs/published.md`` says what each column means). ``read_published`` turns such a table
+into points; ``compare`` predicts every point on a spec; ``fit`` fits a preset's model
+terms to them.
 
 Kinds of point (``Point.kind``):
 - ``overlap``: a collective + GEMM whose method is one of the project's schedules
@@ -63,7 +64,8 @@ class Point:
     """The preset of the published device (``preset_for_device``); "" where no preset is that
     device (an export variant with other links, say): such a point is read, not compared."""
     grade: str
-    """A, B or C: how much the source says about its setup (the table's README)."""
+    """A: a maintainer's benchmark whose script and hardware are stated; B: a credible author,
+    the setup partly stated; C: a user report."""
     op: str = ""
     """ag_gemm / gemm_rs / a2a_gemm; for a collective or bandwidth, the collective's name."""
     m: int = 0

@@ -207,7 +207,7 @@ def test_a_new_champion_reaches_the_runtime_folder_without_a_manual_step(store, 
 
 
 def test_the_readme_retrain_flow_with_a_spec_file(tmp_path):
-    """README "Retrain on new hardware" with a machine described only by a file: every
+    """docs/new-hardware.md "Retrain on new hardware" with a machine described only by a file: every
     stage, each in a fresh process, finds it by the name the file declares."""
     import subprocess
     import sys

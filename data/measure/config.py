@@ -37,7 +37,7 @@ class TimingPolicy:
     schedule) against the old 1 run x 5 (``benchmarks/repeatability.py``, 30 scenarios):
     best agreement 0.87 -> 0.93, median tau 0.67 -> 0.76, at 5x the sweep time; 20 ms
     repetitions were no better on tau. Settings this close differ by less than the
-    benchmark's own noise on 30 scenarios; README "Measuring" has the table."""
+    benchmark's own noise on 30 scenarios; docs/measuring.md has the table."""
     max_runs: int = 64
     """At most this many runs per repetition."""
 
