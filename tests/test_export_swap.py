@@ -16,7 +16,7 @@ import time
 
 from test_selector_runtime import write_selector
 
-from ficco_select.runtime.layers import write_tables
+from train.export import write_tables
 from ficco_select.runtime.selector import Selector
 from ficco_select.scenario import Scenario
 from train.export import KEEP_VERSIONS, publish

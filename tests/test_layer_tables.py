@@ -115,7 +115,7 @@ def test_every_door_decides_through_the_layer_table(model_folder, tmp_path):  # 
     from click.testing import CliRunner
 
     from ficco_cli.main import main
-    from ficco_select.runtime.layers import write_tables
+    from train.export import write_tables
     from ficco_select.runtime.selector import decide_rows
 
     folder = tmp_path / "export"
@@ -174,7 +174,7 @@ def test_precompiled_tables_with_an_illegal_decision_are_refused_at_load(model_f
     import json
     import shutil
 
-    from ficco_select.runtime.layers import write_tables
+    from train.export import write_tables
 
     folder = tmp_path / "export"
     shutil.copytree(model_folder[0], folder)

@@ -10,16 +10,17 @@ emptied.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from data.locks import output_lock
-from ficco_select.runtime.layers import export_digest, write_tables
+from ficco_select.runtime.layers import GRID_STEPS_PER_OCTAVE, TABLES_FILE, export_digest
 from ficco_select.runtime.selector import Selector
-from ficco_select.scenario import Scenario
+from ficco_select.scenario import LAYER_COLUMNS, Scenario
 from train.run import ALIAS, REGISTERED_MODEL
 
 EXPORT_FILES = ("model.json", "selector.json", "layers.json")
@@ -50,6 +51,29 @@ def export(out: str | Path, model_uri: str = f"models:/{REGISTERED_MODEL}@{ALIAS
             write_tables(Selector.load(folder), layers, folder)
 
     return publish(out, write)
+
+
+def write_tables(selector: Selector, layers: Iterable[Scenario], folder: str | Path) -> Path:
+    """Build the tables of `layers` (their m ignored) with `selector` (loaded from `folder`)
+    and write them to ``folder/layers.json``; deterministic: the same export and layers give
+    the same bytes. Layers that cannot have a table (``Selector.layer_table``) are left out."""
+    tables = {}
+    for s in layers:
+        table = selector.layer_table(s)
+        if table is not None:
+            tables[table.layer] = table
+    doc = {
+        "generated": "by ficco export --layers from the model in this folder; do not edit",
+        "model_digest": export_digest(folder), "grid_steps_per_octave": GRID_STEPS_PER_OCTAVE,
+        "layers": [{**dict(zip(LAYER_COLUMNS, key)), "step": t.step, "grid": list(t.grid),
+                    "decisions": [[d.schedule.name, d.source, d.confidence, d.reason] for d in t.decisions]}
+                   for key, t in sorted(tables.items(), key=lambda kv: json.dumps(kv[0]))],
+    }
+    head = json.dumps({k: v for k, v in doc.items() if k != "layers"}, indent=1)[:-2]
+    body = ",\n".join("  " + json.dumps(entry) for entry in doc["layers"])  # a layer per line: diffs read
+    path = Path(folder, TABLES_FILE)
+    path.write_text(f'{head},\n "layers": [\n{body}\n ]\n}}\n')
+    return path
 
 
 KEEP_VERSIONS = 3

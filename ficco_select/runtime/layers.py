@@ -22,8 +22,11 @@ two indexings (``LayerTable.decide``: an index over every m up to the table's en
 - Outside the grid, or for an ``m`` that is not valid for the layer, ``decide`` answers None
   and the caller decides that call directly (``Selector.select``).
 
-Precompiled tables: ``ficco export --layers FILE`` writes the tables of a scenario table's
-layers into the export folder (``layers.json``, generated, deterministic, with the digest
+The selector builds a table (``Selector.layer_table``: it resolves the machine, the m range
+the model may decide, and decides the points); ``build_table`` here lays the grid and
+bisects, knowing nothing of the selector. Precompiled tables: ``ficco export --layers FILE``
+(``train.export.write_tables``) writes the tables of a scenario table's layers into the
+export folder (``layers.json``, generated, deterministic, with the digest
 of the model and selector.json they came from); ``Selector.load`` reads them, so known
 layers never walk trees. A file whose digest is not the folder's is ignored with a warning.
 """
@@ -31,26 +34,19 @@ layers never walk trees. A file whose digest is not the folder's is ignored with
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import math
 from array import array
 from bisect import bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ficco_select.heuristic import backend_for
 from ficco_select.runtime.decision import Decision
-from ficco_select.runtime.scope import machine_kind
 from ficco_select.scenario import LAYER_COLUMNS, Scenario
 from ficco_select.schedule import legal_candidates, parse
-
-if TYPE_CHECKING:  # annotations only: the selector imports this module
-    from ficco_select.runtime.selector import Selector
 
 GRID_STEPS_PER_OCTAVE = 16
 """Grid points per doubling of m (neighbours about 4.4% apart). With the bisection of
@@ -118,69 +114,30 @@ def m_grid(lo: int, hi: int, step: int) -> tuple[int, ...]:
     return tuple(sorted(points))
 
 
-def table_for(selector: Selector, scenario: Scenario, also: Iterable[int] = ()) -> LayerTable | None:
-    """`scenario`'s layer decided on its grid of m (and at the valid m of `also` inside it)
-    by `selector`, in one batch; None where no table applies (where the selector sends every
-    m of the layer to the baseline, an unknown machine or more ranks than its devices: the
-    direct path says why)."""
-    machine = selector._machine(scenario)
-    if isinstance(machine, Decision):
-        return None
-    scenario, hw = machine
-    trained = {col: (lo, hi) for col, lo, hi in selector._scope.ranges}
-    lo, hi = trained.get("m", DEFAULT_M_RANGE) if selector.model is not None else DEFAULT_M_RANGE
-    slack = selector._scope.range_slack.get(machine_kind(hw), {}).get("m", 1.0) if "m" in trained else 1.0
-    lo, hi = max(1, math.ceil(lo / slack)), math.floor(hi * slack)  # where the model may decide
+def build_table(scenario: Scenario, lo: int, hi: int, decide: Callable[[Sequence[int]], list[Decision]],
+                also: Iterable[int] = ()) -> LayerTable | None:
+    """`scenario`'s layer decided on its grid of m in [`lo`, `hi`] (and at the valid m of
+    `also` inside it); `decide(ms)` gives the decisions at the token counts `ms`, in one
+    batch (``Selector.layer_table`` passes its own). None where the range holds no valid m.
+
+    Where neighbours on the grid disagree, every open interval is bisected at once, down to
+    adjacent valid m: the breakpoint is then exact. Neighbours that agree are taken to agree
+    in between."""
     step = scenario.world_size if scenario.op in ("ag_gemm", "gemm_rs") else 1
     grid = m_grid(int(lo), int(hi), step)
     if not grid:
         return None
     grid = tuple(sorted({*grid, *(m for m in also if m % step == 0 and grid[0] <= m <= grid[-1])}))
-    decided = dict(zip(grid, _decide_points(selector, scenario, grid, hw)))
-    # Where neighbours disagree, bisect (every open interval at once) down to adjacent valid m:
-    # the breakpoint is then exact. Neighbours that agree are taken to agree in between.
+    decided = dict(zip(grid, decide(grid)))
     same = lambda a, b: (decided[a].schedule, decided[a].source) == (decided[b].schedule, decided[b].source)  # noqa: E731
     open_ = [(a, b) for a, b in zip(grid, grid[1:]) if b - a > step and not same(a, b)]
     while open_:
         mids = [step * ((a + b) // (2 * step)) for a, b in open_]
-        decided.update(zip(mids, _decide_points(selector, scenario, mids, hw)))
+        decided.update(zip(mids, decide(mids)))
         open_ = [(lo, hi) for (a, b), mid in zip(open_, mids) for lo, hi in ((a, mid), (mid, b))
                  if hi - lo > step and not same(lo, hi)]
     points = tuple(sorted(decided))
     return LayerTable(scenario.layer, points, tuple(decided[m] for m in points), step)
-
-
-def _decide_points(selector: Selector, scenario: Scenario, ms, hw) -> list[Decision]:
-    """The selector's direct decisions for `scenario` at each m of `ms`, scored in one batch."""
-    points = [dataclasses.replace(scenario, m=m) for m in ms]
-    scores = _batch_scores(selector, points, hw) if selector.model is not None else {}
-    return [selector._model_or_heuristic(s, hw, scores.get(i)) for i, s in enumerate(points)]
-
-
-def _batch_scores(selector: Selector, points: list[Scenario], hw) -> dict[int, np.ndarray]:
-    """The model's scores of each grid point's legal candidates, from one feature matrix and
-    one tree walk; only for the points where the model would decide. The features come a
-    candidate list at a time (points with fewer rows per shard have fewer legal schedules),
-    each over its points' m at once (``features.build.grid_features``)."""
-    backend = backend_for(hw)
-    by_candidates: dict[int, tuple[tuple, list[int]]] = {}  # id(candidate tuple): (the tuple, its points)
-    for i, s in enumerate(points):
-        if not selector._abstain_reason(s, hw):
-            cands = legal_candidates(s, backend)  # shared tuples: one per legality key
-            if cands:
-                by_candidates.setdefault(id(cands), (cands, []))[1].append(i)
-    if not by_candidates:
-        return {}
-    grid_features = _grid_features()
-    X = np.concatenate([grid_features(points[0], [points[i].m for i in at], cands, hw).reshape(-1, selector.model.n_features)
-                        for cands, at in by_candidates.values()])  # (sum of n_candidates, n_features)
-    scores = selector.model.predict(X)
-    out, start = {}, 0
-    for cands, at in by_candidates.values():
-        for i in at:
-            out[i] = scores[start:start + len(cands)]
-            start += len(cands)
-    return out
 
 
 def _check_legal(key: tuple, grid: tuple[int, ...], decisions: tuple[Decision, ...], backend: str | None,
@@ -197,14 +154,6 @@ def _check_legal(key: tuple, grid: tuple[int, ...], decisions: tuple[Decision, .
             raise ValueError(f"{at}: m={m}: {decision.schedule.name} is not a legal schedule of this layer")
 
 
-@functools.cache
-def _grid_features():
-    """``features.build.grid_features``, imported on the first table with a model."""
-    from features.build import grid_features
-
-    return grid_features
-
-
 # -- precompiled tables ------------------------------------------------------------------
 def export_digest(folder: str | Path) -> str:
     """The digest of an export's model.json and selector.json: what its tables were built from."""
@@ -212,29 +161,6 @@ def export_digest(folder: str | Path) -> str:
     for name in ("model.json", "selector.json"):
         h.update(Path(folder, name).read_bytes())
     return h.hexdigest()[:16]
-
-
-def write_tables(selector: Selector, layers: Iterable[Scenario], folder: str | Path) -> Path:
-    """Build the tables of `layers` (their m ignored) with `selector` (loaded from `folder`)
-    and write them to ``folder/layers.json``; deterministic: the same export and layers give
-    the same bytes. Layers that cannot have a table (see ``table_for``) are left out."""
-    tables = {}
-    for s in layers:
-        table = selector.layer_table(s)
-        if table is not None:
-            tables[table.layer] = table
-    doc = {
-        "generated": "by ficco export --layers from the model in this folder; do not edit",
-        "model_digest": export_digest(folder), "grid_steps_per_octave": GRID_STEPS_PER_OCTAVE,
-        "layers": [{**dict(zip(LAYER_COLUMNS, key)), "step": t.step, "grid": list(t.grid),
-                    "decisions": [[d.schedule.name, d.source, d.confidence, d.reason] for d in t.decisions]}
-                   for key, t in sorted(tables.items(), key=lambda kv: json.dumps(kv[0]))],
-    }
-    head = json.dumps({k: v for k, v in doc.items() if k != "layers"}, indent=1)[:-2]
-    body = ",\n".join("  " + json.dumps(entry) for entry in doc["layers"])  # a layer per line: diffs read
-    path = Path(folder, TABLES_FILE)
-    path.write_text(f'{head},\n "layers": [\n{body}\n ]\n}}\n')
-    return path
 
 
 def read_tables(folder: str | Path, backend_of: Callable[[str], str | None] = lambda hardware: None

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import operator
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -46,7 +47,7 @@ import numpy as np
 from ficco_select.hardware import HardwareError, HardwareSpec, hardware_name, is_spec_path, load_hardware
 from ficco_select.heuristic import backend_for, choose
 from ficco_select.runtime.decision import Decision
-from ficco_select.runtime.layers import LayerTable, read_tables, table_for
+from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerTable, build_table, read_tables
 from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, Scope, machine_kind, spec_value
 from ficco_select.runtime.trees import TreeEnsemble, read_json
 from ficco_select.scenario import DTYPES, LAYER_COLUMNS, SCENARIO_COLUMNS, Scenario, ScenarioError
@@ -175,13 +176,60 @@ class Selector:
         if table is not _MISSING:
             return table
         try:
-            table = table_for(self, scenario, also)
+            table = self._build_table(scenario, also)
         except Exception as e:  # noqa: BLE001 - no table: the caller decides call by call
             self._warn_once(("table", type(e).__name__), f"no layer table ({e!r}); deciding per call")
             table = None
         _bound(_TABLES_LIMIT, self._tables)
         self._tables[key] = table
         return table
+
+    def _build_table(self, scenario: Scenario, also: Iterable[int]) -> LayerTable | None:
+        """`scenario`'s layer decided over the m the model may decide (its trained range,
+        widened by the validated slack; every m without a model), in batches; None where no
+        table applies (an unknown machine, more ranks than its devices: the direct path
+        says why)."""
+        machine = self._machine(scenario)
+        if isinstance(machine, Decision):
+            return None
+        scenario, hw = machine
+        trained = {col: (lo, hi) for col, lo, hi in self._scope.ranges}
+        lo, hi = trained.get("m", DEFAULT_M_RANGE) if self.model is not None else DEFAULT_M_RANGE
+        slack = self._scope.range_slack.get(machine_kind(hw), {}).get("m", 1.0) if "m" in trained else 1.0
+        lo, hi = max(1, math.ceil(lo / slack)), math.floor(hi * slack)
+        return build_table(scenario, lo, hi, lambda ms: self._decide_points(scenario, ms, hw), also)
+
+    def _decide_points(self, scenario: Scenario, ms: Sequence[int], hw: HardwareSpec) -> list[Decision]:
+        """The direct decisions for `scenario` at each m of `ms`, scored in one batch."""
+        points = [dataclasses.replace(scenario, m=m) for m in ms]
+        scores = self._batch_scores(points, hw) if self.model is not None else {}
+        return [self._model_or_heuristic(s, hw, scores.get(i)) for i, s in enumerate(points)]
+
+    def _batch_scores(self, points: list[Scenario], hw: HardwareSpec) -> dict[int, np.ndarray]:
+        """The model's scores of each point's legal candidates, from one feature matrix and one
+        tree walk; only for the points where the model would decide. The features come a
+        candidate list at a time (points with fewer rows per shard have fewer legal
+        schedules), each over its points' m at once (``features.build.grid_features``)."""
+        backend = backend_for(hw)
+        by_candidates: dict[int, tuple[tuple, list[int]]] = {}  # id(candidate tuple): (the tuple, its points)
+        for i, s in enumerate(points):
+            if not self._abstain_reason(s, hw):
+                cands = legal_candidates(s, backend)  # shared tuples: one per legality key
+                if cands:
+                    by_candidates.setdefault(id(cands), (cands, []))[1].append(i)
+        if not by_candidates:
+            return {}
+        from features.build import grid_features  # on the first table with a model
+
+        X = np.concatenate([grid_features(points[0], [points[i].m for i in at], cands, hw)
+                            .reshape(-1, self.model.n_features) for cands, at in by_candidates.values()])
+        scores = self.model.predict(X)
+        out, start = {}, 0
+        for cands, at in by_candidates.values():
+            for i in at:
+                out[i] = scores[start:start + len(cands)]
+                start += len(cands)
+        return out
 
     def decide_batch(self, scenarios: Sequence[Scenario]) -> list[Decision]:
         """The decision for each scenario, as ``select`` gives it: a layer met with several m
