@@ -22,6 +22,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from ficco_select.schedule import TIE
+
 BASELINE = "none.sm"
 
 
@@ -78,7 +80,7 @@ def summarize(per: pd.DataFrame) -> dict:
             "median_tau": _r(p["tau"].median()),
             "best_agreement": _r(p["best_agrees"].mean()),
             "repeat_capture": _r(np.exp(np.log(p["repeat_capture"]).mean())),
-            "repeat_near_opt_2": _r((p["repeat_capture"] >= 1 / 1.02).mean()),
+            "repeat_near_opt_2": _r((p["repeat_capture"] >= 1 / (1 + TIE)).mean()),
             "median_spread": _r(pd.concat([p["spread_a"], p["spread_b"]]).median()),
             "above_ideal": _r(pd.concat([p["above_ideal_a"], p["above_ideal_b"]]).mean()),
         }

@@ -35,7 +35,7 @@ from ficco_select.costs import GRANULARITY_CODES, OP_CODES, gemm_time, schedule_
 from ficco_select.costs import contended as _contended
 from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.scenario import Scenario
-from ficco_select.schedule import candidates
+from ficco_select.schedule import TIE, candidates
 from ficco_select.signatures import SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES, signature
 
 
@@ -148,7 +148,7 @@ def simulate(scenarios: Sequence[Scenario], hw: HardwareSpec, *, noise: float = 
     out["rel_error"] = 0.0
     best = out.groupby("scenario_id")["time_s"].transform("min")
     best_spread = out.loc[out["time_s"] == best].groupby("scenario_id")["time_spread"].min()
-    tie = np.maximum(0.02, np.maximum(out["scenario_id"].map(best_spread), out["time_spread"]))
+    tie = np.maximum(TIE, np.maximum(out["scenario_id"].map(best_spread), out["time_spread"]))
     out["is_best"] = out["time_s"] == best
     out["near_best"] = out["time_s"] <= best * (1 + tie)
     out["threads_per_rank"] = 0
@@ -178,7 +178,7 @@ M_BANDS = ((0, 2048), (2049, 8192), (8193, 32768), (32769, 1 << 62))
 prefill, whole-batch (MoE expert) GEMMs."""
 
 
-def overlap_map(rows: pd.DataFrame, *, margin: float = 0.02) -> pd.DataFrame:
+def overlap_map(rows: pd.DataFrame, *, margin: float = TIE) -> pd.DataFrame:
     """Where overlap pays on simulated `rows` (noise-free): per (op, dtype, band of m), the
     scenarios, and the share whose best schedule beats the serial baseline by more than
     `margin` (the near-opt tolerance), split by that schedule's granularity (shard, ficco)."""

@@ -44,7 +44,9 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-NEAR_OPT = 1.02
+from ficco_select.schedule import TIE
+
+NEAR_OPT = 1 + TIE
 """A choice within this factor of the best is near-best (``near_opt_2``); the shipped policy's
 rules are fitted to the same tolerance (``train.shipped``)."""
 METRICS: tuple[str, ...] = ("n", "top1", "near_opt_2", "near_opt_5", "oracle_capture", "worst_regret",

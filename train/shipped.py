@@ -25,7 +25,7 @@ from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, SPEC_RANGE_FIELDS, ma
 from ficco_select.runtime.selector import Selector as RuntimeSelector
 from ficco_select.runtime.trees import TreeEnsemble
 from ficco_select.scenario import DTYPES
-from ficco_select.schedule import BASELINE
+from ficco_select.schedule import BASELINE, TIE
 from train.metrics import NEAR_OPT, true_times, usable_rows
 from train.selectors import (
     AlwaysBaseline,
@@ -73,7 +73,7 @@ def runtime_meta(name: str, df: pd.DataFrame) -> dict:
             "hardware_specs": user_specs(df)}
 
 
-SLOWER_BY = 0.02
+SLOWER_BY = TIE
 """A choice is a slowdown when its true time exceeds the baseline's by more than this."""
 SLOWDOWN_CAP = 0.01
 """The fitted abstention rule allows slowdowns in at most this share of validation scenarios."""

@@ -11,6 +11,8 @@ import os
 import statistics
 from collections.abc import Sequence
 
+from ficco_select.schedule import TIE
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TimingPolicy:
@@ -26,7 +28,7 @@ class TimingPolicy:
     max_remeasure: int = 1
     """Re-measurement rounds (every schedule again; each adds `reps` pooled repetitions)
     before a noisy schedule is kept with its `noisy` flag set."""
-    tie_floor: float = 0.02
+    tie_floor: float = TIE
     """A schedule is a near-tie of the best unless its repetitions show it more than this
     much slower (``best_labels``)."""
     min_rep_s: float = 0.01
