@@ -147,23 +147,18 @@ def perturbed(spec: HardwareSpec, name: str, *, spread: float = 1.3, seed: int =
                                **changes)
 
 
-def cpu_machine(name: str, start: HardwareSpec, out_dir: str | Path, *, progress: bool = True) -> Machine:
-    """This machine's cpu backend, measured for real: the grid is the committed cpu catalog
-    (``data/scenarios/catalog_cpu.csv``), each round's scenarios are timed by the harness
-    (gloo ranks, the ``ficco measure`` defaults) into ``<out_dir>/harness.parquet``, which
-    is crash-safe on its own; the truth to score against is the committed full measurement
-    (its repeat sweep where there is one: ``train.metrics``). Rows carry `name`, not
-    ``cpu``: the adapted spec cannot take a preset's name."""
-    from data.dataset import attach_repeat, read_dataset
+def _measured_as(name: str, grid: Sequence[Scenario], out_dir: str | Path, **options):
+    """`grid` under the machine name `name`, measured for real by ``ficco measure`` (with
+    `options`: backend, device, ranks) as the grid's own machine, into
+    ``<out_dir>/harness.parquet`` (crash-safe on its own): (the named grid, how to measure
+    some of its scenarios, how to relabel the grid machine's rows as `name`'s). The adapted
+    spec cannot take a preset's name, so rows carry `name`."""
     from data.measure.config import MeasureConfig
     from data.measure.sweep import measure
-    from data.scenarios import packaged, read_scenarios
-    from train.training_data import MEASURED_REPEAT, measured_path
 
-    on_cpu = read_scenarios(packaged("catalog_cpu.csv"), backend="cpu")
-    grid = [dataclasses.replace(s, hardware=name) for s in on_cpu]
-    renamed = {s.scenario_id: g.scenario_id for s, g in zip(on_cpu, grid)}
-    back = dict(zip(renamed.values(), on_cpu))
+    named = [dataclasses.replace(s, hardware=name) for s in grid]
+    renamed = {s.scenario_id: g.scenario_id for s, g in zip(grid, named)}
+    back = dict(zip(renamed.values(), grid))
 
     def relabel(rows: pd.DataFrame) -> pd.DataFrame:
         rows = rows[rows["scenario_id"].isin(renamed)]
@@ -171,10 +166,25 @@ def cpu_machine(name: str, start: HardwareSpec, out_dir: str | Path, *, progress
 
     def measure_here(scenarios: list[Scenario]) -> pd.DataFrame:
         ids = {back[s.scenario_id].scenario_id for s in scenarios}
-        rows = measure([back[s.scenario_id] for s in scenarios], backend="cpu", config=MeasureConfig(),
-                       out=Path(out_dir) / "harness.parquet", progress=progress)
-        return relabel(rows[rows["scenario_id"].isin(ids)])
+        rows = measure([back[s.scenario_id] for s in scenarios], config=MeasureConfig(),
+                       out=Path(out_dir) / "harness.parquet", **options)
+        return relabel(rows[rows["scenario_id"].isin(ids)])  # the harness file holds earlier rounds too
 
+    return named, measure_here, relabel
+
+
+def cpu_machine(name: str, start: HardwareSpec, out_dir: str | Path, *, progress: bool = True) -> Machine:
+    """This machine's cpu backend, measured for real: the grid is the committed cpu catalog
+    (``data/scenarios/catalog_cpu.csv``), each round's scenarios are timed by the harness
+    (gloo ranks, the ``ficco measure`` defaults; ``_measured_as``); the truth to score
+    against is the committed full measurement (its repeat sweep where there is one:
+    ``train.metrics``)."""
+    from data.dataset import attach_repeat, read_dataset
+    from data.scenarios import packaged, read_scenarios
+    from train.training_data import MEASURED_REPEAT, measured_path
+
+    grid, measure_here, relabel = _measured_as(name, read_scenarios(packaged("catalog_cpu.csv"), backend="cpu"),
+                                               out_dir, backend="cpu", progress=progress)
     truth = read_dataset(measured_path())
     if MEASURED_REPEAT is not None:
         truth = attach_repeat(truth, read_dataset(measured_path(MEASURED_REPEAT)))
@@ -183,32 +193,20 @@ def cpu_machine(name: str, start: HardwareSpec, out_dir: str | Path, *, progress
 
 def cuda_machine(name: str, start: HardwareSpec, grid: Sequence[Scenario], out_dir: str | Path, *,
                  ranks: str = "loopback", device: str | None = None, progress: bool = True) -> Machine:
-    """A GPU measured for real, through ``ficco measure --backend cuda``'s path: each round's
-    scenarios are timed (``ranks`` loopback: every scenario's ranks virtual on one GPU;
-    node: a process per GPU) into ``<out_dir>/harness.parquet``, crash-safe on its own.
-    The grid is `grid`'s scenarios whose buffers fit (``fitting``). Nothing measured the
-    whole grid, so there is no truth to score rounds against: the adapted spec and the
-    measured rows are the result. `device` ``cpu``: the path's stand-in on this machine's
-    CPU (the loopback executor on CPU threads, the cpu backend's schedules; tests). Rows
-    carry `name`."""
-    from data.measure.config import MeasureConfig
-    from data.measure.sweep import fitting, measure
+    """A GPU measured for real, through ``ficco measure --backend cuda``'s path
+    (``_measured_as``; ``ranks`` loopback: every scenario's ranks virtual on one GPU; node:
+    a process per GPU). The grid is `grid`'s scenarios whose buffers fit (``fitting``).
+    Nothing measured the whole grid, so there is no truth to score rounds against: the
+    adapted spec and the measured rows are the result. `device` ``cpu``: the path's stand-in
+    on this machine's CPU (the loopback executor on CPU threads, the cpu backend's
+    schedules; tests)."""
+    from data.measure.sweep import fitting
 
     backend = "cpu" if device == "cpu" else "cuda"
-    grid = fitting(grid, backend=backend, device=device, ranks=ranks)
-    named = [dataclasses.replace(s, hardware=name) for s in grid]
-    back = {g.scenario_id: s for s, g in zip(grid, named)}
-    renamed = {s.scenario_id: g.scenario_id for s, g in zip(grid, named)}
-
-    def measure_here(scenarios: list[Scenario]) -> pd.DataFrame:
-        ids = {back[s.scenario_id].scenario_id for s in scenarios}
-        rows = measure([back[s.scenario_id] for s in scenarios], backend=backend, config=MeasureConfig(),
-                       out=Path(out_dir) / "harness.parquet", progress=progress, device=device,
-                       ranks=ranks if backend == "cuda" else "loopback")
-        rows = rows[rows["scenario_id"].isin(ids)]
-        return rows.assign(hardware=name, scenario_id=rows["scenario_id"].map(renamed))
-
-    return Machine(name, dataclasses.replace(start, name=name), named, measure_here)
+    grid, measure_here, _ = _measured_as(name, fitting(grid, backend=backend, device=device, ranks=ranks), out_dir,
+                                         backend=backend, device=device, progress=progress,
+                                         ranks=ranks if backend == "cuda" else "loopback")
+    return Machine(name, dataclasses.replace(start, name=name), grid, measure_here)
 
 
 def cuda_grid(spec: HardwareSpec) -> list[Scenario]:

@@ -15,7 +15,7 @@ again, so a killed bring-up resumes where it stopped:
 5. ``export``: the champion (the new version if it was promoted) into the runtime's folder.
 6. ``benchmark``: ``benchmarks/e2e_tp.py`` with that selector: a Llama-style block's training
    step, hooked vs unhooked vs the fixed schedules, on gloo ranks (the CPU: the benchmark
-   has no GPU version yet) -> ``DIR/benchmark.json``.
+   has no GPU version) -> ``DIR/benchmark.json``.
 
 The summary (every step's status, seconds and result) is ``DIR/bring_up.json``, rewritten
 after each step. ``rehearse``: the same steps with the CPU as the device, tiny profile
