@@ -66,6 +66,18 @@ HARDWARE_KEY = b"ficco_hardware"
 """Parquet metadata: JSON {name: spec fields} of the file's machines that are not presets."""
 
 
+def dataset_row(scenario: Scenario, schedule: str, label: dict, *, signature: dict | None = None,
+                threads_per_rank: int = 0, runs_per_rep: int = 0, provenance: dict | None = None) -> dict:
+    """One row of the dataset: the scenario's columns and id, the schedule, its label
+    columns (``label`` holds every ``LABEL_COLUMNS`` entry but the first two:
+    ``data.labels.label_columns`` and ``failed_label`` make them), the scenario's signature
+    (NaN where it has none), how it was timed, and, when given, its provenance."""
+    signature = signature or {}
+    return {**scenario.as_record(), "scenario_id": scenario.scenario_id, "schedule": schedule,
+            **{c: label[c] for c in LABEL_COLUMNS[2:]}, **{c: signature.get(c, math.nan) for c in SIGNATURE_COLUMNS},
+            "threads_per_rank": threads_per_rank, "runs_per_rep": runs_per_rep, **(provenance or {})}
+
+
 class DatasetError(ValueError):
     """A dataset file cannot be read as this schema version."""
 

@@ -19,7 +19,8 @@ A schedule is composed from per-primitive costs along its pipeline, vectorized o
   (reduce-scatter runs the same pipeline the other way round: GEMM, then its transfer).
 
 Same rows and columns as ``ficco measure`` (schema ``data.dataset``), ``backend=sim``;
-optional log-normal noise imitates measurement noise.
+optional log-normal noise imitates measurement noise, and the repetitions are labelled by
+the rule measured rows are (``data.labels``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import numpy as np
 import pandas as pd
 
 from data.dataset import provenance
+from data.labels import label_columns
+from data.measure.config import TimingPolicy
 from ficco_select.costs import GRANULARITY_CODES, OP_CODES, gemm_time, schedule_times, transfer_time
 from ficco_select.costs import contended as _contended
 from ficco_select.hardware import HardwareSpec, load_hardware
@@ -137,20 +140,15 @@ def simulate(scenarios: Sequence[Scenario], hw: HardwareSpec, *, noise: float = 
     base = out["time_s"].to_numpy()
     reps_t = base[:, None] * (rng.lognormal(0.0, noise, size=(len(out), reps)) if noise > 0 else 1.0)
     reps_t = np.broadcast_to(reps_t, (len(out), reps)) if noise == 0 else reps_t
-    q1, med, q3 = np.percentile(reps_t, [25, 50, 75], axis=1)
+    labels = label_columns(reps_t, verified=np.ones(len(out), bool), rel_error=np.zeros(len(out)),
+                           attempts=np.ones(len(out), int), noisy_spread=TimingPolicy().noisy_spread, tie_floor=TIE,
+                           groups=out["scenario_id"].to_numpy())
     out["time_model_s"] = base  # the truth metrics score against; time_s is what a noisy sweep would see
-    out["time_s"] = med
-    out["time_spread"] = (q3 - q1) / med
-    out["times_s"] = [list(r) for r in reps_t]
-    out["status"], out["error"], out["attempts"] = "ok", "", 1
-    out["noisy"] = out["time_spread"] > 0.05
-    out["verified"] = True  # the model has no wrong outputs; measured backends check theirs
-    out["rel_error"] = 0.0
-    best = out.groupby("scenario_id")["time_s"].transform("min")
-    best_spread = out.loc[out["time_s"] == best].groupby("scenario_id")["time_spread"].min()
-    tie = np.maximum(TIE, np.maximum(out["scenario_id"].map(best_spread), out["time_spread"]))
-    out["is_best"] = out["time_s"] == best
-    out["near_best"] = out["time_s"] <= best * (1 + tie)
+    for column in ("time_s", "time_spread", "times_s"):
+        out[column] = labels.pop(column)
+    out["status"], out["error"] = "ok", ""  # the model has no wrong outputs; measured backends check theirs
+    for column, values in labels.items():
+        out[column] = values
     out["threads_per_rank"] = 0
     out["runs_per_rep"] = 0
     prov = provenance("sim")

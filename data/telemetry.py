@@ -7,12 +7,13 @@ call. ``read_telemetry`` turns those lines into one dataset row per (scenario, s
   with fewer ranks than the (scenario, schedule)'s fullest call is dropped (a job killed
   mid-call: the missing rank may have been the slowest);
 - ``times_s`` are the calls' times in call order, ``time_s`` their median, ``time_spread``
-  their interquartile range / median (``data.measure.config.summarize``), ``attempts`` the
+  their interquartile range / median (``data.labels.summarize``), ``attempts`` the
   number of calls, ``noisy`` as in the harness;
 - ``verified`` is True only if at least one rank's check passed and none failed; a failed
   check makes the row ``status='failed'`` with the rank, call and relative error in
   ``error``, so it is never a label;
-- ``is_best`` / ``near_best`` among the scenario's verified ok rows, by the harness's rule;
+- ``is_best`` / ``near_best`` among the scenario's verified rows, by the rule every source
+  labels with (``data.labels.best_labels``);
 - signature columns are NaN (a job does not measure them), ``threads_per_rank`` is 0,
   provenance: ``backend`` from the lines, ``hardware_fingerprint`` ``telemetry:<hardware>``
   (these rows came from a job, not a controlled sweep), ``created_at`` the last line's
@@ -36,15 +37,14 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from data.dataset import COLUMNS, SCHEMA_VERSION, row_hardware_problem
-from data.measure.config import TimingPolicy, summarize
+from data.dataset import COLUMNS, SCHEMA_VERSION, dataset_row, row_hardware_problem
+from data.labels import label_columns
+from data.measure.config import TimingPolicy
 from ficco_select.runtime.telemetry import TELEMETRY_VERSION
-from ficco_select.scenario import REQUIRED_COLUMNS, SCENARIO_COLUMNS, Scenario, ScenarioError
+from ficco_select.scenario import REQUIRED_COLUMNS, Scenario, ScenarioError
 from ficco_select.schedule import BACKENDS, ScheduleError, is_legal, parse
-from ficco_select.signatures import SIGNATURE_COLUMNS
 
 log = logging.getLogger("data.telemetry")
 
@@ -180,49 +180,39 @@ def _aggregate(lines: pd.DataFrame) -> pd.DataFrame:
     times_of = calls[calls["ranks"] == fullest].groupby(key)["time_s"].agg(list)  # in (job, call) order
     _warn_missing_ranks(lines)
 
-    scenarios = []
+    rows = []
     for _, scenario_lines in lines.groupby("scenario_id", sort=False):
-        rows = pd.DataFrame([_row(g, times_of[key_]) for key_, g in scenario_lines.groupby(key, sort=False)],
-                            columns=list(COLUMNS))
-        scenarios.append(_label_best(rows))
-    return pd.concat(scenarios, ignore_index=True)
+        first = scenario_lines.iloc[0]
+        scenario = Scenario.from_record(first.to_dict())
+        pairs = list(scenario_lines.groupby(key, sort=False))
+        verdicts = [_verdict(g) for _, g in pairs]
+        times = [times_of[key_] for key_, _ in pairs]
+        labels = label_columns(times, verified=[v["verified"] for v in verdicts],
+                               rel_error=[v["rel_error"] for v in verdicts], attempts=[len(t) for t in times],
+                               noisy_spread=POLICY.noisy_spread, tie_floor=POLICY.tie_floor)
+        provenance = {"backend": first["backend"], "hardware_fingerprint": f"telemetry:{first['hardware']}",
+                      "host": "", "torch_version": "", "ficco_version": "", "schema_version": SCHEMA_VERSION,
+                      "created_at": max(scenario_lines["ts"])}
+        rows += [dataset_row(scenario, schedule, {"status": v["status"], "error": v["error"], "time_model_s": math.nan,
+                                                  **{c: column[i] for c, column in labels.items()}},
+                             runs_per_rep=1, provenance=provenance)
+                 for i, ((_, schedule), v) in enumerate(zip((k for k, _ in pairs), verdicts))]
+    return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def _row(g: pd.DataFrame, times: list[float]) -> dict:
-    """One (scenario, schedule): its lines `g` (every rank and call) and its calls' times."""
-    first = g.iloc[0]
-    median, spread = summarize(times) if len(times) > 1 else (times[0], 0.0)
+def _verdict(g: pd.DataFrame) -> dict:
+    """One (scenario, schedule)'s verification from its lines `g` (every rank and call):
+    failed when any line's output was wrong (the error names the first), verified when
+    some line checked it and none failed."""
     failed = g[g["verified"].eq(False)]
     error = ""
     if len(failed):
         bad = failed.iloc[0]
         error = (f"verification failed: relative error {bad['rel_error']:.3g} on rank {bad['rank']}, "
                  f"call {bad['call']} ({bad['file']}, line {bad['line']})")
-    return {
-        **{c: first[c] for c in SCENARIO_COLUMNS}, "scenario_id": first["scenario_id"],
-        "schedule": first["schedule"], "status": "failed" if len(failed) else "ok", "error": error,
-        "time_s": float(median), "time_model_s": math.nan, "time_spread": float(spread), "times_s": times, "attempts": len(times),
-        "noisy": bool(spread > POLICY.noisy_spread),
-        "verified": bool(g["verified"].eq(True).any() and not len(failed)),
-        "rel_error": float(g["rel_error"].max()) if g["rel_error"].notna().any() else math.nan,
-        "is_best": False, "near_best": False,
-        **{c: math.nan for c in SIGNATURE_COLUMNS}, "threads_per_rank": 0, "runs_per_rep": 1,
-        "backend": first["backend"], "hardware_fingerprint": f"telemetry:{first['hardware']}", "host": "",
-        "torch_version": "", "ficco_version": "", "schema_version": SCHEMA_VERSION, "created_at": max(g["ts"]),
-    }
-
-
-def _label_best(g: pd.DataFrame) -> pd.DataFrame:
-    """is_best / near_best by the harness's rule (``measure_scenario``): among verified ok
-    rows, the fastest median, and every row within max(tie floor, the best's spread, its own
-    spread) of it."""
-    good = g["verified"] & g["status"].eq("ok")
-    if not good.any():
-        return g
-    best = g.loc[good, "time_s"].min()
-    best_spread = g.loc[good & g["time_s"].eq(best), "time_spread"].min()
-    tie = np.maximum(np.maximum(POLICY.tie_floor, best_spread), g["time_spread"])
-    return g.assign(is_best=good & g["time_s"].eq(best), near_best=good & (g["time_s"] <= best * (1 + tie)))
+    return {"status": "failed" if len(failed) else "ok", "error": error,
+            "verified": bool(g["verified"].eq(True).any() and not len(failed)),
+            "rel_error": float(g["rel_error"].max()) if g["rel_error"].notna().any() else math.nan}
 
 
 def _warn_missing_ranks(lines: pd.DataFrame) -> None:

@@ -235,15 +235,15 @@ def test_a_folder_resumes_only_with_the_options_and_files_it_was_made_with(base,
     options = dict(hardware="mi300x-8", backend="sim", start="mi300x-8", budget=0.1, rounds=4, strategy="active",
                    perturb=1.0, seed=0)
     out = tmp_path / "adapt"
-    A._check_state(out, options)
-    A._check_state(out, options)  # the same options: resumes
+    A.check_state(out, options)
+    A.check_state(out, options)  # the same options: resumes
     with pytest.raises(ValueError, match=r"was made with --perturb 1.0, not 1.3: resuming would mix two runs"):
-        A._check_state(out, {**options, "perturb": 1.3})
+        A.check_state(out, {**options, "perturb": 1.3})
     pipeline = tmp_path / "pipeline"
     pipeline.mkdir()
     (pipeline / "summary.json").write_text("{}")
     with pytest.raises(ValueError, match="holds summary.json but no options.json: not a ficco adapt folder"):
-        A._check_state(pipeline, options)
+        A.check_state(pipeline, options)
     assert (pipeline / "summary.json").read_text() == "{}"
     # A measured.parquet swapped for another machine's rows, or removed, is refused on resume.
     A.adapt(CountingMachine().machine, base, checkpoints=(0.0, 0.05), out_dir=out)

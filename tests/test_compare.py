@@ -1,5 +1,5 @@
-"""Repeatability: two sweeps compared (``data.compare``, ``ficco dataset compare``), ties
-by bootstrap evidence (``harness.best_labels``), runs per repetition."""
+"""Repeatability: two sweeps compared (``data.compare``, ``ficco dataset compare``), runs
+per repetition."""
 
 import json
 
@@ -12,7 +12,6 @@ from data.compare import compare
 from data.dataset import attach_repeat, write_parquet_atomic
 from data.simulate import simulate
 from ficco_cli.main import main
-from data.measure.harness import best_labels
 from ficco_select.hardware import load_hardware
 from ficco_select.scenario import Scenario
 
@@ -44,17 +43,6 @@ def test_a_best_that_is_not_a_tie_in_the_other_sweep_disagrees():
     assert not per["best_agrees"].iloc[0]
     assert per["repeat_capture"].iloc[0] == pytest.approx(0.6 / 0.9)
     assert summary["above_ideal"] == 0.5  # b's best speedup 1/0.6 = 1.67 > ideal 1.5 beyond 1% spread
-
-
-def test_ties_need_evidence_not_the_largest_spread():
-    tight_best = [1.00, 1.01, 0.99, 1.00, 1.02, 0.98, 1.00]
-    clearly_slower = [1.06, 1.07, 1.05, 1.06, 1.08, 1.06, 1.05]  # 6% slower, tight: not a tie
-    close = [1.01, 1.00, 1.02, 1.01, 0.99, 1.01, 1.00]            # within the 2% floor: a tie
-    noisy_slower = [0.80, 1.40, 1.00, 1.30, 0.90, 1.20, 1.05]      # median 1.05 but cannot be told apart
-    labels = best_labels([tight_best, clearly_slower, close, noisy_slower], [True] * 4, 0.02)
-    assert labels == [(True, True), (False, False), (False, True), (False, True)]
-    assert best_labels([tight_best, close], [False, True], 0.02) == [(False, False), (True, True)]
-    assert best_labels([tight_best], [False], 0.02) == [(False, False)]
 
 
 def test_attach_repeat_and_the_cli(tmp_path):

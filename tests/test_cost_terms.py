@@ -6,9 +6,17 @@ import dataclasses
 import numpy as np
 import pytest
 
-from ficco_select.costs import (GB, OP_CODES, US, collective_time, gemm_time, reduction_time, scenario_estimates,
-                                schedule_times, transfer_time)
-from ficco_select.hardware import HardwareError, fields_of, load_hardware, spec_from_dict, spec_as_dict
+from ficco_select.costs import (
+    GB,
+    OP_CODES,
+    collective_time,
+    gemm_time,
+    reduction_time,
+    scenario_estimates,
+    schedule_times,
+    transfer_time,
+)
+from ficco_select.hardware import HardwareError, fields_of, load_hardware, spec_as_dict, spec_from_dict
 
 AG, RS, A2A = OP_CODES["ag_gemm"], OP_CODES["gemm_rs"], OP_CODES["a2a_gemm"]
 
@@ -95,7 +103,7 @@ def test_the_simulator_s_baseline_is_the_estimates_collective_then_gemm(hw):
 
 
 def test_the_heuristic_and_the_features_read_the_same_estimates():
-    from features import FEATURE_NAMES, pair_features
+    from ficco_select.features import FEATURE_NAMES, pair_features
     from ficco_select.heuristic import estimates
     from ficco_select.scenario import Scenario
 

@@ -17,7 +17,7 @@ from scenario_sets import correctness_set
 # Tier: real ranks (processes over gloo); deselect with -m "not gloo"
 pytestmark = pytest.mark.gloo
 
-FAST = MeasureConfig(warmup=0, reps=5, timeout_s=60, max_remeasure=0)
+FAST = MeasureConfig(warmup=0, reps=5, timeout_s=60, max_remeasure=0, min_rep_s=0.0)  # one run a repetition
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4])
@@ -44,7 +44,7 @@ def test_a_wrong_result_is_caught_and_recorded():
     s = correctness_set(2)[1]
     victim = candidates(s, "cpu")[-1].name
     rows: list[dict] = []
-    measure_spawned([s], MeasureConfig(warmup=0, reps=5, fault=f"corrupt@{victim}"), on_scenario=rows.extend)
+    measure_spawned([s], MeasureConfig(warmup=0, reps=5, min_rep_s=0.0, fault=f"corrupt@{victim}"), on_scenario=rows.extend)
     verdict = {r["schedule"]: r["verified"] for r in rows}
     assert verdict.pop(victim) is False
     assert all(verdict.values())
@@ -62,7 +62,7 @@ def test_a_dead_or_hung_rank_ends_with_an_error_and_no_process_left(fault, needl
     s = correctness_set(3)[0]
     t0 = time.monotonic()
     with pytest.raises(MeasureError, match=needle):
-        measure_spawned([s], MeasureConfig(warmup=0, reps=5, timeout_s=8, fault=fault), on_scenario=lambda rows: None)
+        measure_spawned([s], MeasureConfig(warmup=0, reps=5, min_rep_s=0.0, timeout_s=8, fault=fault), on_scenario=lambda rows: None)
     assert time.monotonic() - t0 < 60
     assert _no_children_left()
 

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from data.catalog import catalog
-from features import FEATURE_NAMES, pair_features
-from features.build import candidate_features, grid_features
 from ficco_select import Scenario, candidates
+from ficco_select.features import FEATURE_NAMES, candidate_features, grid_features, pair_features
 from ficco_select.hardware import load_hardware, preset_names
 from ficco_select.heuristic import backend_for
 

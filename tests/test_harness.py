@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from data.dataset import SCHEMA_VERSION, DatasetError, info, read_dataset, validate, write_parquet_atomic
+from data.measure.gloo import MeasureConfig
 from data.measure.sweep import measure
 from ficco_cli.main import main
 from ficco_select import Scenario
-from data.measure.gloo import MeasureConfig
-from data.measure.harness import SIGNATURE_COLUMNS
+from ficco_select.signatures import SIGNATURE_COLUMNS
 
 # Tier: real ranks (processes over gloo); deselect with -m "not gloo"
 pytestmark = pytest.mark.gloo
@@ -34,7 +34,7 @@ def scenarios():
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep") / "d.parquet"
-    config = MeasureConfig(warmup=1, reps=5, timeout_s=6, fault="hang@1/stuck")
+    config = MeasureConfig(warmup=1, reps=5, min_rep_s=0.0, timeout_s=6, fault="hang@1/stuck")
     df = measure(scenarios(), config=config, out=out, progress=False)
     return out, df
 

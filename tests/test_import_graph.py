@@ -1,7 +1,8 @@
 """The import graph follows the data (each package's README says what it must not import).
 
 vocabulary (``ficco_select``) <- executor (``ficco_select.executor``) <- runtime
-(``ficco_select.runtime``); ``features`` sits between the vocabulary and the runtime;
+(``ficco_select.runtime``); the features (``ficco_select.features``) sit between the
+vocabulary and the runtime;
 ``data`` (measurement, datasets, simulator) and ``train`` use them. Each case imports in a
 fresh interpreter and lists what got loaded.
 """
@@ -21,17 +22,17 @@ def loaded_after(code: str) -> set[str]:
 def test_the_vocabulary_imports_no_torch_and_nothing_downstream():
     mods = loaded_after("import ficco_select, ficco_select.costs, ficco_select.heuristic, ficco_select.signatures")
     assert "torch" not in mods
-    assert not mods & (OFFLINE | {"features", "ficco_select.executor", "ficco_select.runtime"})
+    assert not mods & (OFFLINE | {"ficco_select.features", "ficco_select.executor", "ficco_select.runtime"})
 
 
 def test_the_executor_imports_torch_and_no_runtime_or_offline_tool():
     mods = loaded_after("import ficco_select.executor.operators, ficco_select.executor.peer")
     assert "torch" in mods
-    assert not mods & (OFFLINE | {"features", "ficco_select.runtime"})
+    assert not mods & (OFFLINE | {"ficco_select.features", "ficco_select.runtime"})
 
 
 def test_features_stay_light():
-    mods = loaded_after("import features")
+    mods = loaded_after("import ficco_select.features")
     assert not mods & (OFFLINE | {"torch", "ficco_select.executor", "ficco_select.runtime"})
 
 
@@ -61,7 +62,7 @@ def test_the_runtime_on_the_model_path_stays_light(tmp_path):
 def test_measuring_loads_no_feature_or_training_code():
     mods = loaded_after("import data.measure.sweep, data.gpu_profile.run")
     assert "torch" in mods
-    assert not mods & {"features", "train", "ficco_cli", "sklearn", "mlflow", "xgboost", "ficco_select.runtime"}
+    assert not mods & {"ficco_select.features", "train", "ficco_cli", "sklearn", "mlflow", "xgboost", "ficco_select.runtime"}
 
 
 def test_reading_and_simulating_datasets_loads_no_torch():

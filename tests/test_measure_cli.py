@@ -34,7 +34,8 @@ def test_measure_p2_and_p3_writes_every_schedule_verified(tmp_path):
     ])
     out = tmp_path / "m.parquet"
     res = subprocess.run(FICCO + ["measure", "--scenarios", str(path), "--out", str(out), "--json",
-                                  "--no-progress", "--warmup", "1"], capture_output=True, text=True, timeout=600)
+                                  "--no-progress", "--warmup", "1", "--min-rep-s", "0"],
+                         capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     summary = json.loads(res.stdout)
     df = pd.read_parquet(out)
@@ -54,7 +55,7 @@ def test_measure_runs_under_torchrun(tmp_path):
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     res = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "--no-python",
                           *FICCO, "measure", "--scenarios", str(path), "--out", str(out), "--no-progress",
-                          "--warmup", "1"], capture_output=True, text=True, timeout=600,
+                          "--warmup", "1", "--min-rep-s", "0"], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-2000:]
     df = pd.read_parquet(out)
@@ -65,7 +66,8 @@ def test_min_rep_s_times_several_runs_per_repetition(tmp_path):
     path = scenario_file(tmp_path, ["mlp,ag_gemm,64,32,48,float32,2,cpu,"])
     out = tmp_path / "m.parquet"
     res = subprocess.run(FICCO + ["measure", "--scenarios", str(path), "--out", str(out), "--no-progress",
-                                  "--warmup", "0", "--min-rep-s", "0.05"], capture_output=True, text=True, timeout=600)
+                                  "--warmup", "0", "--reps", "5", "--min-rep-s", "0.02"],
+                         capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
     df = pd.read_parquet(out)
     assert df["verified"].all() and (df["runs_per_rep"] > 1).all() and df["runs_per_rep"].nunique() == 1

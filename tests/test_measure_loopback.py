@@ -18,17 +18,17 @@ import torch
 
 import data.measure.loopback_scenario as scenario_mod
 from data.dataset import SCHEMA_VERSION, read_dataset, validate
+from data.measure.gloo import MeasureConfig
+from data.measure.loopback import LoopbackError
 from data.measure.loopback_scenario import loopback_rows
 from data.measure.sweep import measure, parts_dir
-from data.measure.gloo import MeasureConfig
-from data.measure.harness import SIGNATURE_COLUMNS
-from data.measure.loopback import LoopbackError
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import candidates
+from ficco_select.signatures import SIGNATURE_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
 FICCO = [sys.executable, "-m", "ficco_cli.main"]
-CONFIG = MeasureConfig(reps=5, warmup=1, timeout_s=30.0)  # reps >= 5: what a dataset needs
+CONFIG = MeasureConfig(reps=5, warmup=1, timeout_s=30.0, min_rep_s=0.0)  # reps >= 5: what a dataset needs
 HEADER = "group,op,m,n,k,dtype,world_size,hardware,imbalance\n"
 
 

@@ -29,7 +29,7 @@ from ficco_select.executor.peer import EngineComm, HostPeerMemory, NcclComm, Pee
 # Tier: real ranks (processes over gloo); deselect with -m "not gloo"
 pytestmark = pytest.mark.gloo
 
-FAST = MeasureConfig(warmup=0, reps=5, max_remeasure=0, timeout_s=60)
+FAST = MeasureConfig(warmup=0, reps=5, max_remeasure=0, timeout_s=60, min_rep_s=0.0)  # correctness: one run a repetition
 
 
 @pytest.mark.parametrize("P, slots, slot_bytes", [(2, 1, 50), (3, 2, 24), (4, 1, 64)])
@@ -50,7 +50,8 @@ def test_a_corrupted_dma_schedule_is_caught():
     s = Scenario(op="gemm_rs", m=24, n=6, k=9, world_size=3, dtype="float32", hardware="cpu", group="t")
     victim = "ficco.d2.a2a.gemm_per_piece.n.dma"
     rows = []
-    measure_spawned([s], MeasureConfig(warmup=0, reps=5, max_remeasure=0, timeout_s=60, fault=f"corrupt@{victim}"),
+    measure_spawned([s], MeasureConfig(warmup=0, reps=5, max_remeasure=0, timeout_s=60, min_rep_s=0.0,
+                                               fault=f"corrupt@{victim}"),
                     on_scenario=rows.extend, node=NodeOptions(device="cpu", dma_slots=2, dma_slot_bytes=40))
     verdict = {r["schedule"]: r["verified"] for r in rows}
     assert verdict.pop(victim) is False
@@ -60,7 +61,7 @@ def test_a_corrupted_dma_schedule_is_caught():
 def test_a_dead_rank_ends_the_job_with_no_process_or_shared_memory_left():
     before = set(Path("/dev/shm").glob("ficco-peer-*"))
     with pytest.raises(MeasureError, match="rank 1 died"):
-        measure_spawned(correctness_set(3)[:1], MeasureConfig(warmup=0, reps=5, timeout_s=8, fault="exit@1"),
+        measure_spawned(correctness_set(3)[:1], MeasureConfig(warmup=0, reps=5, min_rep_s=0.0, timeout_s=8, fault="exit@1"),
                         on_scenario=lambda rows: None, node=NodeOptions(device="cpu", dma_slot_bytes=64))
     deadline = time.monotonic() + 5
     while mp.active_children() and time.monotonic() < deadline:

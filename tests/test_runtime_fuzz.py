@@ -22,14 +22,14 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_selector_runtime import FULL_RANGES, PRESETS, preference_model, spec_dict, write_selector
 
-from features import FEATURE_NAMES
 from ficco_select import Scenario
+from ficco_select.features import FEATURE_NAMES
 from ficco_select.hardware import HardwareSpec, is_spec_path, load_hardware, spec_from_dict
 from ficco_select.heuristic import backend_for
-from ficco_select.schedule import BASELINE, Schedule, legal_candidates
 from ficco_select.runtime.selector import Decision, Selector
-from test_selector_runtime import FULL_RANGES, PRESETS, preference_model, spec_dict, write_selector
+from ficco_select.schedule import BASELINE, Schedule, legal_candidates
 
 FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 """Fixed examples (derandomize): a failure here is reproducible, and so is the run time."""
@@ -159,7 +159,7 @@ def model_selector(world):
     return sel
 
 
-@settings(FUZZ, max_examples=1500)
+@settings(FUZZ, max_examples=600)
 @given(data=st.data())
 def test_hostile_scenarios_get_legal_decisions_without_raising(world, model_selector, data):
     raw = data.draw(scenarios(world))

@@ -10,12 +10,12 @@ from click.testing import CliRunner
 from data.catalog import catalog
 from data.dataset import write_parquet_atomic
 from data.simulate import simulate
-from features import FEATURE_SCHEMA_HASH
 from ficco_cli.main import main
 from ficco_select import Scenario
+from ficco_select.features import FEATURE_SCHEMA_HASH
 from ficco_select.hardware import load_hardware
-from ficco_select.schedule import BASELINE
 from ficco_select.runtime.selector import Selector
+from ficco_select.schedule import BASELINE
 from train.selectors import XGBTimeRegressor
 from train.shipped import training_ranges
 

@@ -47,7 +47,7 @@ def test_eight_threads_get_the_one_thread_answers(monkeypatch, tables):
     expected = {(i, m): one.select(Scenario(**layer, m=m)).schedule for i, layer in enumerate(LAYERS) for m in MS}
 
     wrong, illegal, done = [], [], []
-    stop = time.monotonic() + 3.0
+    stop = time.monotonic() + 2.0
 
     def work(seed: int) -> None:
         calls, count = _calls(seed, 4000), 0

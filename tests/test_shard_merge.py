@@ -86,7 +86,7 @@ def test_three_shards_measured_apart_merge_into_what_one_run_makes(tmp_path):
 
     def measure(out, *extra):
         res = subprocess.run(FICCO + ["measure", "--scenarios", str(table), "--out", str(out), "--no-progress",
-                                      "--warmup", "0", "--reps", "5", "--json", *extra],
+                                      "--warmup", "0", "--reps", "5", "--min-rep-s", "0", "--json", *extra],
                              capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, res.stderr[-2000:]
         return json.loads(res.stdout)

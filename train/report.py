@@ -225,7 +225,8 @@ def write_report(folder: str | Path, title: str = "ficco-select training", *,
     parts += adapt_section(Path(adapt_curve_csv), folder)
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>ficco-select report</title>"
             "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;"
-            "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}</style></head><body>"
+            "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}img{max-width:100%}"
+            "</style></head><body>"
             + "\n".join(parts) + "</body></html>")
     out = folder / "report.html"
     out.write_text(page)

@@ -15,6 +15,7 @@ runtime.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import tempfile
@@ -24,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from ficco_select import __version__
+from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from train.config import TrainConfig
 from train.evaluate import choices_table, evaluate, tables
 from train.metrics import format_table
@@ -58,66 +59,161 @@ def train(df: pd.DataFrame, config: TrainConfig | None = None, *, extra: pd.Data
     selector and its promotion, is on `df` alone.
     """
     import mlflow
-    from mlflow import MlflowClient
 
     config = config or TrainConfig()
-    splits, out_dir = config.splits, config.out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
+    config.out_dir.mkdir(parents=True, exist_ok=True)
     mlflow.set_experiment(EXPERIMENT)
+    data = _training_data(df, extra)
+    with mlflow.start_run(run_name=f"train-{data.digest[:8]}") as parent:
+        run_id = parent.info.run_id
+        _record_inputs(data, config.splits)
+        scores = _evaluate(data.df, config)
+        _record_scores(data.df, scores, config.out_dir)
+        registered = _register(data, scores, config, run_id)
+        promoted = _promote(registered, scores)
+        return _report(config.out_dir, run_id, data, scores, registered, promoted)
+
+
+# -- what flows between the stages ---------------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainingData:
+    """The rows of one training: what is scored, and what the registered model is fitted on."""
+
+    df: pd.DataFrame
+    """The evaluated rows: every score, and so the choice and promotion, is on these alone."""
+    fit_df: pd.DataFrame
+    """`df` plus the extra rows (``train``'s `extra`): the registered model's training data."""
+    digest: str
+    """``dataset_digest`` of `fit_df`, what the registered model was fitted on."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Scores:
+    """The evaluation of every selector (``train.evaluate``)."""
+
+    results: dict
+    """``train.evaluate.evaluate``'s results (per split, and the choices)."""
+    by_split: dict[str, pd.DataFrame]
+    """A comparison table per split: a row per selector, a column per metric."""
+    grouped: list[str]
+    """The grouped hold-out splits evaluated (else every split): registration tags and the
+    promotion rule read these."""
+    text: str
+    """The tables as ``comparison.txt`` holds them."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Registered:
+    """The model registered by this training."""
+
+    chosen: str
+    """The learned selector it is (``_candidate``)."""
+    row: str
+    """The table row that scored what ships: ``shipped`` if evaluated, else `chosen`."""
+    model: BaseSelector
+    """`chosen` fitted on ``TrainingData.fit_df``."""
+    version: str
+    """Its version of ``REGISTERED_MODEL``."""
+
+
+# -- the stages, in order ------------------------------------------------------------------
+def _training_data(df: pd.DataFrame, extra: pd.DataFrame | None) -> TrainingData:
+    """`df` scored; `df` and `extra` (if any rows) fitted."""
     fit_df = df if extra is None or extra.empty else pd.concat([df, extra], ignore_index=True)
-    digest = dataset_digest(fit_df)  # of what the registered model was fitted on
-    with mlflow.start_run(run_name=f"train-{digest[:8]}") as parent:
-        mlflow.log_params({"dataset_digest": digest, "rows": len(df), "scenarios": df["scenario_id"].nunique(),
-                           "hardware": ",".join(sorted(set(df["hardware"]))), "splits": ",".join(splits),
-                           "feature_schema_version": FEATURE_SCHEMA_VERSION,
-                           "feature_schema_hash": FEATURE_SCHEMA_HASH, "ficco_version": __version__,
-                           "extra_rows": len(fit_df) - len(df)})
-        scen = df.groupby("scenario_id", sort=False).first().reset_index()[
-            ["scenario_id", "group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "backend"]]
-        mlflow.log_input(mlflow.data.from_pandas(scen, name=f"ficco-dataset-{digest}"), context="training")
-
-        results = evaluate(df, splits=splits, make_selectors=config.make_selectors, progress=config.progress)
-        by_split = tables(results)
-        for name in next(iter(by_split.values())).index:
-            with mlflow.start_run(run_name=name, nested=True):
-                mlflow.log_param("selector", name)
-                for split, table in by_split.items():
-                    mlflow.log_metrics({f"{split}_{metric}": float(value)
-                                        for metric, value in table.loc[name].items() if np.isfinite(value)})
-        text = "\n\n".join(f"== {split} ==\n{format_table(t)}" for split, t in by_split.items())
-        (out_dir / "comparison.txt").write_text(text + "\n")
-        (out_dir / "evaluation.json").write_text(json.dumps({k: v for k, v in results.items() if k != "choices"},
-                                                            indent=2, default=float))
-        choices_table(df, results).to_parquet(out_dir / "choices.parquet", index=False)
-        for split, table in by_split.items():
-            table.to_csv(out_dir / f"comparison_{split}.csv")
-
-        # The candidate: what the shipped row scored (its inner model, same settings), else
-        # the exportable learned selector with the best grouped hold-out capture.
-        grouped = [s for s in GROUPED_SPLITS if s in by_split] or list(by_split)
-        candidate = _candidate(config.make_selectors(), by_split, grouped)
-        chosen, row = candidate.name, ("shipped" if "shipped" in by_split[grouped[0]].index else candidate.name)
-        features = with_features(fit_df)
-        model = clone(candidate).fit(features)
-        version = _register(model, candidate, features, digest, by_split, grouped, row, parent.info.run_id)
-        promoted = _maybe_promote(MlflowClient(), version, by_split, grouped, row)
-        mlflow.set_tags({"chosen_selector": chosen, "registered_version": version, "promoted": str(promoted)})
-        gain = model.model_.get_booster().get_score(importance_type="gain")
-        importance = {FEATURE_NAMES[int(k[1:])] if k.startswith("f") and k[1:].isdigit() else k: float(v)
-                      for k, v in gain.items()}
-        (out_dir / "importance.json").write_text(json.dumps(importance, indent=2))
-        (out_dir / "summary.json").write_text(json.dumps(
-            {"mlflow_run_id": parent.info.run_id, "dataset_digest": digest, "rows": len(df),
-             "extra_rows": len(fit_df) - len(df), "chosen": chosen,
-             "registered_version": version, "promoted": promoted, "feature_schema_hash": FEATURE_SCHEMA_HASH},
-            indent=2))
-        report = write_report(out_dir)
-        mlflow.log_artifacts(str(out_dir), artifact_path="evaluation")
-        return {"run_id": parent.info.run_id, "chosen": chosen, "version": version, "promoted": promoted,
-                "report": str(report),
-                "tables": {s: t.to_dict("index") for s, t in by_split.items()}, "text": text}
+    return TrainingData(df=df, fit_df=fit_df, digest=dataset_digest(fit_df))
 
 
+def _record_inputs(data: TrainingData, splits: Sequence[str]) -> None:
+    """The parent run's parameters and its dataset input (one row per scenario)."""
+    import mlflow
+
+    df, digest = data.df, data.digest
+    mlflow.log_params({"dataset_digest": digest, "rows": len(df), "scenarios": df["scenario_id"].nunique(),
+                       "hardware": ",".join(sorted(set(df["hardware"]))), "splits": ",".join(splits),
+                       "feature_schema_version": FEATURE_SCHEMA_VERSION,
+                       "feature_schema_hash": FEATURE_SCHEMA_HASH, "ficco_version": __version__,
+                       "extra_rows": len(data.fit_df) - len(df)})
+    scen = df.groupby("scenario_id", sort=False).first().reset_index()[
+        ["scenario_id", "group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "backend"]]
+    mlflow.log_input(mlflow.data.from_pandas(scen, name=f"ficco-dataset-{digest}"), context="training")
+
+
+def _evaluate(df: pd.DataFrame, config: TrainConfig) -> Scores:
+    """Every selector of `config` fitted and scored on every split of `df`."""
+    results = evaluate(df, splits=config.splits, make_selectors=config.make_selectors, progress=config.progress)
+    by_split = tables(results)
+    text = "\n\n".join(f"== {split} ==\n{format_table(t)}" for split, t in by_split.items())
+    grouped = [s for s in GROUPED_SPLITS if s in by_split] or list(by_split)
+    return Scores(results=results, by_split=by_split, grouped=grouped, text=text)
+
+
+def _record_scores(df: pd.DataFrame, scores: Scores, out_dir: Path) -> None:
+    """A nested run per selector with its metrics per split (``<split>_<metric>``), and the
+    comparison files in `out_dir` (logged as artifacts with the report)."""
+    import mlflow
+
+    by_split, results = scores.by_split, scores.results
+    for name in next(iter(by_split.values())).index:
+        with mlflow.start_run(run_name=name, nested=True):
+            mlflow.log_param("selector", name)
+            for split, table in by_split.items():
+                mlflow.log_metrics({f"{split}_{metric}": float(value)
+                                    for metric, value in table.loc[name].items() if np.isfinite(value)})
+    (out_dir / "comparison.txt").write_text(scores.text + "\n")
+    (out_dir / "evaluation.json").write_text(json.dumps({k: v for k, v in results.items() if k != "choices"},
+                                                        indent=2, default=float))
+    choices_table(df, results).to_parquet(out_dir / "choices.parquet", index=False)
+    for split, table in by_split.items():
+        table.to_csv(out_dir / f"comparison_{split}.csv")
+
+
+def _register(data: TrainingData, scores: Scores, config: TrainConfig, run_id: str) -> Registered:
+    """Fit the candidate on all the data and register it (``_log_model``).
+
+    The candidate: what the shipped row scored (its inner model, same settings), else the
+    exportable learned selector with the best grouped hold-out capture."""
+    by_split, grouped = scores.by_split, scores.grouped
+    candidate = _candidate(config.make_selectors(), by_split, grouped)
+    chosen, row = candidate.name, ("shipped" if "shipped" in by_split[grouped[0]].index else candidate.name)
+    features = with_features(data.fit_df)
+    model = clone(candidate).fit(features)
+    version = _log_model(model, candidate, features, data.digest, by_split, grouped, row, run_id)
+    return Registered(chosen=chosen, row=row, model=model, version=version)
+
+
+def _promote(registered: Registered, scores: Scores) -> bool:
+    """The champion decision for the registered version (``_maybe_promote``)."""
+    from mlflow import MlflowClient
+
+    return _maybe_promote(MlflowClient(), registered.version, scores.by_split, scores.grouped, registered.row)
+
+
+def _report(out_dir: Path, run_id: str, data: TrainingData, scores: Scores, registered: Registered,
+            promoted: bool) -> dict:
+    """The outcome: tags on the parent run; feature importance, ``summary.json`` and the
+    report in `out_dir`, all of it logged as the run's ``evaluation`` artifacts. Returns
+    ``train``'s summary."""
+    import mlflow
+
+    chosen, version = registered.chosen, registered.version
+    mlflow.set_tags({"chosen_selector": chosen, "registered_version": version, "promoted": str(promoted)})
+    gain = registered.model.model_.get_booster().get_score(importance_type="gain")
+    importance = {FEATURE_NAMES[int(k[1:])] if k.startswith("f") and k[1:].isdigit() else k: float(v)
+                  for k, v in gain.items()}
+    (out_dir / "importance.json").write_text(json.dumps(importance, indent=2))
+    (out_dir / "summary.json").write_text(json.dumps(
+        {"mlflow_run_id": run_id, "dataset_digest": data.digest, "rows": len(data.df),
+         "extra_rows": len(data.fit_df) - len(data.df), "chosen": chosen,
+         "registered_version": version, "promoted": promoted, "feature_schema_hash": FEATURE_SCHEMA_HASH},
+        indent=2))
+    report = write_report(out_dir)
+    mlflow.log_artifacts(str(out_dir), artifact_path="evaluation")
+    return {"run_id": run_id, "chosen": chosen, "version": version, "promoted": promoted,
+            "report": str(report),
+            "tables": {s: t.to_dict("index") for s, t in scores.by_split.items()}, "text": scores.text}
+
+
+# -- helpers of the stages -----------------------------------------------------------------
 def _candidate(selectors: list[BaseSelector], by_split: dict, grouped: Sequence[str]) -> BaseSelector:
     """The learned selector to register (unfitted): the shipped policy's inner model if the
     evaluation scored one, else the exportable one with the best grouped hold-out capture."""
@@ -129,8 +225,8 @@ def _candidate(selectors: list[BaseSelector], by_split: dict, grouped: Sequence[
                key=lambda s: np.mean([by_split[g].loc[s.name, "oracle_capture"] for g in grouped]))
 
 
-def _register(model: BaseSelector, candidate: BaseSelector, df: pd.DataFrame, digest: str, by_split: dict,
-              grouped: Sequence[str], row: str, run_id: str) -> str:
+def _log_model(model: BaseSelector, candidate: BaseSelector, df: pd.DataFrame, digest: str, by_split: dict,
+               grouped: Sequence[str], row: str, run_id: str) -> str:
     """Log `model` (fitted `candidate`) with its runtime rules; tags carry the hold-out
     captures of `row`, the table row that scored what ships."""
     import mlflow

@@ -18,9 +18,10 @@ import pandas as pd
 
 from data.calibrate import calibrate
 from data.simulate import simulate_rows
-from features import FEATURE_NAMES, pair_features
+from ficco_select.features import FEATURE_NAMES, pair_features
 from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.heuristic import HeuristicParams, choose, estimates
+from ficco_select.runtime.decision import pick_with_margin
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
 from ficco_select.schedule import BASELINE, SHARD
 from train.metrics import capture_scorer, ceiling_choices, oracle_choices, usable_rows
@@ -219,9 +220,10 @@ def _relative_log_time(ok: pd.DataFrame) -> np.ndarray:
 
 
 def _argmin_choice(ok: pd.DataFrame, predicted: np.ndarray) -> dict[str, str]:
-    frame = pd.DataFrame({"sid": ok["scenario_id"].to_numpy(), "schedule": ok["schedule"].to_numpy(),
-                          "p": predicted}).sort_values(["sid", "p", "schedule"])
-    return dict(frame.groupby("sid", sort=False).first()["schedule"])
+    """Each scenario's pick by the runtime's rule (``pick_with_margin``): {scenario_id: schedule}."""
+    names, sids = ok["schedule"].to_numpy(str), ok["scenario_id"].to_numpy()
+    at, _ = pick_with_margin(predicted, names, sids)
+    return dict(zip(sids[at], names[at]))
 
 
 class XGBTimeRegressor(BaseSelector):
@@ -327,7 +329,7 @@ class HGBClassifier(BaseSelector):
 
     @staticmethod
     def _n_scenario_features() -> int:
-        from features import SCENARIO_FEATURES
+        from ficco_select.features import SCENARIO_FEATURES
 
         return len(SCENARIO_FEATURES)
 

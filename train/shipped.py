@@ -19,8 +19,9 @@ import pandas as pd
 
 from data.dataset import user_specs
 from data.machines import base_machine
-from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
+from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from ficco_select.hardware import HardwareSpec, load_hardware
+from ficco_select.runtime.decision import pick_with_margin
 from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, SPEC_RANGE_FIELDS, machine_kind, spec_value
 from ficco_select.runtime.selector import Selector as RuntimeSelector
 from ficco_select.runtime.trees import TreeEnsemble
@@ -282,12 +283,11 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame) -> pd.DataFrame
     raw = model.model_.predict(X)
     lower_is_better = -raw if isinstance(model, XGBRanker) else raw
     truth = true_times(ok).to_numpy(float)
-    frame = pd.DataFrame({"sid": ok["scenario_id"].to_numpy(), "schedule": ok["schedule"].to_numpy(),
-                          "p": lower_is_better, "t": truth}).sort_values(["sid", "p", "schedule"], kind="mergesort")
-    first = frame.groupby("sid", sort=False).nth(0).set_index("sid")
-    second = frame.groupby("sid", sort=False).nth(1).set_index("sid")["p"]
-    margin = (second.reindex(first.index) - first["p"]).fillna(1.0)  # one candidate: the runtime's 1.0
-    t_of = dict(zip(zip(frame["sid"], frame["schedule"]), frame["t"]))
+    sid, names = ok["scenario_id"].to_numpy(), ok["schedule"].to_numpy(str)
+    at, margin = pick_with_margin(lower_is_better, names, sid)
+    first = pd.DataFrame({"t": truth[at], "margin": margin}, index=pd.Index(sid[at], name="sid")).sort_index()
+    t_of = dict(zip(zip(sid, names), truth))
+    t_best = pd.Series(truth).groupby(sid).min()
     heuristic = Heuristic(tune=False).predict(val)
     baseline = AlwaysBaseline().predict(val)
     kind_of = {h: machine_kind(load_hardware(h)) for h in set(ok["hardware"])}
@@ -295,11 +295,11 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame) -> pd.DataFrame
     return pd.DataFrame({
         "kind": columns["hardware"].map(kind_of).to_numpy(),
         **{c: columns[c].to_numpy(float) for c in SLACK_COLUMNS},
-        "margin": margin.to_numpy(float),
+        "margin": first["margin"].to_numpy(float),
         "t_model": first["t"].to_numpy(float),
         "t_heuristic": [t_of[(sid, heuristic[sid])] for sid in first.index],
         "t_baseline": [t_of[(sid, baseline[sid])] for sid in first.index],
-        "t_best": frame.groupby("sid", sort=False)["t"].min().reindex(first.index).to_numpy(float),
+        "t_best": t_best.reindex(first.index).to_numpy(float),
     })
 
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
-from collections.abc import Sequence
 
 from ficco_select.schedule import TIE
 
@@ -17,7 +15,7 @@ from ficco_select.schedule import TIE
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TimingPolicy:
     """How one scenario's schedules are timed, re-measured and labelled
-    (``harness.measure_scenario``, ``loopback_scenario.loopback_rows``, ``harness.best_labels``)."""
+    (``harness.measure_scenario``, ``loopback_scenario.loopback_rows``, ``data.labels``)."""
 
     warmup: int = 2
     """Untimed passes before timing."""
@@ -30,7 +28,7 @@ class TimingPolicy:
     before a noisy schedule is kept with its `noisy` flag set."""
     tie_floor: float = TIE
     """A schedule is a near-tie of the best unless its repetitions show it more than this
-    much slower (``best_labels``)."""
+    much slower (``data.labels.best_labels``)."""
     min_rep_s: float = 0.01
     """Shortest timed repetition, s: a repetition runs a function back to back as many times
     as the scenario's baseline needs to last this long (the same count for every function of
@@ -43,13 +41,6 @@ class TimingPolicy:
     max_runs: int = 64
     """At most this many runs per repetition."""
 
-
-
-def summarize(times: Sequence[float]) -> tuple[float, float]:
-    """(median, relative spread); spread = interquartile range / median."""
-    med = statistics.median(times)
-    q = statistics.quantiles(times, n=4, method="inclusive")
-    return med, (q[2] - q[0]) / med if med > 0 else 0.0
 
 
 class MeasureError(RuntimeError):

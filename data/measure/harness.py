@@ -24,16 +24,17 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from data.measure.config import TimingPolicy, summarize
+from data.dataset import dataset_row
+from data.labels import failed_label, label_columns, summarize
+from data.measure.config import TimingPolicy
 from ficco_select.executor.cuda import make_timer
 from ficco_select.executor.operators import TOLERANCE, Operator, relative_error
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import BASELINE, SHARD, Schedule, candidates, is_legal
-from ficco_select.signatures import SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES, signature
+from ficco_select.signatures import SIGNATURE_GRANULARITIES, signature
 
 
 def slowest_rank(values: list[float]) -> list[float]:
@@ -89,47 +90,6 @@ def ring_at(granularity: str, scenario: Scenario, backend: str = "cpu") -> Sched
     d = scenario.world_size if granularity == "dP" else int(granularity[1:])
     s = Schedule(granularity="ficco", degree=d, pattern="ring", compute="gemm_per_piece", split="m")
     return s if is_legal(s, scenario, backend) else None
-
-
-TIE_RESAMPLES = 2000
-"""Bootstrap resamples behind each tie decision."""
-TIE_CONFIDENCE = 0.95
-"""One-sided confidence that a schedule is more than ``tie_floor`` slower than the best."""
-
-
-def best_labels(pooled: Sequence[Sequence[float]], verified: Sequence[bool], tie_floor: float,
-                *, seed: int = 0) -> list[tuple[bool, bool]]:
-    """(is_best, near_best) of each schedule of one scenario, from its repetitions.
-
-    is_best: verified with the smallest verified median (every such one, should medians be
-    equal). near_best (a tie) by evidence: verified, and the repetitions cannot show it
-    more than `tie_floor` slower than the best: the lower end of a one-sided
-    ``TIE_CONFIDENCE`` bootstrap interval of median(its reps) / median(best's reps) is
-    within 1 + tie_floor. More repetitions narrow the interval; a noisy pair stays a tie,
-    a clearly slower schedule does not. Deterministic (seeded).
-    """
-    medians = [statistics.median(t) for t in pooled]
-    verified_medians = [m for m, good in zip(medians, verified) if good]
-    if not verified_medians:
-        return [(False, False)] * len(pooled)
-    best = min(verified_medians)
-    b = next(i for i, (m, good) in enumerate(zip(medians, verified)) if good and m == best)
-    rng = np.random.default_rng(seed)
-    best_boot = _bootstrap_medians(pooled[b], rng)
-    labels = []
-    for i, (times, median, good) in enumerate(zip(pooled, medians, verified)):
-        if not good or median == best:
-            labels.append((bool(good), bool(good)))
-            continue
-        lower = np.quantile(_bootstrap_medians(times, rng) / best_boot, 1 - TIE_CONFIDENCE)
-        labels.append((False, bool(lower <= 1 + tie_floor)))
-    return labels
-
-
-def _bootstrap_medians(times: Sequence[float], rng: np.random.Generator) -> np.ndarray:
-    """(TIE_RESAMPLES,) medians of resamples (with replacement) of `times`."""
-    t = np.asarray(times, dtype=float)
-    return np.median(t[rng.integers(0, len(t), size=(TIE_RESAMPLES, len(t)))], axis=1)
 
 
 def run_schedule(op: Operator, schedule: Schedule) -> Any:
@@ -231,43 +191,17 @@ def pool_until_calm(times: list[list[float]], policy: TimingPolicy,
 
 def failed_rows(scenario: Scenario, reason: str, backend: str = "cpu") -> list[dict]:
     """Rows recording that `scenario` could not be measured (kept so a rerun does not retry it)."""
-    return [{
-        **scenario.as_record(), "scenario_id": scenario.scenario_id, "schedule": s.name,
-        "status": "failed", "error": reason, "time_s": math.nan, "time_model_s": math.nan, "time_spread": math.nan,
-        "times_s": [], "attempts": 0, "noisy": False, "verified": False, "rel_error": math.nan,
-        "is_best": False, "near_best": False, **{c: math.nan for c in SIGNATURE_COLUMNS},
-        "threads_per_rank": 0, "runs_per_rep": 0,
-    } for s in candidates(scenario, backend)]
+    return [dataset_row(scenario, s.name, failed_label(reason)) for s in candidates(scenario, backend)]
 
 
 def schedule_rows(scenario: Scenario, schedules: Sequence[Schedule], errors: Sequence[float],
                   pooled: Sequence[list[float]], attempts: Sequence[int], policy: TimingPolicy,
                   signature: dict, threads_per_rank: int, runs_per_rep: int = 1) -> list[dict]:
-    """One dataset row per measured schedule: median, spread, verification, best labels."""
-    stats = [summarize(t) for t in pooled]
-    ok = [e <= TOLERANCE[scenario.dtype] for e in errors]
-    labels = best_labels(pooled, ok, policy.tie_floor)
-    rows = []
-    for schedule, err, good, ts, (median, spread), tries, (is_best, near_best) in zip(
-            schedules, errors, ok, pooled, stats, attempts, labels):
-        rows.append({
-            **scenario.as_record(),
-            "scenario_id": scenario.scenario_id,
-            "schedule": schedule.name,
-            "status": "ok",
-            "error": "",
-            "time_s": median,
-            "time_model_s": math.nan,  # measured: no model behind it
-            "time_spread": spread,
-            "times_s": ts,
-            "attempts": tries,
-            "noisy": spread > policy.noisy_spread,
-            "verified": bool(good),
-            "rel_error": err,
-            "is_best": is_best,
-            "near_best": near_best,
-            **signature,
-            "threads_per_rank": threads_per_rank,
-            "runs_per_rep": runs_per_rep,
-        })
-    return rows
+    """One dataset row per measured schedule: median, spread, verification, best labels
+    (``data.labels.label_columns``)."""
+    labels = label_columns(pooled, verified=[e <= TOLERANCE[scenario.dtype] for e in errors], rel_error=errors,
+                           attempts=attempts, noisy_spread=policy.noisy_spread, tie_floor=policy.tie_floor)
+    return [dataset_row(scenario, schedule.name, {"status": "ok", "error": "", "time_model_s": math.nan,
+                                                  **{c: v[i] for c, v in labels.items()}},
+                        signature=signature, threads_per_rank=threads_per_rank, runs_per_rep=runs_per_rep)
+            for i, schedule in enumerate(schedules)]

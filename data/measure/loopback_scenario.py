@@ -26,7 +26,7 @@ def loopback_rows(scenario: Scenario, config: MeasureConfig, *, backend: str = "
     Times: ``run_loopback``'s, each repetition the slowest virtual rank's (CUDA events on
     CUDA); while a schedule's spread exceeds ``config.noisy_spread``, every schedule is re-run (fresh
     virtual ranks, verified again) up to ``config.max_remeasure`` times, pooling the
-    repetitions, as the harness does. Labels by ``harness.best_labels``. Signatures from
+    repetitions, as the harness does. Labels by ``data.labels``. Signatures from
     skeleton and contended runs (``loopback_signature``).
     Raises ``LoopbackError`` (or ``LoopbackTimeout``) naming the scenario, schedule and rank.
     """

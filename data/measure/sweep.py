@@ -15,6 +15,8 @@ Two row sources feed the same sweep (parts, resume, failed rows, progress, summa
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import zlib
 from collections.abc import Sequence
@@ -75,17 +77,46 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     Two runs into one `out` at once: the second refuses at once, naming the first
     (``data.locks``), and the first goes on untouched.
     """
-    if out is None or (under_torchrun() and int(os.environ.get("RANK", "0")) != 0):  # only rank 0 writes
-        return _sweep(scenarios, backend=backend, config=config, out=out, progress=progress, device=device,
-                      ranks=ranks)
-    with output_lock(out, "ficco measure"):
-        return _sweep(scenarios, backend=backend, config=config, out=out, progress=progress, device=device,
-                      ranks=ranks)
+    writes = out is not None and not (under_torchrun() and int(os.environ.get("RANK", "0")) != 0)  # only rank 0 writes
+    with output_lock(out, "ficco measure") if writes else contextlib.nullcontext():
+        plan = _plan(scenarios, backend=backend, config=config, out=out, device=device, ranks=ranks)
+        rows, failed = _run(plan, config, progress)
+        return _assemble(plan, rows, failed) if plan.is_rank0 else None
 
 
-def _sweep(scenarios: Sequence[Scenario], *, backend: str, config: MeasureConfig, out: str | Path | None,
-           progress: bool, device: str | None, ranks: str) -> pd.DataFrame | None:
-    """``measure``, its lock held."""
+# -- what flows between the stages ---------------------------------------------------------
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepPlan:
+    """What a sweep measures and how: the scenarios left, the executor, and where the rows go."""
+
+    scenarios: Sequence[Scenario]
+    """The whole table, done scenarios included."""
+    todo: list[Scenario]
+    """The scenarios neither in `out` nor committed to its parts, in table order."""
+    backend: str
+    mode: str | None
+    """The cuda backend's ranks mode (in the fingerprint: the modes label differently), else None."""
+    device: str | None
+    """The loopback executor's device; None: gloo ranks, or a process per GPU (`node`)."""
+    node: NodeOptions | None
+    """The cuda backend's node mode, else None."""
+    distributed: bool
+    """This process is one rank of a torchrun job (its process group initialized)."""
+    is_rank0: bool
+    """This process writes and returns the rows."""
+    out: str | Path | None
+    parts: Path | None
+    """``parts_dir(out)``, or None without `out`."""
+    earlier: pd.DataFrame | None
+    """The rows already in `out` (rank 0 only), or None."""
+
+
+# -- the stages, in order ------------------------------------------------------------------
+def _plan(scenarios: Sequence[Scenario], *, backend: str, config: MeasureConfig, out: str | Path | None,
+          device: str | None, ranks: str) -> SweepPlan:
+    """Refuse, before any work starts, what cannot run here (ranks mode, machines, device,
+    memory); then what is left to measure: `scenarios` less those already in `out` or
+    committed to its parts. Under torchrun rank 0 decides, the process group initialized."""
     if ranks not in ("loopback", "node"):
         raise ValueError(f"ranks {ranks!r}: 'loopback' (virtual ranks on one device) or 'node' (a process per GPU)")
     if ranks == "node" and backend != "cuda":
@@ -110,22 +141,28 @@ def _sweep(scenarios: Sequence[Scenario], *, backend: str, config: MeasureConfig
         box = [sorted(done)]
         dist.broadcast_object_list(box, src=0)
         done = set(box[0])
-    todo = [s for s in scenarios if s.scenario_id not in done]
+    return SweepPlan(scenarios=scenarios, todo=[s for s in scenarios if s.scenario_id not in done], backend=backend,
+                     mode=mode, device=device, node=node, distributed=distributed, is_rank0=is_rank0, out=out,
+                     parts=parts, earlier=earlier)
+
+
+def _run(plan: SweepPlan, config: MeasureConfig, progress: bool) -> tuple[list[dict], list[str]]:
+    """Measure `plan.todo` on its executor, each finished scenario committed (``_commit``) as
+    it comes. Returns (this run's rows, its failures: a scenario whose run failed is recorded
+    as failed with its reason and the sweep goes on)."""
     rows: list[dict] = []
 
     def on_scenario(scenario_rows: list[dict]) -> None:
-        if parts is not None:
-            part = pd.DataFrame(scenario_rows).assign(**provenance(backend, mode))
-            write_parquet_atomic(part, parts / f"{scenario_rows[0]['scenario_id']}.parquet")
+        _commit(plan, scenario_rows)
         rows.extend(scenario_rows)
 
     failed: list[str] = []
-    total = sum(len(candidates(s, backend)) for s in todo)
-    bar = tqdm(total=total, unit="schedule", desc="measure", disable=not (progress and is_rank0))
+    total = sum(len(candidates(s, plan.backend)) for s in plan.todo)
+    bar = tqdm(total=total, unit="schedule", desc="measure", disable=not (progress and plan.is_rank0))
     try:
-        if device is not None:
-            failed += _measure_loopback(todo, config, backend, device, on_scenario, bar)
-        elif distributed:
+        if plan.device is not None:
+            failed += _measure_loopback(plan.todo, config, plan.backend, plan.device, on_scenario, bar)
+        elif plan.distributed:
             try:
                 def emit(kind: str, payload) -> None:
                     if kind == "scenario":
@@ -133,39 +170,52 @@ def _sweep(scenarios: Sequence[Scenario], *, backend: str, config: MeasureConfig
                     elif kind == "progress":
                         bar.update(payload)
 
-                measure_in_group(todo, config, emit)
+                measure_in_group(plan.todo, config, emit)
             finally:
                 dist.destroy_process_group()
         else:
             by_world: dict[int, list[Scenario]] = {}
-            for s in todo:
+            for s in plan.todo:
                 by_world.setdefault(s.world_size, []).append(s)
             for P in sorted(by_world):
-                failed += _measure_surviving_failures(by_world[P], config, backend, on_scenario, bar, node)
+                failed += _measure_surviving_failures(by_world[P], config, plan.backend, on_scenario, bar, plan.node)
     finally:
         bar.close()
-    if not is_rank0:
-        return None
+    return rows, failed
+
+
+def _commit(plan: SweepPlan, scenario_rows: list[dict]) -> None:
+    """Crash safety: one finished scenario's rows to ``<out>.parts/<scenario_id>.parquet``,
+    atomically, before the next one starts (no `out`: nothing to write)."""
+    if plan.parts is not None:
+        part = pd.DataFrame(scenario_rows).assign(**provenance(plan.backend, plan.mode))
+        write_parquet_atomic(part, plan.parts / f"{scenario_rows[0]['scenario_id']}.parquet")
+
+
+def _assemble(plan: SweepPlan, rows: list[dict], failed: list[str]) -> pd.DataFrame:
+    """The dataset: with `out`, its earlier rows plus the committed parts, written
+    (``_merge_parts``); else this run's `rows`. Its ``attrs["sweep"]`` counts what the sweep did."""
     kept_parts = 0
-    if parts is None:
-        df = pd.DataFrame(rows).assign(**provenance(backend, mode))
+    if plan.parts is None:
+        df = pd.DataFrame(rows).assign(**provenance(plan.backend, plan.mode))
     else:
-        df, kept_parts = _assemble(out, parts, earlier, [s.scenario_id for s in scenarios])
+        df, kept_parts = _merge_parts(plan.out, plan.parts, plan.earlier, [s.scenario_id for s in plan.scenarios])
     ok = df[df["status"] == "ok"]
     df.attrs["sweep"] = {
-        "scenarios": len(scenarios),
-        "measured": len(todo) - len(failed),
-        "skipped": len(scenarios) - len(todo),
+        "scenarios": len(plan.scenarios),
+        "measured": len(plan.todo) - len(failed),
+        "skipped": len(plan.scenarios) - len(plan.todo),
         "failed": len(failed),
         "failures": failed,
         "noisy_rows": int(ok["noisy"].sum()),
         "rows": len(df),
-        "kept_from_out": 0 if earlier is None else int(earlier["scenario_id"].nunique()),
+        "kept_from_out": 0 if plan.earlier is None else int(plan.earlier["scenario_id"].nunique()),
         "other_parts_kept": kept_parts,
     }
     return df
 
 
+# -- helpers of the stages -----------------------------------------------------------------
 def _earlier_rows(out: str | Path, backend: str, mode: str | None) -> pd.DataFrame | None:
     """The rows already in `out`, or None if there is no `out` yet. Refuses an `out` that
     is not a dataset, or was measured by another backend or on another machine: appending
@@ -187,8 +237,8 @@ def _earlier_rows(out: str | Path, backend: str, mode: str | None) -> pd.DataFra
     return df
 
 
-def _assemble(out: str | Path, parts: Path, earlier: pd.DataFrame | None,
-              ids: list[str]) -> tuple[pd.DataFrame, int]:
+def _merge_parts(out: str | Path, parts: Path, earlier: pd.DataFrame | None,
+                 ids: list[str]) -> tuple[pd.DataFrame, int]:
     """`out` = its earlier rows + this table's committed parts, written atomically only if
     there are new parts; then those parts (only) are removed. Returns (rows, parts of other
     scenarios left in `parts`)."""

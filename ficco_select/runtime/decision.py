@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from ficco_select.schedule import Schedule
 
 
@@ -16,3 +18,34 @@ class Decision:
     """Model: predicted relative gap between the best and second-best candidate (0..1);
     heuristic and fallback: 0."""
     reason: str = ""
+
+
+SINGLE_CANDIDATE_MARGIN = 1.0
+"""The margin of a pick that had no rival: trusted by any margin rule short of "never"."""
+
+
+def pick_with_margin(scores: np.ndarray, names: np.ndarray,
+                     groups: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each scenario's pick among its scored candidates, and the margin behind it: the one
+    rule for the runtime (one scenario), evaluation, abstention fitting and ``ficco adapt``.
+
+    scores: (n,) predicted log times, lower is better; names: (n,) the schedules' names;
+    groups: (n,) the scenario of each row (None: one scenario). The pick is the lowest
+    score, ties broken by name (so a pick never depends on row order); the margin is the
+    second-lowest score minus the lowest, ``SINGLE_CANDIDATE_MARGIN`` for a lone candidate.
+    Returns (the pick's row, its margin), one per scenario in order of first appearance.
+    """
+    scores = np.asarray(scores, dtype=float)
+    if groups is None:
+        groups = np.zeros(len(scores), dtype=np.intp)
+    else:
+        _, first_at, groups = np.unique(np.asarray(groups), return_index=True, return_inverse=True)
+        groups = np.argsort(np.argsort(first_at, kind="stable"), kind="stable")[groups]  # codes by first appearance
+    order = np.lexsort((np.asarray(names), scores, groups))
+    if not len(order):
+        return order, np.empty(0)
+    starts = np.flatnonzero(np.r_[True, groups[order][1:] != groups[order][:-1]])
+    first = order[starts]
+    rival = np.r_[starts[1:], len(order)] - starts > 1
+    second = order[np.where(rival, starts + 1, starts)]
+    return first, np.where(rival, scores[second] - scores[first], SINGLE_CANDIDATE_MARGIN)

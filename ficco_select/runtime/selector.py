@@ -16,7 +16,7 @@ node; not on the cpu backend, whose ranks are processes; and, without a warning,
 the export's fitted abstention rule sends a low-margin decision to the baseline). Decisions are cached: a
 Scenario object seen before costs one dict lookup by its id; an equal scenario built
 again, or a mapping, is found by value. A miss scores every candidate schedule with the
-model (one feature row each, ``features.build.candidate_features``).
+model (one feature row each, ``ficco_select.features.candidate_features``).
 
 Hardware: a scenario names a machine (a preset, a spec the model carries in
 ``hardware_specs``, or one registered in this process) or a spec file by path. A path is
@@ -33,7 +33,6 @@ from the MLflow registry. Imports no pandas, scikit-learn, mlflow or xgboost.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 import operator
@@ -44,9 +43,10 @@ from typing import Any
 
 import numpy as np
 
+from ficco_select.features import FEATURE_NAMES, candidate_features, feature_schema_hash, grid_features
 from ficco_select.hardware import HardwareError, HardwareSpec, hardware_name, is_spec_path, load_hardware
 from ficco_select.heuristic import backend_for, choose
-from ficco_select.runtime.decision import Decision
+from ficco_select.runtime.decision import Decision, pick_with_margin
 from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerTable, build_table, read_tables
 from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, Scope, machine_kind, spec_value
 from ficco_select.runtime.trees import TreeEnsemble, read_json
@@ -103,11 +103,9 @@ class Selector:
             # resolved once, so that every file read comes from one version.
             folder = Path(os.path.realpath(folder))
             selector = cls(meta=read_json(folder / "selector.json"), **kw)  # checks every field
-            from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH
-
-            if selector.meta.get("feature_schema_hash") != FEATURE_SCHEMA_HASH:
+            if (stored := selector.meta.get("feature_schema_hash")) != feature_schema_hash():
                 raise ValueError(f"selector.json: field 'feature_schema_hash' is "
-                                 f"{selector.meta.get('feature_schema_hash')!r}, this code's is {FEATURE_SCHEMA_HASH}; "
+                                 f"{stored!r}, this code's is {feature_schema_hash()}; "
                                  "re-export a model trained with this version")
             selector.model = TreeEnsemble.load(folder / "model.json", expected_features=len(FEATURE_NAMES))
         except Exception as e:  # noqa: BLE001 - never break the caller's job
@@ -209,7 +207,7 @@ class Selector:
         """The model's scores of each point's legal candidates, from one feature matrix and one
         tree walk; only for the points where the model would decide. The features come a
         candidate list at a time (points with fewer rows per shard have fewer legal
-        schedules), each over its points' m at once (``features.build.grid_features``)."""
+        schedules), each over its points' m at once (``ficco_select.features.grid_features``)."""
         backend = backend_for(hw)
         by_candidates: dict[int, tuple[tuple, list[int]]] = {}  # id(candidate tuple): (the tuple, its points)
         for i, s in enumerate(points):
@@ -219,7 +217,6 @@ class Selector:
                     by_candidates.setdefault(id(cands), (cands, []))[1].append(i)
         if not by_candidates:
             return {}
-        from features.build import grid_features  # on the first table with a model
 
         X = np.concatenate([grid_features(points[0], [points[i].m for i in at], cands, hw)
                             .reshape(-1, self.model.n_features) for cands, at in by_candidates.values()])
@@ -445,7 +442,7 @@ class Selector:
         if not cands:
             return self._heuristic(s, hw, "no legal candidate schedule to score")
         if scores is None:
-            scores = self.model.predict(_candidate_features()(s, cands, hw))  # X: (n_candidates, n_features)
+            scores = self.model.predict(candidate_features(s, cands, hw))  # X: (n_candidates, n_features)
         return self._decision_from_scores(s, hw, cands, scores)
 
     def _decision_from_scores(self, s: Scenario, hw: HardwareSpec, cands: Sequence[Schedule],
@@ -457,9 +454,8 @@ class Selector:
             return self._heuristic(s, hw, "model predicted a non-finite score")
         if self._scope.ranker:
             scores = -scores  # ranker: higher is better; we take the argmin below
-        order = np.argsort(scores, kind="stable")
-        best = cands[int(order[0])]
-        margin = float(scores[order[1]] - scores[order[0]]) if len(cands) > 1 else 1.0
+        (at,), (margin,) = pick_with_margin(scores, _names_of(cands))
+        best, margin = cands[int(at)], float(margin)
         min_margin, fallback = self._margin_by_kind.get(machine_kind(hw), (self.min_margin, self.margin_fallback))
         if min_margin is None or margin < min_margin:
             why = (f"model margin {margin:.4f} below {min_margin}" if min_margin is not None
@@ -517,14 +513,19 @@ def _bound(limit: int, *caches: dict) -> None:
 
 _candidates = legal_candidates
 """``candidates(s, backend)`` as a shared tuple, cached per legality key (schedule.py)."""
+_NAMES: dict[int, tuple[tuple, np.ndarray]] = {}
+"""The names of shared candidate tuples, by the tuple's id (kept alive with it)."""
 
 
-@functools.cache
-def _candidate_features():
-    """``features.build.candidate_features``, imported on the first model decision."""
-    from features.build import candidate_features
-
-    return candidate_features
+def _names_of(cands: Sequence[Schedule]) -> np.ndarray:
+    """The candidates' names as an array (``pick_with_margin`` breaks ties by name), made once per shared tuple."""
+    seen = _NAMES.get(id(cands))
+    if seen is not None and seen[0] is cands:
+        return seen[1]
+    names = np.array([c.name for c in cands])
+    _bound(1 << 14, _NAMES)
+    _NAMES[id(cands)] = (cands, names)
+    return names
 
 
 def decide_rows(selector: Selector, records: Sequence[Mapping[str, Any]]) -> list[dict]:

@@ -12,11 +12,12 @@ whole schedule's analytic time along its pipeline (``costs.schedule_times``, the
 simulator's model on the machine's spec) over the baseline's and over the bound of a
 perfect overlap, max(T_comp, T_comm).
 
-Shapes: ``pair_features(records, schedules, hardware)`` -> (n_pairs, n_features) float64,
-NaN where a value does not apply. ``candidate_features(scenario, schedules, hw)`` gives the
-same rows, bit for bit, for one scenario and its candidate schedules, fast: the runtime
-selector's path on a cache miss; ``grid_features(scenario, ms, schedules, hw)`` gives them
-for every token count of ``ms`` at once (the runtime's layer tables).
+The formulas are written once, in ``_feature_rows``; three doors call it:
+``pair_features(records, schedules, hardware)`` -> (n_pairs, n_features) float64, NaN
+where a value does not apply (training and evaluation); ``candidate_features(scenario,
+schedules, hw)``, the rows of one scenario and its candidate schedules on Python floats
+(the runtime selector's cache miss); ``grid_features(scenario, ms, schedules, hw)``, those
+rows at every token count of ``ms`` at once (the runtime's layer tables).
 """
 
 from __future__ import annotations
@@ -28,8 +29,18 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ficco_select.costs import (GB, GRANULARITY_CODES, OP_CODES, US, collective_time, gemm_time, rank_work,
-                                scenario_estimates, schedule_times, transfer_time)
+from ficco_select.costs import (
+    GB,
+    GRANULARITY_CODES,
+    OP_CODES,
+    US,
+    collective_time,
+    gemm_time,
+    rank_work,
+    scenario_estimates,
+    schedule_times,
+    transfer_time,
+)
 from ficco_select.hardware import TOPOLOGIES, HardwareSpec
 from ficco_select.scenario import DTYPES, OPS, Scenario
 from ficco_select.schedule import GRANULARITIES, Schedule, parse
@@ -79,86 +90,37 @@ def pair_features(records: Sequence[Mapping], schedules: Sequence[str | Schedule
 
     records[i] has the scenario-table columns; hardware maps each record's ``hardware``
     to its spec. A record whose hardware is missing from the mapping raises KeyError.
+    The formulas are ``_feature_rows``'s, the runtime's: pairs are grouped by machine and
+    world size, and each group's scenarios are computed against its schedules in blocks.
     """
-    n = len(records)
-    col = lambda name: np.array([r[name] for r in records])  # noqa: E731
-    op = col("op")
-    m, nn, k = (col(c).astype(float) for c in ("m", "n", "k"))
-    P = col("world_size").astype(float)
-    imb = np.array([float(r.get("imbalance", 1.0) or 1.0) for r in records])
-    b = np.array([DTYPES[r["dtype"]] for r in records], dtype=float)
-    specs = [hardware[r["hardware"]] for r in records]
-    peak = np.array([hw.peak_of(r["dtype"]) * 1e12
-                     for hw, r in zip(specs, records)])
-    op_code = np.array([OP_CODES[o] for o in op])
-    M, N, K, shard_rows, shard_cols = rank_work(op_code, m, nn, k, P, imb)
-    shard_bytes = shard_rows * shard_cols * b
-    flops = 2 * M * N * K
-    moved = (P - 1) * shard_bytes
-
-    # Hardware-dependent estimates (``costs.scenario_estimates``), per distinct spec.
-    estimated = ("t_comp", "t_comm", "dil_2", "dil_4", "chunk_2", "chunk_4")
-    est = {key: np.empty(n) for key in estimated}
-    for spec in {id(s): s for s in specs}.values():
-        sel = np.array([s is spec for s in specs])
-        spec_est = scenario_estimates(spec, op=op_code[sel], m=m[sel], n=nn[sel], k=k[sel], P=P[sel],
-                                      imbalance=imb[sel], dtype_bytes=b[sel], peak=peak[sel])
-        for key in estimated:
-            est[key][sel] = spec_est[key]
-    t_comp, t_comm = est["t_comp"], est["t_comm"]
-
-    cols: dict[str, np.ndarray] = {
-        **{f"op_{o}": (op == o).astype(float) for o in OPS},
-        "log2_m": _log2(m), "log2_n": _log2(nn), "log2_k": _log2(k), "dtype_bytes": b,
-        "world_size": P, "imbalance": imb,
-        "log2_rank_M": _log2(M), "log2_rank_N": _log2(N), "log2_rank_K": _log2(K),
-        "log2_shard_rows": _log2(shard_rows),
-        "log2_flops": _log2(flops), "log2_bytes_moved": _log2(moved),
-        "log2_intensity": _log2(flops / np.maximum(moved, 1)),
-        "log2_peak_flops": _log2(peak), "log2_mem_bw": _log2([s.mem_bw_gbps * GB for s in specs]),
-        "compute_units": np.array([s.compute_units for s in specs], dtype=float),
-        "log2_link_bw": _log2([s.link_bw_gbps * GB for s in specs]),
-        "log2_sm_latency": _log2([s.sm_comm_latency_us * US for s in specs]),
-        "log2_dma_latency": _log2([max(s.dma_latency_us, 1e-3) * US for s in specs]),
-        "copy_engines": np.array([s.copy_engines for s in specs], dtype=float),
-        **{f"topo_{t}": np.array([s.topology == t for s in specs], dtype=float) for t in TOPOLOGIES},
-        "log2_t_comp_est": _log2(t_comp), "log2_t_comm_est": _log2(t_comm),
-        "log2_comp_comm_ratio": _log2(t_comp / t_comm),
-        "ideal_est": (t_comp + t_comm) / np.maximum(t_comp, t_comm),
-        "dil_d2_est": est["dil_2"], "dil_d4_est": est["dil_4"], "chunk_d2_est": est["chunk_2"],
-        "chunk_d4_est": est["chunk_4"],
-    }
-
     names = [s.name if isinstance(s, Schedule) else s for s in schedules]
-    axes = schedule_axes(names)
-    d = np.where(axes["gran_ficco"] > 0, axes["degree"], 1.0)
-    piece_rows = np.where(axes["split_n"] > 0, shard_rows, shard_rows / d)
-    piece_bytes = shard_bytes / d
-    piece_gemm, piece_comm = np.empty(n), np.empty(n)
-    for spec in {id(s): s for s in specs}.values():
-        sel = np.array([s is spec for s in specs])
-        piece_N = np.where(axes["split_n"][sel] > 0, N[sel] / d[sel], N[sel])
-        piece_gemm[sel] = gemm_time(spec, piece_rows[sel], piece_N, K[sel], b[sel], peak[sel])
-        concurrent = np.where(axes["pattern_a2a"][sel] > 0, P[sel] - 1, 1)
-        piece_comm[sel] = transfer_time(spec, piece_bytes[sel], concurrent, axes["engine_dma"][sel] > 0, P[sel])
-    over_base, over_bound = np.empty(n), np.empty(n)
-    gran = np.select([axes[f"gran_{g}"] > 0 for g in GRANULARITY_CODES], list(GRANULARITY_CODES.values()))
-    for spec in {id(s): s for s in specs}.values():
-        sel = np.array([s is spec for s in specs])
-        over_base[sel], over_bound[sel] = _whole_schedule(
-            spec, op=op_code[sel], m=m[sel], n=nn[sel], k=k[sel], P=P[sel],
-            imbalance=imb[sel], dtype_bytes=b[sel], peak=peak[sel],
-            gran=gran[sel], degree=axes["degree"][sel], a2a=axes["pattern_a2a"][sel] > 0,
-            per_step=axes["gemm_per_step"][sel] > 0, split_n=axes["split_n"][sel] > 0,
-            dma=axes["engine_dma"][sel] > 0)
-    cols.update(axes)
-    cols.update({
-        "log2_pieces": _log2(P * d), "log2_piece_rows": _log2(piece_rows),
-        "log2_piece_bytes": _log2(piece_bytes), "log2_piece_gemm_est": _log2(piece_gemm),
-        "log2_piece_comm_est": _log2(piece_comm),
-        "log2_over_baseline_est": over_base, "log2_over_bound_est": over_bound,
-    })
-    return np.column_stack([cols[name] for name in FEATURE_NAMES]) if n else np.empty((0, len(FEATURE_NAMES)))
+    X = np.empty((len(records), len(FEATURE_NAMES)))
+    # (hardware, P) -> ({scenario: its index}, {schedule: its index}, [(pair, scenario, schedule)])
+    groups: dict[tuple, tuple[dict, dict, list]] = {}
+    for i, (r, name) in enumerate(zip(records, names)):
+        scenario = (r["op"], float(r["m"]), float(r["n"]), float(r["k"]), r["dtype"],
+                    float(r.get("imbalance", 1.0) or 1.0))
+        by_scenario, by_schedule, pairs = groups.setdefault((r["hardware"], int(r["world_size"])), ({}, {}, []))
+        pairs.append((i, by_scenario.setdefault(scenario, len(by_scenario)),
+                      by_schedule.setdefault(name, len(by_schedule))))
+    for (hw_name, P), (by_scenario, by_schedule, pairs) in groups.items():
+        hw = hardware[hw_name]
+        layout = _layout(P, tuple(by_schedule))
+        at, scenario_at, schedule_at = np.array(pairs).T
+        ops, ms, ns, ks, dtypes, imbs = zip(*by_scenario)
+        column = lambda values: np.array(values, dtype=float)[:, None]  # noqa: E731  (G, 1): one scenario a row
+        block = dict(op_code=column([OP_CODES[o] for o in ops]), m=column(ms), n=column(ns), k=column(ks),
+                     imbalance=column(imbs), dtype_bytes=column([DTYPES[d] for d in dtypes]),
+                     peak=column([hw.peak_of(d) * 1e12 for d in dtypes]))
+        for start in range(0, len(ops), _BLOCK):
+            sel = (scenario_at >= start) & (scenario_at < start + _BLOCK)
+            rows = _feature_rows(hw, float(P), layout, **{key: v[start:start + _BLOCK] for key, v in block.items()})
+            X[at[sel]] = rows[scenario_at[sel] - start, schedule_at[sel]]
+    return X
+
+
+_BLOCK = 1024
+"""Scenarios per block of ``pair_features`` (a block holds scenarios x schedules x features)."""
 
 
 def _whole_schedule(spec: HardwareSpec, **arrays) -> tuple[np.ndarray, np.ndarray]:
@@ -171,7 +133,7 @@ def _whole_schedule(spec: HardwareSpec, **arrays) -> tuple[np.ndarray, np.ndarra
         return _log2(t["time_s"] / baseline), _log2(t["time_s"] / bound)
 
 
-# -- one scenario and its candidates: the runtime's fast path -----------------------------
+# -- the formulas, and what depends on the schedules alone ------------------------------
 _LOG2_SCENARIO = np.array([name.startswith("log2_") for name in SCENARIO_FEATURES])
 """Scenario columns that are log2 of a raw value (``_log2`` is applied to them at once)."""
 _PIECE_COLUMNS = ["log2_piece_rows", "log2_piece_bytes", "log2_piece_gemm_est", "log2_piece_comm_est"]
@@ -191,7 +153,7 @@ def _columns_at(names) -> slice | np.ndarray:
 
 _SCENARIO_AT, _AXES_AT, _PIECES_AT, _WHOLE_AT = (_columns_at(names) for names in (
     SCENARIO_FEATURES, _AXIS_COLUMNS, _PIECE_COLUMNS, _WHOLE_COLUMNS))
-_OP_COLUMNS = [(f"op_{o}", o) for o in OPS]
+_OP_COLUMNS = [(f"op_{o}", OP_CODES[o]) for o in OPS]
 _TOPOLOGY_COLUMNS = [(f"topo_{t}", t) for t in TOPOLOGIES]
 _LAYOUTS: dict[tuple, "_CandidateLayout"] = {}
 _LAYOUTS_BY_ID: dict[int, tuple[int, tuple, "_CandidateLayout"]] = {}
@@ -224,7 +186,8 @@ def candidate_features(scenario: Scenario, schedules: Sequence[str | Schedule], 
         return np.empty((0, len(FEATURE_NAMES)))
     given_tuple = type(schedules) is tuple  # immutable: its layout can be found by its id next time
     layout = _layout(scenario.world_size, schedules if given_tuple else tuple(schedules), remember=given_tuple)
-    return _candidate_rows(scenario, float(scenario.m), layout, hw)
+    return _feature_rows(hw, float(scenario.world_size), layout, m=float(scenario.m),
+                         **_scenario_scalars(scenario, hw))
 
 
 def grid_features(scenario: Scenario, ms: Sequence[int], schedules: Sequence[str | Schedule],
@@ -235,24 +198,34 @@ def grid_features(scenario: Scenario, ms: Sequence[int], schedules: Sequence[str
     if not len(schedules) or not len(ms):
         return np.empty((len(ms), len(schedules), len(FEATURE_NAMES)))
     layout = _layout(scenario.world_size, tuple(schedules))
-    return _candidate_rows(scenario, np.asarray(ms, dtype=float)[:, None], layout, hw)
+    return _feature_rows(hw, float(scenario.world_size), layout, m=np.asarray(ms, dtype=float)[:, None],
+                         **_scenario_scalars(scenario, hw))
 
 
-def _candidate_rows(scenario: Scenario, m: float | np.ndarray, layout: _CandidateLayout, hw: HardwareSpec):
-    """The rows of ``candidate_features`` (m a float) or ``grid_features`` (m a column
-    (G, 1): every value below gets a leading axis of G). The same operations in the same
-    order either way, so the same bits: on floats with Python arithmetic, which is cheaper
-    for one decision, and on arrays for a grid."""
+def _scenario_scalars(scenario: Scenario, hw: HardwareSpec) -> dict[str, float]:
+    """``_feature_rows``'s scenario arguments but m, as Python floats."""
+    return dict(op_code=OP_CODES[scenario.op], n=float(scenario.n), k=float(scenario.k),
+                imbalance=float(scenario.imbalance or 1.0), dtype_bytes=float(DTYPES[scenario.dtype]),
+                peak=hw.peak_of(scenario.dtype) * 1e12)
+
+
+def _feature_rows(hw: HardwareSpec, P: float, layout: _CandidateLayout, *, op_code, m, n, k, imbalance,
+                  dtype_bytes, peak) -> np.ndarray:
+    """The features, the one definition: every scenario given against every schedule of
+    `layout` (the schedules and the world size P), on machine `hw`.
+
+    The scenario's numbers are Python floats (one scenario: ``candidate_features``, the
+    runtime's decision, cheapest on floats) or columns (G, 1): G scenarios, or one scenario
+    at G token counts with only m a column (``grid_features``), or G scenarios of one
+    machine and world size (``pair_features``). Returns (n_schedules, n_features) for
+    floats, else (G, n_schedules, n_features). The same operations in the same order
+    either way, so the same bits.
+    """
     grid = isinstance(m, np.ndarray)
     maximum, minimum = (np.maximum, np.minimum) if grid else (_maximum, _minimum)
-    n = len(layout.degree)
-    op = scenario.op
-    nn, k = float(scenario.n), float(scenario.k)
-    P = float(scenario.world_size)
-    imb = float(scenario.imbalance or 1.0)
-    b = float(DTYPES[scenario.dtype])
-    peak = hw.peak_of(scenario.dtype) * 1e12
-    M, N, K, shard_rows, shard_cols = (x if grid else float(x) for x in rank_work(OP_CODES[op], m, nn, k, P, imb))
+    n_schedules = len(layout.degree)
+    nn, b, imb = n, dtype_bytes, imbalance
+    M, N, K, shard_rows, shard_cols = (x if grid else float(x) for x in rank_work(op_code, m, nn, k, P, imb))
     shard_bytes = shard_rows * shard_cols * b
     flops = 2 * M * N * K
     moved = (P - 1) * shard_bytes
@@ -266,10 +239,10 @@ def _candidate_rows(scenario: Scenario, m: float | np.ndarray, layout: _Candidat
         gemm, comm = gemm.T, comm.T  # the estimates first: gemm[i] is entry i, one value or one per m
         t_comp = gemm[0]
         ring = (P - 1) * comm[0]
-        t_comm = collective_time(hw, OP_CODES[op], shard_bytes, P)  # costs.scenario_estimates' T_comm
+        t_comm = collective_time(hw, op_code, shard_bytes, P)  # costs.scenario_estimates' T_comm
         t_comm = t_comm.ravel() if grid else float(t_comm)
         raw = {
-            **{name: float(op == o) for name, o in _OP_COLUMNS},
+            **{name: 1.0 * (op_code == code) for name, code in _OP_COLUMNS},
             "log2_m": m, "log2_n": nn, "log2_k": k, "dtype_bytes": b, "world_size": P, "imbalance": imb,
             "log2_rank_M": M, "log2_rank_N": N, "log2_rank_K": K, "log2_shard_rows": shard_rows,
             "log2_flops": flops, "log2_bytes_moved": moved, "log2_intensity": flops / maximum(moved, 1.0),
@@ -290,19 +263,20 @@ def _candidate_rows(scenario: Scenario, m: float | np.ndarray, layout: _Candidat
         else:
             scenario_row = np.array(values, dtype=float)
         scenario_row = np.where(_LOG2_SCENARIO, np.log2(np.maximum(scenario_row, 1e-30)), scenario_row)  # _log2
-        X = np.empty((*np.shape(m)[:1], n, len(FEATURE_NAMES)))
+        X = np.empty((*np.shape(m)[:1], n_schedules, len(FEATURE_NAMES)))
         X[..., _SCENARIO_AT] = scenario_row[..., None, :]
         X[..., _AXES_AT] = layout.axes
         # (len(_PIECE_COLUMNS), n[, G]): the raw values of _PIECE_COLUMNS, then their log2 in place
         if grid:
             pieces = np.stack((gemm_M.T[3:], comm_bytes.T[3:], gemm[3:], comm[3:]))
         else:
-            pieces = np.concatenate((gemm_M[3:], comm_bytes[3:], gemm[3:], comm[3:])).reshape(len(_PIECE_COLUMNS), n)
+            pieces = np.concatenate((gemm_M[3:], comm_bytes[3:], gemm[3:], comm[3:])).reshape(len(_PIECE_COLUMNS),
+                                                                                                n_schedules)
         X[..., _PIECES_AT] = np.log2(np.maximum(pieces, 1e-30, out=pieces), out=pieces).T  # _log2
-    whole_m = m if grid else np.full(n, m)  # the batch path's per-row arrays
+    per_row = lambda v: v if isinstance(v, np.ndarray) else np.full(n_schedules, v)  # noqa: E731
     over_base, over_bound = _whole_schedule(
-        hw, op=np.full(n, OP_CODES[op]), m=whole_m, n=np.full(n, nn), k=np.full(n, k), P=np.full(n, P),
-        imbalance=np.full(n, imb), dtype_bytes=np.full(n, b), peak=np.full(n, peak), gran=layout.gran,
+        hw, op=per_row(op_code), m=per_row(m), n=per_row(nn), k=per_row(k), P=np.full(n_schedules, P),
+        imbalance=per_row(imb), dtype_bytes=per_row(b), peak=per_row(peak), gran=layout.gran,
         degree=layout.degree, a2a=layout.a2a, per_step=layout.per_step, split_n=layout.split_n, dma=layout.dma[3:])
     X[..., _WHOLE_AT] = np.stack((over_base, over_bound), axis=-1)
     return X

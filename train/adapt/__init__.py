@@ -1,0 +1,178 @@
+"""New hardware in a few measurements: ``ficco adapt``.
+
+Start from a model trained without the machine and from its spec (a data sheet's numbers,
+or a preset to start from); then, in rounds until the budget (a fraction of the machine's
+grid of scenarios) is spent:
+
+1. choose the scenarios to measure next (``choose``): the ``active`` rule takes those where
+   the model is least sure (the smallest predicted gap between its two best schedules),
+   scenarios where it disagrees with the simulator on the current spec first, spread over
+   strata of operator, world size and size; ``random`` draws them (the reference);
+2. measure them (rows in the schema of ``ficco measure``): ``sim`` simulates the machine's
+   spec with noise, for experiments; ``cpu`` times them on this machine's gloo ranks with
+   the harness (``cpu_machine``);
+3. recalibrate the spec's primitive numbers from every row measured so far
+   (``data.calibrate.recalibrate``), so the features of *every* scenario on the machine,
+   measured or not, use what the machine showed;
+4. refit the model on the training data plus the measured rows.
+
+The state lives in the output folder and survives a kill: ``measured.parquet`` (every
+measured row, written atomically after each round, carrying the adapted spec),
+``rounds.json`` (what each round chose, the spec after it, its score) and ``pending.json``
+(the scenarios of the round under way, written before it measures). A restarted run reads
+them, redoes a killed round on the same scenarios (the cpu harness keeps what it finished
+itself), never measures a scenario twice, and goes on from the last finished round.
+
+Scored on the rest of the machine's grid (the scenarios not measured) against the truth,
+beside the ceiling (what a perfect selector scores on the same labels): noise-free
+simulated times on ``sim`` (ceiling 1); on ``cpu`` the committed full measurement, judged
+on its repeat sweep where there is one (the repeat oracle).
+
+The stages, one module each: ``machines`` (what a ``Machine`` is, the sim, cpu and cuda
+ones, perturbed specs), ``rounds`` (choosing, measuring, refitting, predicting, scoring a
+round), ``state`` (what the folder keeps between rounds and how a run resumes from it) and
+``tracking`` (the summary, MLflow, registration). This module runs them: ``adapt`` (the
+rounds on one machine) and ``run_adapt`` (``ficco adapt``); every name callers use is
+importable from here.
+
+``train.adapt_curve`` draws the learning curve over the GPU presets.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from data.calibrate import recalibrate
+from data.locks import output_lock
+from ficco_select.hardware import load_hardware
+from train.adapt.machines import (
+    ADAPT_NOISE,
+    PERTURBED,
+    Machine,
+    adapted_machine,
+    check_cuda,
+    cpu_machine,
+    cuda_grid,
+    cuda_machine,
+    load_target,
+    perturbed,
+    register_spec,
+    sim_machine,
+)
+from train.adapt.rounds import (
+    STRATEGIES,
+    active_priority,
+    adapted_model,
+    candidate_rows,
+    check_plan,
+    choose,
+    finished_round,
+    fit_model,
+    measure_chosen,
+    measured_ids,
+    predictions,
+    refit,
+    strata,
+    usable_base,
+)
+from train.adapt.state import OPTIONS_FILE, Round, check_state, last_spec, pending, resume, save, write_pending
+from train.adapt.tracking import EXPERIMENT, register_adapted, run_summary, summary_curve, track_run
+from train.selectors import with_features
+
+
+__all__ = ["ADAPT_NOISE", "EXPERIMENT", "OPTIONS_FILE", "PERTURBED", "STRATEGIES", "Machine", "Round", "adapt",
+           "adapted_model", "candidate_rows", "choose", "cpu_machine", "cuda_grid", "cuda_machine", "fit_model",
+           "perturbed", "predictions", "register_adapted", "register_spec", "run_adapt", "sim_machine", "strata",
+           "summary_curve", "usable_base"]
+
+def adapt(machine: Machine, base: pd.DataFrame, *, checkpoints: Sequence[float], strategy: str = "active",
+          out_dir: str | Path | None = None, seed: int = 0, progress: Callable[[Round], None] | None = None
+          ) -> list[Round]:
+    """Adapt to `machine` in rounds, one per fraction of its grid in `checkpoints`
+    (ascending, cumulative; 0 scores the start alone). `base`: the training rows, with
+    their features (``with_features``); the machine's own rows must not be in it.
+    With `out_dir`, the state is kept there and a restarted call resumes (module docstring).
+    Returns every round, in order, resumed ones included."""
+    check_plan(strategy, checkpoints)
+    out = Path(out_dir) if out_dir is not None else None
+    start_spec = machine.spec
+    measured, rounds = resume(out, machine.name)
+    if rounds:  # the spec the last finished round adapted to (a run resumed with nothing left to do keeps it)
+        machine.believe(last_spec(out, rounds))
+    ids = [s.scenario_id for s in machine.grid]
+    groups = strata(machine.grid)
+    for target in checkpoints[len(rounds):]:
+        done = measured_ids(measured)
+        spec = recalibrate(start_spec, measured) if len(measured) else start_spec
+        model, candidates = refit(machine, spec, base, measured)
+        k = round(target * len(ids)) - len(done)
+        priority = active_priority(model, candidates, ids) if strategy == "active" and k > 0 else None
+        chosen = pending(out, target, known=ids) or choose(ids, groups, k, measured=done, priority=priority,
+                                                           seed=seed + len(rounds))
+        chosen = [sid for sid in chosen if sid not in done]  # a killed round's measured ones stay measured
+        write_pending(out, target, chosen)  # before measuring: a killed round is redone on the same ones
+        if chosen:
+            measured = measure_chosen(machine, chosen, measured)
+            model, candidates = refit(machine, recalibrate(start_spec, measured), base, measured)
+        rounds.append(finished_round(model, candidates, machine, measured, target, chosen))
+        if out is not None:
+            save(out, measured, rounds)
+        if progress is not None:
+            progress(rounds[-1])
+    return rounds
+
+
+def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, budget: float = 0.1,
+              rounds: int = 4, strategy: str = "active", perturb: float = 1.0, seed: int = 0,
+              out_dir: str | Path = "out/adapt", track: bool = True, register: bool = False,
+              export_to: str | Path | None = None, on_round: Callable[[Round], None] | None = None,
+              ranks: str = "loopback", device: str | None = None) -> dict:
+    """``ficco adapt``: adapt to `hardware` (a preset or a spec file) within `budget` (a
+    fraction of its full-scale grid) in `rounds` equal steps, starting from `start`'s spec
+    (default: the hardware's own) and a model trained on the default training data without
+    the hardware's preset family. ``sim``: the measurements follow the hardware's spec, each
+    number off by up to `perturb` (1: exactly), with noise. ``cpu``: this machine measured
+    for real (``cpu_machine``); `perturb` > 1 puts the spec to start from off by up to that.
+    ``cuda``: a GPU measured for real (``cuda_machine``; `ranks` loopback or node, as
+    ``ficco measure``), likewise; `device` ``cpu`` is its stand-in (tests, on the ``cpu``
+    spec).
+    Keeps its state in `out_dir` (resumable), writes the adapted spec there (``spec.yaml``)
+    and, with `track`, logs the run and its learning curve to MLflow. With `register`, the
+    measured rows then join the training data and the pipeline trains, registers and
+    promotes by its usual rules (``register_adapted``), exporting a new champion to
+    `export_to`. Returns the summary."""
+    from data.calibrate import write_spec
+    from train.training_data import default_training_data
+
+    if backend not in ("sim", "cpu", "cuda"):
+        raise ValueError(f"--backend {backend}: sim, cpu or cuda")
+    if backend == "cuda" and device != "cpu":
+        check_cuda(ranks)
+    if not 0 < budget <= 1 or rounds < 1:
+        raise ValueError(f"--budget must be in (0, 1] and --rounds at least 1, got {budget} and {rounds}")
+    spec, name = load_target(hardware, backend, device)
+    out = Path(out_dir)
+    options = dict(hardware=spec.name, backend=backend, start=load_hardware(start).name if start else spec.name,
+                   budget=budget, rounds=rounds, strategy=strategy, perturb=perturb, seed=seed)
+    if backend == "cuda":  # the modes label differently: a folder holds one
+        options.update(ranks=ranks, device=device or "cuda")
+    with output_lock(out, "ficco adapt"):  # a second run into the same folder refuses, naming this one
+        check_state(out, options)
+        machine = adapted_machine(spec, name, out, options)
+        base = with_features(usable_base(default_training_data(), spec.name))
+        checkpoints = [0.0] + [budget * (i + 1) / rounds for i in range(rounds)]
+        done = adapt(machine, base, checkpoints=checkpoints, strategy=strategy, out_dir=out, seed=seed,
+                     progress=on_round)
+        write_spec(machine.spec, out / "spec.yaml", f"ficco adapt --hardware {hardware} --backend {backend}, "
+                   f"{done[-1].measured} scenarios measured")
+        summary = run_summary(machine, done, out, hardware=hardware, backend=backend, strategy=strategy)
+        if track:
+            summary["mlflow_run_id"] = track_run(summary, out, {**options, "hardware": hardware})
+        if register:
+            summary["registered"] = register_adapted(out, export_to=export_to)
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary

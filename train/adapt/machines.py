@@ -1,0 +1,209 @@
+"""The machine being adapted to (``ficco adapt``'s machines stage).
+
+What a ``Machine`` is (a name, the spec the run believes, a grid of scenarios, how to
+measure some of them, and the truth to score against where there is one) and how each
+backend makes one: ``sim_machine`` (the spec simulated with noise; ``perturbed`` puts a
+spec off by up to a spread), ``cpu_machine`` (this machine's gloo ranks, timed by the
+harness) and ``cuda_machine`` (a GPU through ``ficco measure --backend cuda``'s path, on the
+grid ``cuda_grid``). ``load_target`` and ``check_cuda`` refuse what cannot be adapted to, before
+any work; ``adapted_machine`` makes the machine a ``ficco adapt`` run's options name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from data.simulate import simulate, simulate_rows
+from ficco_select.hardware import HardwareSpec, fields_of, load_hardware, preset_names, register_hardware, spec_field
+from ficco_select.scenario import Scenario
+
+ADAPT_NOISE = 0.03
+"""Log-normal sigma of a simulated measurement (``--backend sim``): a quiet GPU's."""
+
+
+def register_spec(spec: HardwareSpec) -> None:
+    register_hardware(spec, "ficco adapt", replace=True)
+
+
+@dataclasses.dataclass
+class Machine:
+    """The machine being adapted to: its name (in every row), the spec the run believes
+    (registered under the name, replaced each round), its grid of scenarios, and how to
+    measure some of them (a function of scenarios -> rows in the dataset schema)."""
+
+    name: str
+    spec: HardwareSpec
+    grid: list[Scenario]
+    measure: Callable[[list[Scenario]], pd.DataFrame]
+    truth: pd.DataFrame | None = None
+    """Every grid scenario's rows with true times (``time_model_s`` on sim), to score against."""
+
+    def believe(self, spec: HardwareSpec) -> None:
+        """From now on the run believes `spec`, under the machine's name (registered)."""
+        self.spec = dataclasses.replace(spec, name=self.name)
+        register_spec(self.spec)
+
+
+def sim_machine(name: str, start: HardwareSpec, truth_spec: HardwareSpec, grid: Sequence[Scenario], *,
+                noise: float = ADAPT_NOISE, seed: int = 0) -> Machine:
+    """A simulated machine: measurements follow `truth_spec` with `noise`; the run starts
+    from `start`. Rows carry `name`."""
+    grid = [dataclasses.replace(s, hardware=name) for s in grid]
+    calls = iter(range(1 << 30))
+    return Machine(name, dataclasses.replace(start, name=name), grid,
+                   lambda scenarios: simulate(scenarios, truth_spec, noise=noise, seed=seed * 1000 + next(calls)),
+                   truth=simulate_rows(grid, truth_spec).assign(
+                       time_model_s=lambda d: d["time_s"], status="ok", verified=True, near_best=False))
+
+
+PERTURBED = ("peak_tflops", "compute_units", *fields_of("fraction", "rate", "latency"))
+"""The numbers ``perturbed`` draws: every rate, latency, unit count and contention factor.
+The compute units are among them (``recalibrate`` searches them count by count: a count a
+few units off misplaces schedules in ways a rescaled rate only approximates)."""
+
+
+def perturbed(spec: HardwareSpec, name: str, *, spread: float = 1.3, seed: int = 0) -> HardwareSpec:
+    """`spec` with each of ``PERTURBED`` times its own log-uniform factor in [1/spread,
+    spread] (bounded fractions stay in range): a machine whose data sheet is off by up to
+    that much, for experiments. Named `name`."""
+    rng = np.random.default_rng(seed)
+    factor = {f: float(spread ** rng.uniform(-1, 1)) for f in PERTURBED}
+    changes = {f: getattr(spec, f) * factor[f] for f in PERTURBED if f != "peak_tflops"}
+    changes["peak_tflops"] = {d: v * factor["peak_tflops"] for d, v in spec.peak_tflops.items()}
+    changes["compute_units"] = max(1, round(changes["compute_units"]))
+    for f in fields_of("fraction"):  # within the cap machine sampling keeps them under
+        changes[f] = min(changes[f], spec_field(f).metadata["sample"][1])
+    return dataclasses.replace(spec, name=name, description=f"{spec.name}, every number off by up to x{spread:g}",
+                               **changes)
+
+
+def _measured_as(name: str, grid: Sequence[Scenario], out_dir: str | Path, **options):
+    """`grid` under the machine name `name`, measured for real by ``ficco measure`` (with
+    `options`: backend, device, ranks) as the grid's own machine, into
+    ``<out_dir>/harness.parquet`` (crash-safe on its own): (the named grid, how to measure
+    some of its scenarios, how to relabel the grid machine's rows as `name`'s). The adapted
+    spec cannot take a preset's name, so rows carry `name`."""
+    from data.measure.config import MeasureConfig
+    from data.measure.sweep import measure
+
+    named = [dataclasses.replace(s, hardware=name) for s in grid]
+    renamed = {s.scenario_id: g.scenario_id for s, g in zip(grid, named)}
+    back = dict(zip(renamed.values(), grid))
+
+    def relabel(rows: pd.DataFrame) -> pd.DataFrame:
+        rows = rows[rows["scenario_id"].isin(renamed)]
+        return rows.assign(hardware=name, scenario_id=rows["scenario_id"].map(renamed))
+
+    def measure_here(scenarios: list[Scenario]) -> pd.DataFrame:
+        ids = {back[s.scenario_id].scenario_id for s in scenarios}
+        rows = measure([back[s.scenario_id] for s in scenarios], config=MeasureConfig(),
+                       out=Path(out_dir) / "harness.parquet", **options)
+        return relabel(rows[rows["scenario_id"].isin(ids)])  # the harness file holds earlier rounds too
+
+    return named, measure_here, relabel
+
+
+def cpu_machine(name: str, start: HardwareSpec, out_dir: str | Path, *, progress: bool = True) -> Machine:
+    """This machine's cpu backend, measured for real: the grid is the committed cpu catalog
+    (``data/scenarios/catalog_cpu.csv``), each round's scenarios are timed by the harness
+    (gloo ranks, the ``ficco measure`` defaults; ``_measured_as``); the truth to score
+    against is the committed full measurement (its repeat sweep where there is one:
+    ``train.metrics``)."""
+    from data.dataset import attach_repeat, read_dataset
+    from data.scenarios import packaged, read_scenarios
+    from train.training_data import MEASURED_REPEAT, measured_path
+
+    grid, measure_here, relabel = _measured_as(name, read_scenarios(packaged("catalog_cpu.csv"), backend="cpu"),
+                                               out_dir, backend="cpu", progress=progress)
+    truth = read_dataset(measured_path())
+    if MEASURED_REPEAT is not None:
+        truth = attach_repeat(truth, read_dataset(measured_path(MEASURED_REPEAT)))
+    return Machine(name, dataclasses.replace(start, name=name), grid, measure_here, truth=relabel(truth))
+
+
+def cuda_machine(name: str, start: HardwareSpec, grid: Sequence[Scenario], out_dir: str | Path, *,
+                 ranks: str = "loopback", device: str | None = None, progress: bool = True) -> Machine:
+    """A GPU measured for real, through ``ficco measure --backend cuda``'s path
+    (``_measured_as``; ``ranks`` loopback: every scenario's ranks virtual on one GPU; node:
+    a process per GPU). The grid is `grid`'s scenarios whose buffers fit (``fitting``).
+    Nothing measured the whole grid, so there is no truth to score rounds against: the
+    adapted spec and the measured rows are the result. `device` ``cpu``: the path's stand-in
+    on this machine's CPU (the loopback executor on CPU threads, the cpu backend's
+    schedules; tests)."""
+    from data.measure.sweep import fitting
+
+    backend = "cpu" if device == "cpu" else "cuda"
+    grid, measure_here, _ = _measured_as(name, fitting(grid, backend=backend, device=device, ranks=ranks), out_dir,
+                                         backend=backend, device=device, progress=progress,
+                                         ranks=ranks if backend == "cuda" else "loopback")
+    return Machine(name, dataclasses.replace(start, name=name), grid, measure_here)
+
+
+def cuda_grid(spec: HardwareSpec) -> list[Scenario]:
+    """The scenarios ``ficco adapt --backend cuda`` measures from: the full catalog on the
+    GPU's spec, at world sizes its devices hold, without fp8 (the executor's GEMMs do not run
+    fp8). On a spec without copy engines (the CPU stand-in's), the cpu catalog on it."""
+    from data.catalog import catalog
+    from data.scenarios import packaged, read_scenarios
+
+    if not spec.copy_engines:
+        return [dataclasses.replace(s, hardware=spec.name)
+                for s in read_scenarios(packaged("catalog_cpu.csv"), backend="cpu")]
+    return [Scenario.from_record(r) for r in catalog("full", hardware=spec.name, world_sizes=(2, 4, 8))
+            if r["world_size"] <= spec.devices and r["dtype"] != "float8_e4m3fn"]
+
+
+# -- which machine a ``ficco adapt`` run adapts to ------------------------------------------
+def check_cuda(ranks: str) -> None:
+    """Refuse, in one line and before any work, a cuda adapt this machine cannot run."""
+    import torch
+
+    if ranks not in ("loopback", "node"):
+        raise ValueError(f"--ranks {ranks!r}: loopback (virtual ranks on one GPU) or node (a process per GPU)")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--backend cuda: CUDA is not available here (torch {torch.__version__}, built for CUDA "
+                         f"{torch.version.cuda or 'none'}); run it on the GPU node, or adapt with --backend sim")
+
+
+def load_target(hardware: str, backend: str, device: str | None) -> tuple[HardwareSpec, str]:
+    """The spec `hardware` names (a preset or a spec file) and the adapted machine's name (a
+    preset's name with ``-adapted``: the adapted spec cannot take it); ValueError where
+    `backend` cannot measure that hardware."""
+    spec = load_hardware(hardware)
+    name = f"{spec.name}-adapted" if spec.name in preset_names() else spec.name
+    if backend == "cpu" and spec.name != "cpu":
+        raise ValueError(f"--backend cpu measures this machine's cpu backend: --hardware cpu, not {hardware!r}")
+    if backend == "cuda" and bool(spec.copy_engines) == (device == "cpu"):
+        raise ValueError(f"--backend cuda measures a GPU: --hardware names its spec (a preset such as h100-nvswitch, "
+                         f"or a file), not {hardware!r}" if device != "cpu" else
+                         "device 'cpu' is the cuda path's stand-in on a machine without copy engines: "
+                         "--hardware cpu (or a spec of the CPU)")
+    return spec, name
+
+
+def adapted_machine(spec: HardwareSpec, name: str, out: Path, options: dict) -> Machine:
+    """The machine a run with `options` (``ficco adapt``'s, as recorded in its folder) adapts
+    to: on cpu and cuda the real one, starting from the ``start`` spec (off by up to
+    ``perturb`` where that is above 1); on sim `spec`'s full catalog (world sizes 2, 4, 8
+    its devices hold), measured on `spec` off by up to ``perturb``, starting from ``start``."""
+    from data.catalog import catalog
+
+    backend, start, perturb, seed = options["backend"], options["start"], options["perturb"], options["seed"]
+    if backend in ("cpu", "cuda"):
+        start_spec = load_hardware(start) if start != spec.name else spec
+        if perturb > 1:  # the truth is this machine: the spec to start from is the one that is off
+            start_spec = perturbed(start_spec, name, spread=perturb, seed=seed)
+        return (cpu_machine(name, start_spec, out) if backend == "cpu" else
+                cuda_machine(name, start_spec, cuda_grid(spec), out, ranks=options["ranks"],
+                             device=None if options["device"] == "cuda" else options["device"]))
+    start_spec = load_hardware(start) if start != spec.name else spec
+    truth = (perturbed(spec, name, spread=perturb, seed=seed) if perturb > 1
+             else dataclasses.replace(spec, name=name))
+    grid = [Scenario.from_record(r) for r in catalog("full", hardware=spec.name, world_sizes=(2, 4, 8))
+            if r["world_size"] <= spec.devices]
+    return sim_machine(name, start_spec, truth, grid, seed=seed)
