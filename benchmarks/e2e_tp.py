@@ -17,13 +17,20 @@ rank's time):
   ``fused_all_gather_matmul`` runs without symmetric memory), with their mirror op as the
   input's gradient;
 - ``ficco``: ``tp.install`` with the selector (the exported champion, or ``--model``);
-- ``baseline``, ``shard.ring.sm``, and each ``--ficco`` schedule: every layer pinned to it.
+- ``baseline``, ``shard.ring.sm``, and each ``--ficco`` schedule: every layer pinned to it;
+- ``oracle``: the per-layer oracle, each call shape (four GEMMs forward, four for the inputs'
+  gradients) pinned to the schedule that measured fastest for it in this job. Before the
+  timed repeats, ``--explore-steps`` steps run with ``configure(explore_every=1)``, so that
+  every shape cycles through its candidates, with telemetry on; the lines, read back as
+  dataset rows (``data.telemetry``: each call the slowest rank's time, the median over
+  calls), give each shape's fastest verified schedule.
 
 Prints, per configuration, each way's median step time, its ratio to ``pytorch`` (median of
-the per-repeat ratios) and that ratio's spread (interquartile range), and the best fixed rule.
+the per-repeat ratios) and that ratio's spread (interquartile range), the best fixed rule,
+and the oracle's schedule per shape.
 
     python benchmarks/e2e_tp.py [--world-sizes 2,3,4] [--sizes 384,768] [--seq 1536] [--reps 8]
-                                [--model DIR] [--json] [--plot docs/e2e_tp.png]
+                                [--explore-steps 36] [--model DIR] [--json] [--plot docs/e2e_tp.png]
 """
 
 from __future__ import annotations
@@ -115,6 +122,32 @@ def _async_tp(layer) -> None:
     layer.forward = lambda x: op.apply(x, layer.weight, layer.group.group_name)
 
 
+# -- the per-layer oracle ------------------------------------------------------------------------
+def oracle_selector(telemetry: str):
+    """A selector that answers each call shape (scenario) with the schedule that measured
+    fastest for it in `telemetry` (the exploration's lines), else the baseline."""
+    from data.telemetry import read_telemetry
+    from ficco_select.runtime.decision import Decision
+    from ficco_select.runtime.selector import Selector
+    from ficco_select.schedule import BASELINE, parse
+
+    rows = read_telemetry([telemetry])
+    ok = rows[rows["status"].eq("ok") & rows["verified"].eq(True)]
+    best = {sid: parse(g.loc[g["time_s"].idxmin(), "schedule"]) for sid, g in ok.groupby("scenario_id")}
+
+    class Oracle(Selector):
+        def layer_table(self, scenario):  # per shape, never a table
+            return None
+
+        def select(self, scenario):
+            pick = best.get(scenario.scenario_id)
+            if pick is None:
+                return Decision(BASELINE, "fallback", 0.0, "not explored")
+            return Decision(pick, "model", 1.0, "fastest in this job's exploration")
+
+    return Oracle(), {sid: s.name for sid, s in best.items()}
+
+
 # -- one rank ----------------------------------------------------------------------------------
 def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
     from ficco_select.runtime import torch_ops
@@ -134,6 +167,8 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
     x = torch.randn(config["seq"], config["batch"], hidden).chunk(P)[rank].clone()
     handle = None
 
+    oracle = None
+
     def use(way: str) -> None:
         nonlocal handle
         if handle is not None:
@@ -145,7 +180,8 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
             for layer in layers:
                 _async_tp(layer)
         elif way != "pytorch":
-            torch_ops.configure(selector=selector, hardware="cpu", schedule="" if way == "ficco" else way)
+            chosen = oracle if way == "oracle" else selector
+            torch_ops.configure(selector=chosen, hardware="cpu", schedule="" if way in ("ficco", "oracle") else way)
             handle = install(model)  # the tables of every layer, before any step
 
     def step() -> float:
@@ -159,6 +195,21 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
         return float(elapsed)
 
     ways = config["ways"]
+    picks = {}
+    if "oracle" in ways:  # every shape through its candidates, timed, before the timed repeats
+        explored = f"{tmp}/explore.{{rank}}.jsonl"
+        torch_ops.configure(selector=selector, hardware="cpu", schedule="", explore_every=1, telemetry=explored)
+        handle = install(model)
+        for _ in range(config["explore_steps"]):
+            step()
+        torch_ops.configure(explore_every=0, telemetry="")
+        dist.barrier()
+        if rank == 0:  # only rank 0 decides (the group runs its decisions)
+            lines = f"{tmp}/explore.all.jsonl"
+            with open(lines, "w") as out:
+                for r in range(P):
+                    out.write(open(explored.format(rank=r)).read())
+            oracle, picks = oracle_selector(lines)
     times = {w: [] for w in ways}
     for way in ways:  # warm every way once
         use(way)
@@ -169,7 +220,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
             step()  # the way's first decisions, if any
             times[way].append(step())
     if rank == 0:
-        results.put(times)
+        results.put((times, picks))
     use("pytorch")
     dist.barrier()
     dist.destroy_process_group()
@@ -185,15 +236,15 @@ def run_config(P: int, config: dict) -> dict:
     results = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(rank_main, args=(P, config, tmp, results), nprocs=P, join=True)
-    times = results.get()
+    times, picks = results.get()
     base = times["pytorch"]
-    out = {"world_size": P, "hidden": config["hidden"], "seq": config["seq"], "ways": {}}
+    out = {"world_size": P, "hidden": config["hidden"], "seq": config["seq"], "ways": {}, "oracle_picks": picks}
     for way, ts in times.items():
         ratios = sorted(b / t for b, t in zip(base, ts))  # speedup over the same repeat's unhooked step
         q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else (ratios[0],) * 3
         out["ways"][way] = {"step_ms": round(1e3 * statistics.median(ts), 2),
                             "speedup": round(statistics.median(ratios), 3), "spread": round(q3 - q1, 3)}
-    fixed = [w for w in times if w not in ("pytorch", "async-tp", "ficco")]
+    fixed = [w for w in times if w not in ("pytorch", "async-tp", "ficco", "oracle")]
     out["best_fixed"] = max(fixed, key=lambda w: out["ways"][w]["speedup"]) if fixed else None
     return out
 
@@ -205,17 +256,19 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=1536, help="Tokens per sequence (divisible by every world size).")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--explore-steps", type=int, default=36,
+                    help="Steps of exploration behind the per-layer oracle (0: no oracle).")
     ap.add_argument("--model", default=None, help="An exported selector folder (default: the exported champion).")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default=None, help="Write a bar chart of the speedups here (PNG).")
     args = ap.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    ways = ["pytorch", "async-tp", "ficco", *FIXED, *FICCO]
+    ways = ["pytorch", "async-tp", "ficco", *FIXED, *FICCO, *(["oracle"] if args.explore_steps else [])]
     rows = []
     for P in (int(p) for p in args.world_sizes.split(",")):
         for hidden in (int(h) for h in args.sizes.split(",")):
             config = {"hidden": hidden, "heads": 12, "seq": args.seq, "batch": args.batch, "reps": args.reps,
-                      "model": args.model, "ways": ways}
+                      "model": args.model, "ways": ways, "explore_steps": args.explore_steps}
             rows.append(run_config(P, config))
             if not args.json:
                 r = rows[-1]

@@ -14,8 +14,8 @@ again, so a killed bring-up resumes where it stopped:
    champion moves by its usual rules -> ``DIR/adapt/pipeline/``.
 5. ``export``: the champion (the new version if it was promoted) into the runtime's folder.
 6. ``benchmark``: ``benchmarks/e2e_tp.py`` with that selector: a Llama-style block's training
-   step, hooked vs unhooked vs the fixed schedules, on gloo ranks (the CPU: the benchmark
-   has no GPU version) -> ``DIR/benchmark.json``.
+   step, hooked vs unhooked vs the fixed schedules vs the per-layer oracle, on gloo ranks
+   (the CPU: the benchmark has no GPU version) -> ``DIR/benchmark.json``.
 
 The summary (every step's status, seconds and result) is ``DIR/bring_up.json``, rewritten
 after each step. ``rehearse``: the same steps with the CPU as the device, tiny profile
@@ -36,7 +36,7 @@ from pathlib import Path
 
 STEPS = ("profile", "spec", "adapt", "register", "export", "benchmark")
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "e2e_tp.py"
-REHEARSAL_BENCHMARK = ("--world-sizes", "2", "--sizes", "96", "--seq", "48", "--reps", "2")
+REHEARSAL_BENCHMARK = ("--world-sizes", "2", "--sizes", "96", "--seq", "48", "--reps", "2", "--explore-steps", "6")
 NODE_BENCHMARK = ("--world-sizes", "2", "--sizes", "768", "--seq", "1536", "--reps", "8")
 
 
@@ -178,7 +178,8 @@ def _benchmark(c: dict) -> dict:
     path.write_text(json.dumps(result, indent=1))
     ways = result[0]["ways"]
     return {"status": "done", "output": str(path), "hooked_speedup": ways["ficco"]["speedup"],
-            "best_fixed": result[0]["best_fixed"], "best_fixed_speedup": ways[result[0]["best_fixed"]]["speedup"]}
+            "best_fixed": result[0]["best_fixed"], "best_fixed_speedup": ways[result[0]["best_fixed"]]["speedup"],
+            "oracle_speedup": ways["oracle"]["speedup"] if "oracle" in ways else None}
 
 
 _STEP = {"profile": _profile, "spec": _spec, "adapt": _adapt, "register": _register, "export": _export,
