@@ -123,15 +123,15 @@ def _async_tp(layer) -> None:
 
 
 # -- the per-layer oracle ------------------------------------------------------------------------
-def oracle_selector(telemetry: str):
+def oracle_selector(telemetry: list[str]):
     """A selector that answers each call shape (scenario) with the schedule that measured
-    fastest for it in `telemetry` (the exploration's lines), else the baseline."""
+    fastest for it in `telemetry` (every rank's file of the exploration), else the baseline."""
     from data.telemetry import read_telemetry
     from ficco_select.runtime.decision import Decision
     from ficco_select.runtime.selector import Selector
     from ficco_select.schedule import BASELINE, parse
 
-    rows = read_telemetry([telemetry])
+    rows = read_telemetry(telemetry)
     ok = rows[rows["status"].eq("ok") & rows["verified"].eq(True)]
     best = {sid: parse(g.loc[g["time_s"].idxmin(), "schedule"]) for sid, g in ok.groupby("scenario_id")}
 
@@ -205,11 +205,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
         torch_ops.configure(explore_every=0, telemetry="")
         dist.barrier()
         if rank == 0:  # only rank 0 decides (the group runs its decisions)
-            lines = f"{tmp}/explore.all.jsonl"
-            with open(lines, "w") as out:
-                for r in range(P):
-                    out.write(open(explored.format(rank=r)).read())
-            oracle, picks = oracle_selector(lines)
+            oracle, picks = oracle_selector([explored.format(rank=r) for r in range(P)])
     times = {w: [] for w in ways}
     for way in ways:  # warm every way once
         use(way)

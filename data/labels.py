@@ -64,8 +64,9 @@ def best_labels(times: Sequence[Sequence[float]] | np.ndarray, verified: Sequenc
     top = best_row[codes]
     with np.errstate(invalid="ignore", divide="ignore"):
         maybe = np.flatnonzero(good & ~is_best & (lowest / np.where(top >= 0, highest[top], np.nan) <= 1 + tie_floor))
+    best_laws = {b: _bootstrap_median(rows[b]) for b in set(top[maybe].tolist())}  # once per scenario
     for i in maybe:
-        near[i] = _chance_within(rows[i], rows[top[i]], 1 + tie_floor) >= 1 - TIE_CONFIDENCE
+        near[i] = _chance_within(_bootstrap_median(rows[i]), best_laws[top[i]], 1 + tie_floor) >= 1 - TIE_CONFIDENCE
     return is_best, near
 
 
@@ -83,12 +84,12 @@ def _row_stats(rows, stat) -> np.ndarray:
     return np.array([stat(t) if len(t) else math.nan for t in rows])
 
 
-def _chance_within(times: np.ndarray, best: np.ndarray, factor: float) -> float:
-    """The bootstrap's chance that median(resample of `times`) <= `factor` x
-    median(resample of `best`), resamples drawn with replacement; computed exactly from the
-    law of a resample's median (``_median_law``), not by drawing resamples."""
-    values, chances = _bootstrap_median(times)
-    best_values, best_chances = _bootstrap_median(best)
+def _chance_within(law: tuple[np.ndarray, np.ndarray], best_law: tuple[np.ndarray, np.ndarray],
+                   factor: float) -> float:
+    """The bootstrap's chance that median(resample of a schedule's reps) <= `factor` x
+    median(resample of the best's reps), resamples drawn with replacement, from the exact
+    laws of the two resample medians (``_bootstrap_median``), not from drawn resamples."""
+    (values, chances), (best_values, best_chances) = law, best_law
     within = values[:, None] <= factor * best_values[None, :]
     return float(chances @ within @ best_chances)
 
