@@ -1,5 +1,6 @@
 """A real training step on gloo ranks: a Llama-style block, sequence-parallel tensor-parallel,
-forward + backward + optimizer step, timed under each way of running its collectives.
+forward + backward + optimizer step, timed under each way of running its collectives, and
+the telemetry loop closed on it.
 
 The block (per rank, Megatron-style sequence parallelism): RMSNorm -> fused q/k/v projection
 (column-parallel: all-gather the sequence) -> causal attention over this rank's heads ->
@@ -8,37 +9,51 @@ gate/up projection (column-parallel) -> SiLU(gate) * up -> down projection (row-
 -> residual. Eight GEMMs with a collective each per step (four forward, four for the inputs'
 gradients).
 
-Ways, interleaved in one run (each repeat runs every way once, in rotated order; after a
-switch one untimed step absorbs its first decisions, then one step is timed, the slowest
-rank's time):
+Three phases:
+1. **Explore** (per configuration, fresh ranks): ``--explore-steps`` steps with
+   ``configure(explore_every=1)`` and telemetry on, so that every call shape cycles through
+   its candidates; each rank writes its lines under ``--workdir``.
+2. **Retrain** (``--retrain``): ``ficco train --telemetry <every file>`` (a private MLflow
+   store under ``--workdir``), then ``ficco export`` of the version it registered: the
+   exported champion retrained on this job's telemetry.
+3. **Time** (per configuration, fresh ranks): the ways, interleaved; each repeat runs every
+   way once, in rotated order; after a switch one untimed step, then ``--steps`` timed steps
+   (each the slowest rank's), their mean.
+
+Ways:
 - ``pytorch``: unhooked (PyTorch's differentiable all-gather / reduce-scatter, then the GEMM);
 - ``async-tp``: PyTorch's async-TP fallback ops (``torch.distributed._symmetric_memory``'s
   ``_fused_all_gather_matmul_fallback`` / ``_fused_matmul_reduce_scatter_fallback``, what
   ``fused_all_gather_matmul`` runs without symmetric memory), with their mirror op as the
   input's gradient;
 - ``ficco``: ``tp.install`` with the selector (the exported champion, or ``--model``);
-- ``baseline``, ``shard.ring.sm``, and each ``--ficco`` schedule: every layer pinned to it;
-- ``oracle``: the per-layer oracle, each call shape (four GEMMs forward, four for the inputs'
-  gradients) pinned to the schedule that measured fastest for it in this job. Before the
-  timed repeats, ``--explore-steps`` steps run with ``configure(explore_every=1)``, so that
-  every shape cycles through its candidates, with telemetry on; the lines, read back as
-  dataset rows (``data.telemetry``: each call the slowest rank's time, the median over
-  calls), give each shape's fastest verified schedule.
+- ``ficco+telemetry``: the same with the selector retrained on the job's telemetry (phase 2);
+- ``none.sm``, ``shard.ring.sm``, and each ``--ficco`` schedule: every layer pinned to it;
+- ``oracle``: the per-layer oracle, each call shape pinned to the schedule that measured
+  fastest for it in phase 1 (read back as dataset rows, ``data.telemetry``: each call the
+  slowest rank's time, the median over calls);
+- ``compute-only``: not a way to run a job, the step's compute alone: every collective
+  replaced by a local copy of the same shape. ``comm / compute`` = (pytorch - compute-only)
+  / compute-only says whether communication or compute dominates a configuration.
 
-Prints, per configuration, each way's median step time, its ratio to ``pytorch`` (median of
-the per-repeat ratios) and that ratio's spread (interquartile range), the best fixed rule,
-and the oracle's schedule per shape.
+Prints, per configuration, each way's median step time and its speedup over ``pytorch``:
+the median of the per-repeat ratios with its 95% confidence interval (distribution-free,
+from order statistics), the best fixed rule, and the oracle's and the retrained
+selector's schedule per shape.
 
-    python benchmarks/e2e_tp.py [--world-sizes 2,3,4] [--sizes 384,768] [--seq 1536] [--reps 8]
-                                [--explore-steps 36] [--model DIR] [--json] [--plot docs/e2e_tp.png]
+    python benchmarks/e2e_tp.py [--configs 2:4096:256,...] [--reps 20] [--steps 2]
+                                [--explore-steps 36] [--retrain] [--model DIR] [--workdir DIR]
+                                [--json] [--plot docs/e2e_tp.png]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -122,30 +137,50 @@ def _async_tp(layer) -> None:
     layer.forward = lambda x: op.apply(x, layer.weight, layer.group.group_name)
 
 
+def _compute_only(layer, P: int, rank: int) -> None:
+    """The layer's GEMM with its collective replaced by a local copy of the same shape: P
+    copies of the shard for the all-gather, this rank's slice of the sum for the reduce-scatter."""
+    from ficco_select.runtime.tp import ColumnParallelLinear
+
+    if isinstance(layer, ColumnParallelLinear):
+        layer.forward = lambda x: F.linear(torch.cat([x] * P), layer.weight)
+    else:
+        layer.forward = lambda x: F.linear(x, layer.weight).chunk(P)[rank].contiguous()
+
+
 # -- the per-layer oracle ------------------------------------------------------------------------
-def oracle_selector(telemetry: list[str]):
-    """A selector that answers each call shape (scenario) with the schedule that measured
-    fastest for it in `telemetry` (every rank's file of the exploration), else the baseline."""
+def explored(telemetry: list[str]) -> tuple[dict, dict]:
+    """From `telemetry` (every rank's file of the exploration): {scenario_id: the schedule that
+    measured fastest for it (verified runs only)} and {scenario_id: its Scenario}."""
     from data.telemetry import read_telemetry
+    from ficco_select.scenario import Scenario
+
+    rows = read_telemetry(telemetry)
+    ok = rows[rows["status"].eq("ok") & rows["verified"].eq(True)]
+    best = {sid: g.loc[g["time_s"].idxmin(), "schedule"] for sid, g in ok.groupby("scenario_id")}
+    shapes = {r["scenario_id"]: Scenario.from_record(r) for r in rows.drop_duplicates("scenario_id").to_dict("records")}
+    return best, shapes
+
+
+def oracle_selector(best: dict):
+    """A selector that answers each call shape (scenario) with its schedule in `best`, else the baseline."""
     from ficco_select.runtime.decision import Decision
     from ficco_select.runtime.selector import Selector
     from ficco_select.schedule import BASELINE, parse
 
-    rows = read_telemetry(telemetry)
-    ok = rows[rows["status"].eq("ok") & rows["verified"].eq(True)]
-    best = {sid: parse(g.loc[g["time_s"].idxmin(), "schedule"]) for sid, g in ok.groupby("scenario_id")}
+    picks = {sid: parse(name) for sid, name in best.items()}
 
     class Oracle(Selector):
         def layer_table(self, scenario):  # per shape, never a table
             return None
 
         def select(self, scenario):
-            pick = best.get(scenario.scenario_id)
+            pick = picks.get(scenario.scenario_id)
             if pick is None:
                 return Decision(BASELINE, "fallback", 0.0, "not explored")
             return Decision(pick, "model", 1.0, "fastest in this job's exploration")
 
-    return Oracle(), {sid: s.name for sid, s in best.items()}
+    return Oracle()
 
 
 # -- one rank ----------------------------------------------------------------------------------
@@ -157,7 +192,6 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // P))
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=P)
     group = dist.group.WORLD
-    selector = Selector.load(config["model"]) if config["model"] else Selector.load()
     torch.manual_seed(0)
     hidden = config["hidden"]
     model = parallelize(Block(hidden, config["heads"], 3 * hidden, P),
@@ -165,24 +199,6 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
     layers = [m for m in model.modules() if isinstance(m, TP_LAYERS)]
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     x = torch.randn(config["seq"], config["batch"], hidden).chunk(P)[rank].clone()
-    handle = None
-
-    oracle = None
-
-    def use(way: str) -> None:
-        nonlocal handle
-        if handle is not None:
-            handle.remove()
-            handle = None
-        for layer in layers:
-            layer.__dict__.pop("forward", None)
-        if way == "async-tp":
-            for layer in layers:
-                _async_tp(layer)
-        elif way != "pytorch":
-            chosen = oracle if way == "oracle" else selector
-            torch_ops.configure(selector=chosen, hardware="cpu", schedule="" if way in ("ficco", "oracle") else way)
-            handle = install(model)  # the tables of every layer, before any step
 
     def step() -> float:
         dist.barrier()
@@ -194,18 +210,41 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's step
         return float(elapsed)
 
-    ways = config["ways"]
-    picks = {}
-    if "oracle" in ways:  # every shape through its candidates, timed, before the timed repeats
-        explored = f"{tmp}/explore.{{rank}}.jsonl"
-        torch_ops.configure(selector=selector, hardware="cpu", schedule="", explore_every=1, telemetry=explored)
-        handle = install(model)
+    champion = Selector.load(config["model"]) if config["model"] else Selector.load()
+    if config["phase"] == "explore":  # every shape through its candidates, timed, with telemetry on
+        torch_ops.configure(selector=champion, hardware="cpu", schedule="", explore_every=1,
+                            telemetry=config["telemetry"])
+        install(model)
         for _ in range(config["explore_steps"]):
             step()
         torch_ops.configure(explore_every=0, telemetry="")
-        dist.barrier()
-        if rank == 0:  # only rank 0 decides (the group runs its decisions)
-            oracle, picks = oracle_selector([explored.format(rank=r) for r in range(P)])
+        _leave(rank, results, None)
+
+    # Only rank 0 decides (the group runs its decisions): the others need no selector's answers.
+    selectors = {"ficco": champion, "oracle": oracle_selector(config["oracle"]),
+                 "ficco+telemetry": Selector.load(config["retrained"]) if config["retrained"] else None}
+    handle = None
+
+    def use(way: str) -> None:
+        nonlocal handle
+        if handle is not None:
+            handle.remove()
+            handle = None
+        for layer in layers:
+            layer.__dict__.pop("forward", None)
+        if way == "async-tp":
+            for layer in layers:
+                _async_tp(layer)
+        elif way == "compute-only":
+            for layer in layers:
+                _compute_only(layer, P, rank)
+        elif way != "pytorch":
+            selected = way in selectors
+            torch_ops.configure(selector=selectors[way] if selected else champion, hardware="cpu",
+                                schedule="" if selected else way)
+            handle = install(model)  # the tables of every layer, before any step
+
+    ways = config["ways"]
     times = {w: [] for w in ways}
     for way in ways:  # warm every way once
         use(way)
@@ -214,10 +253,14 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
         for way in ways[r % len(ways):] + ways[:r % len(ways)]:
             use(way)
             step()  # the way's first decisions, if any
-            times[way].append(step())
-    if rank == 0:
-        results.put((times, picks))
+            times[way].append(statistics.fmean(step() for _ in range(config["steps"])))
     use("pytorch")
+    _leave(rank, results, times)
+
+
+def _leave(rank: int, results, payload) -> None:
+    if rank == 0:
+        results.put(payload)
     dist.barrier()
     dist.destroy_process_group()
     # Leave without the interpreter's teardown, where gloo's threads can abort the process
@@ -227,54 +270,122 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
     os._exit(0)
 
 
-def run_config(P: int, config: dict) -> dict:
+def run_ranks(P: int, config: dict):
+    """`config`'s phase on P fresh gloo ranks; rank 0's result."""
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(rank_main, args=(P, config, tmp, results), nprocs=P, join=True)
-    times, picks = results.get()
+    return results.get()
+
+
+# -- the figures ---------------------------------------------------------------------------------
+def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """The median of `values` and a distribution-free confidence interval for it: order
+    statistics (k, n + 1 - k), k the largest with P(Binomial(n, 1/2) < k) <= (1 - level) / 2."""
+    v, n = sorted(values), len(values)
+    below, k = 0.0, 0
+    while k < n // 2 and below + math.comb(n, k) / 2**n <= (1 - level) / 2:
+        below += math.comb(n, k) / 2**n
+        k += 1
+    k = max(k, 1)  # too few values for the level: the whole range
+    return statistics.median(v), v[k - 1], v[n - k]
+
+
+def summarize(P: int, config: dict, times: dict) -> dict:
     base = times["pytorch"]
-    out = {"world_size": P, "hidden": config["hidden"], "seq": config["seq"], "ways": {}, "oracle_picks": picks}
+    out = {"world_size": P, "seq": config["seq"], "hidden": config["hidden"], "reps": len(base), "ways": {}}
     for way, ts in times.items():
-        ratios = sorted(b / t for b, t in zip(base, ts))  # speedup over the same repeat's unhooked step
-        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else (ratios[0],) * 3
-        out["ways"][way] = {"step_ms": round(1e3 * statistics.median(ts), 2),
-                            "speedup": round(statistics.median(ratios), 3), "spread": round(q3 - q1, 3)}
-    fixed = [w for w in times if w not in ("pytorch", "async-tp", "ficco", "oracle")]
-    out["best_fixed"] = max(fixed, key=lambda w: out["ways"][w]["speedup"]) if fixed else None
+        mid, lo, hi = median_ci([b / t for b, t in zip(base, ts)])  # speedup over the same repeat's unhooked step
+        out["ways"][way] = {"step_ms": round(1e3 * statistics.median(ts), 2), "speedup": round(mid, 3),
+                            "ci": [round(lo, 3), round(hi, 3)]}
+    compute = statistics.median(times["compute-only"])
+    out["comm_per_compute"] = round((statistics.median(base) - compute) / compute, 3)
+    fixed = [w for w in times if w in FIXED or w in FICCO]
+    out["best_fixed"] = max(fixed, key=lambda w: out["ways"][w]["speedup"])
     return out
+
+
+def retrain(telemetry: list[str], workdir: str) -> tuple[str, dict]:
+    """``ficco train --telemetry`` on the exploration's files, in a private MLflow store, and
+    ``ficco export`` of the version it registered; returns (the export folder, train's summary)."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{workdir}/mlflow.db"}
+    ficco = [sys.executable, "-m", "ficco_cli.main"]  # the ficco command of this interpreter
+    args = [f"--telemetry={f}" for f in telemetry]
+    done = subprocess.run([*ficco, "train", *args, "--out", f"{workdir}/train", "--json", "--no-progress"],
+                          env=env, check=True, capture_output=True, text=True)
+    summary = json.loads(done.stdout)
+    out = f"{workdir}/retrained"
+    subprocess.run([*ficco, "export", "--model-uri", f"models:/ficco-selector/{summary['version']}", "--out", out],
+                   env=env, check=True, capture_output=True, text=True)
+    return out, summary
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--world-sizes", default="2,3,4")
-    ap.add_argument("--sizes", default="384,768", help="Hidden sizes (12 heads; ffn 3x hidden).")
-    ap.add_argument("--seq", type=int, default=1536, help="Tokens per sequence (divisible by every world size).")
+    ap.add_argument("--configs", default="2:4096:256,2:1536:768,3:4096:256,4:4096:256",
+                    help="Comma-separated P:seq:hidden (12 heads; ffn 3x hidden; seq divisible by P).")
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--reps", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=2, help="Timed steps per way and repeat (their mean).")
     ap.add_argument("--explore-steps", type=int, default=36,
-                    help="Steps of exploration behind the per-layer oracle (0: no oracle).")
+                    help="Steps of exploration behind the per-layer oracle and the retraining (at least 1).")
+    ap.add_argument("--retrain", action="store_true",
+                    help="Close the telemetry loop: ficco train --telemetry on the exploration, then time "
+                         "the retrained selector beside the rest (minutes of training).")
     ap.add_argument("--model", default=None, help="An exported selector folder (default: the exported champion).")
+    ap.add_argument("--workdir", default=None, help="Keep the telemetry, MLflow store and retrained export here.")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default=None, help="Write a bar chart of the speedups here (PNG).")
     args = ap.parse_args()
+    if args.explore_steps < 1:
+        ap.error("--explore-steps must be at least 1 (the per-layer oracle comes from the exploration)")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    ways = ["pytorch", "async-tp", "ficco", *FIXED, *FICCO, *(["oracle"] if args.explore_steps else [])]
-    rows = []
-    for P in (int(p) for p in args.world_sizes.split(",")):
-        for hidden in (int(h) for h in args.sizes.split(",")):
-            config = {"hidden": hidden, "heads": 12, "seq": args.seq, "batch": args.batch, "reps": args.reps,
-                      "model": args.model, "ways": ways, "explore_steps": args.explore_steps}
-            rows.append(run_config(P, config))
+    configs = []
+    for item in args.configs.split(","):
+        P, seq, hidden = (int(v) for v in item.split(":"))
+        configs.append((P, {"seq": seq, "hidden": hidden, "heads": 12, "batch": args.batch, "model": args.model}))
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = args.workdir or tmp
+        os.makedirs(workdir, exist_ok=True)
+        explored = []
+        for i, (P, config) in enumerate(configs):  # 1. explore
+            config["telemetry"] = f"{workdir}/explore{i}.{{rank}}.jsonl"
+            run_ranks(P, {**config, "phase": "explore", "explore_steps": args.explore_steps})
+            explored.append([config["telemetry"].format(rank=r) for r in range(P)])
+        retrained, summary = retrain([f for files in explored for f in files], workdir) if args.retrain else (None, None)
+        ways = ["pytorch", "async-tp", "ficco", *(["ficco+telemetry"] if retrained else []), *FIXED, *FICCO,
+                "oracle", "compute-only"]
+        rows = []
+        for files, (P, config) in zip(explored, configs):  # 3. time
+            best, shapes = explored(files)
+            times = run_ranks(P, {**config, "phase": "time", "ways": ways, "reps": args.reps, "steps": args.steps,
+                                  "oracle": best, "retrained": retrained})
+            rows.append(summarize(P, config, times) | {"oracle_picks": best})
+            if retrained:
+                rows[-1]["retrained_picks"] = _decisions(retrained, shapes)
             if not args.json:
-                r = rows[-1]
-                print(f"P={P} hidden={hidden} seq={args.seq}: " + ", ".join(
-                    f"{w} {v['step_ms']:.0f} ms x{v['speedup']:.3f}±{v['spread']:.3f}" for w, v in r["ways"].items())
-                    + f"; best fixed {r['best_fixed']}", flush=True)
+                _print_row(rows[-1])
+    if summary and not args.json:
+        print(f"retrained: {summary['chosen']} version {summary['version']} on the exploration's telemetry")
     if args.json:
         print(json.dumps(rows, indent=1))
     if args.plot:
         _plot(rows, args.plot)
+
+
+def _decisions(folder: str, shapes: dict) -> dict:
+    """The retrained selector's decision (schedule and source) for each explored shape."""
+    from ficco_select.runtime.selector import Selector
+
+    sel = Selector.load(folder)
+    return {sid: f"{(d := sel.select(s)).schedule.name} ({d.source})" for sid, s in shapes.items()}
+
+
+def _print_row(r: dict) -> None:
+    print(f"P={r['world_size']} seq={r['seq']} hidden={r['hidden']} (comm/compute {r['comm_per_compute']:.2f}): "
+          + ", ".join(f"{w} {v['step_ms']:.0f} ms x{v['speedup']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
+                      for w, v in r["ways"].items()) + f"; best fixed {r['best_fixed']}", flush=True)
 
 
 def _plot(rows: list[dict], path: str) -> None:
@@ -283,18 +394,21 @@ def _plot(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ways = list(rows[0]["ways"])
-    fig, ax = plt.subplots(figsize=(10, 4))
+    ways = [w for w in rows[0]["ways"] if w not in ("pytorch", "compute-only")]
+    fig, ax = plt.subplots(figsize=(11, 4))
     width = 0.8 / len(ways)
     for i, way in enumerate(ways):
         xs = [j + i * width for j in range(len(rows))]
-        ax.bar(xs, [r["ways"][way]["speedup"] for r in rows], width,
-               yerr=[r["ways"][way]["spread"] / 2 for r in rows], label=way)
+        mid = [r["ways"][way]["speedup"] for r in rows]
+        err = [[m - r["ways"][way]["ci"][0] for m, r in zip(mid, rows)],
+               [r["ways"][way]["ci"][1] - m for m, r in zip(mid, rows)]]
+        ax.bar(xs, mid, width, yerr=err, capsize=2, label=way)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))],
-                  [f"P={r['world_size']}\nhidden {r['hidden']}" for r in rows])
-    ax.set_ylabel("step speedup over unhooked PyTorch")
-    ax.legend(fontsize=7, ncol=4)
+                  [f"P={r['world_size']} seq {r['seq']}\nhidden {r['hidden']}\ncomm/compute {r['comm_per_compute']:.2f}"
+                   for r in rows])
+    ax.set_ylabel("step speedup over unhooked PyTorch\n(median, 95% CI)")
+    ax.legend(fontsize=7, ncol=5)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

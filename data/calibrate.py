@@ -33,6 +33,24 @@ from ficco_select.hardware import HardwareSpec, fields_of, load_hardware
 from ficco_select.scenario import DTYPES, SCENARIO_COLUMNS, Scenario
 
 
+POOLED_TIMES = ("time_s", "t_comp_s", "t_comm_s")
+"""The times ``pool_sweeps`` averages over sweeps (geometric mean); other columns are the first sweep's."""
+
+
+def pool_sweeps(sweeps: list[pd.DataFrame]) -> pd.DataFrame:
+    """Independent sweeps of one machine as one dataset to calibrate on: the verified rows
+    of every sweep; a (scenario, schedule) measured in several takes the geometric mean of
+    their times (``POOLED_TIMES``), so that a label re-measured counts once, with less noise."""
+    if len(sweeps) == 1:
+        return sweeps[0]
+    ok = pd.concat([d[(d["status"] == "ok") & d["verified"].astype(bool)] for d in sweeps], ignore_index=True)
+    logs = np.log(ok[list(POOLED_TIMES)].astype(float).clip(lower=1e-12))
+    keys = ["scenario_id", "schedule"]
+    means = np.exp(logs.groupby([ok[k] for k in keys]).mean()).reset_index()
+    rest = ok.drop(columns=list(POOLED_TIMES)).groupby(keys, sort=False).first().reset_index()
+    return rest.merge(means, on=keys)
+
+
 def _per_scenario(df: pd.DataFrame) -> pd.DataFrame:
     ok = df[df["status"] == "ok"]
     return ok.groupby("scenario_id", sort=False).first().reset_index()

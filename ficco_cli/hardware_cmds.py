@@ -241,19 +241,23 @@ def _preset_names() -> list[str]:
 
 
 @sim.command("calibrate")
-@click.option("--dataset", "dataset_path", type=click.Path(dir_okay=False), required=True)
+@click.option("--dataset", "dataset_paths", type=click.Path(dir_okay=False), required=True, multiple=True,
+              help="A measured dataset; repeat it for independent sweeps of the same machine (their times are "
+                   "pooled: the geometric mean per scenario and schedule).")
 @click.option("--name", required=True, help="Name of the spec (and preset).")
 @click.option("--devices", type=int, default=2, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False), required=True, help="YAML spec file to write.")
-def sim_calibrate(dataset_path, name, devices, out) -> None:
+def sim_calibrate(dataset_paths, name, devices, out) -> None:
     """Fit a hardware spec's primitive costs to a measured dataset."""
-    from data.calibrate import calibrate, write_spec
+    from data.calibrate import calibrate, pool_sweeps, write_spec
     from data.dataset import DatasetError, read_dataset
 
+    sources = " and ".join(dataset_paths)
     with reported(DatasetError, ValueError):
-        spec = calibrate(read_dataset(dataset_path), name=name, devices=devices,
-                         description=f"calibrated from {dataset_path}")
-    write_spec(spec, out, f"ficco sim calibrate --dataset {dataset_path} --devices {devices}")
+        spec = calibrate(pool_sweeps([read_dataset(p) for p in dataset_paths]), name=name, devices=devices,
+                         description=f"calibrated from {sources}")
+    datasets = " ".join(f"--dataset {p}" for p in dataset_paths)
+    write_spec(spec, out, f"ficco sim calibrate {datasets} --name {name} --devices {devices} --out {out}")
     click.echo(f"{name} -> {out}")
 
 

@@ -3,8 +3,9 @@ the most expected speed, under a tail guard set by what noise alone costs the la
 
 import numpy as np
 import pandas as pd
+import pytest
 
-from train.shipped import SLOWDOWN_CAP, _margin_rule, tail_guard
+from train.shipped import FIXED_PREFIX, SLOWDOWN_CAP, _fixed_rules, _margin_rule, tail_guard
 
 
 def outcomes(**columns) -> pd.DataFrame:
@@ -50,3 +51,67 @@ def test_a_rule_never_scores_below_the_fixed_fallbacks_it_could_have_chosen():
         t = v[fixed].to_numpy()
         if np.mean(t > 1.02 * v["t_baseline"].to_numpy()) <= tail_guard(v):
             assert rule["validation_capture"] >= np.mean(t_best / t) - 1e-12
+
+
+def test_a_fixed_rule_is_a_fallback_and_the_rule_is_never_below_it():
+    # On half the scenarios the sharded ring is 20% faster than the baseline; the model knows
+    # which only where its margin is high, and the heuristic runs the baseline everywhere.
+    n = 100
+    ring_pays = np.arange(n) % 2 == 0
+    t_shard = np.where(ring_pays, 0.8, 1.0)
+    v = outcomes(margin=np.where(np.arange(n) < 20, 0.9, 0.1),
+                 t_model=np.where(np.arange(n) < 20, np.where(ring_pays, 0.8, 0.95), 1.3),
+                 t_heuristic=np.ones(n), t_baseline=np.ones(n), t_best=np.where(ring_pays, 0.8, 0.95),
+                 t_oracle=np.where(ring_pays, 0.8, 0.95))
+    v[f"{FIXED_PREFIX}shard.ring.sm"] = t_shard
+    rule = _margin_rule(v)
+    assert rule["fallback"] == "shard.ring.sm" and rule["min_margin"] is not None
+    # Trust the 20 high-margin picks, run the ring elsewhere: above the ring alone and the model alone.
+    assert rule["validation_capture"] > np.mean(v["t_best"] / t_shard)
+    assert rule["min_margin"] > 0.1
+    # Without the fixed rule to fall back to, the capture is lower.
+    assert _margin_rule(v.drop(columns=f"{FIXED_PREFIX}shard.ring.sm"))["validation_capture"] < rule["validation_capture"]
+
+
+def test_the_fixed_rules_tried_are_the_schedules_most_scenarios_have_baselines_aside():
+    # Three scenarios: all have the baseline and the ring; only one (P = 4) has a degree-4 split.
+    rows = [(sid, name) for sid in ("a", "b", "c") for name in ("none.sm", "shard.ring.sm")]
+    rows += [("a", "ficco.d2.ring.gemm_per_piece.m.sm"), ("b", "ficco.d2.ring.gemm_per_piece.m.sm"),
+             ("c", "ficco.d4.ring.gemm_per_piece.m.sm")]
+    ok = pd.DataFrame(rows, columns=["scenario_id", "schedule"])
+    assert _fixed_rules(ok) == ["ficco.d2.ring.gemm_per_piece.m.sm", "shard.ring.sm"]
+
+
+def direct_rule(v: pd.DataFrame) -> tuple:
+    """The rule by brute force: every fallback and threshold, each scored on its own."""
+    from train.metrics import NEAR_OPT
+
+    margin, t_best, slow_at = v["margin"].to_numpy(), v["t_best"].to_numpy(), 1.02 * v["t_baseline"].to_numpy()
+    thresholds = [0.0, *np.quantile(np.unique(margin), np.linspace(0, 1, 101)).tolist(), None]
+    columns = ["t_heuristic", "t_baseline", *(c for c in v.columns if c.startswith(FIXED_PREFIX))]
+    best = None
+    for preference, column in enumerate(columns):
+        for threshold in thresholds:
+            trust = margin >= threshold if threshold is not None else np.zeros(len(v), bool)
+            t = np.where(trust, v["t_model"].to_numpy(), v[column].to_numpy())
+            if np.mean(t > slow_at) <= tail_guard(v):
+                rank = (np.mean(t_best / t), np.mean(t <= NEAR_OPT * t_best),
+                        -(np.inf if threshold is None else threshold), -preference)
+                if best is None or rank > best[0]:
+                    best = (rank, threshold, column)
+    return best
+
+
+def test_the_rule_scored_all_thresholds_at_once_is_the_brute_force_rule():
+    rng = np.random.default_rng(1)
+    for n in (7, 50, 400):
+        t_best = rng.uniform(0.5, 1.0, n)
+        v = outcomes(margin=rng.choice(rng.uniform(0, 1, n // 3 + 1), n),  # repeated margins, as trees give
+                     t_model=t_best * rng.choice([1.0, 1.1, 1.6], n), t_heuristic=t_best * rng.uniform(1, 1.5, n),
+                     t_baseline=rng.uniform(0.8, 1.2, n), t_best=t_best, t_oracle=t_best * rng.choice([1.0, 2.5], n))
+        v[f"{FIXED_PREFIX}shard.ring.sm"] = t_best * rng.uniform(1.0, 1.3, n)
+        rank, threshold, column = direct_rule(v)
+        rule = _margin_rule(v)
+        assert rule["min_margin"] == threshold
+        assert column.endswith(rule["fallback"])
+        assert rule["validation_capture"] == pytest.approx(rank[0], rel=1e-12)

@@ -4,8 +4,9 @@ import dataclasses
 
 import numpy as np
 import pandas as pd
+import pytest
 
-from data.calibrate import calibrate, measurement_self_agreement, validate_simulator
+from data.calibrate import calibrate, measurement_self_agreement, pool_sweeps, validate_simulator
 from data.simulate import simulate
 from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
@@ -43,3 +44,20 @@ def test_validation_on_its_own_model_agrees_and_on_noise_degrades():
 def test_self_agreement_of_identical_repetitions_is_perfect():
     df = pd.DataFrame({"scenario_id": ["a"] * 3, "times_s": [[1.0] * 6, [2.0] * 6, [3.0] * 6]})
     assert measurement_self_agreement(df) == (1.0, 0.0)
+
+
+def test_sweeps_pooled_count_each_label_once_at_the_geometric_mean_of_its_times():
+    truth, a = synthetic_cpu_dataset(noise=0.3)
+    b = simulate(sorted({Scenario.from_record(r) for r in a.to_dict("records")}, key=lambda s: s.scenario_id),
+                 truth, noise=0.3, seed=4)
+    pooled = pool_sweeps([a, b])
+    assert len(pooled) == len(a[(a["status"] == "ok") & a["verified"]].drop_duplicates(["scenario_id", "schedule"]))
+    row = pooled.iloc[0]
+    times = [d.set_index(["scenario_id", "schedule"]).loc[(row["scenario_id"], row["schedule"]), "time_s"] for d in (a, b)]
+    assert np.isclose(row["time_s"], np.sqrt(times[0] * times[1]))
+    # A sweep pooled with itself is that sweep: the same spec.
+    same, alone = (dataclasses.asdict(calibrate(df, name="fit", devices=2)) for df in (pool_sweeps([a, a]), a))
+    assert same.pop("peak_tflops") == pytest.approx(alone.pop("peak_tflops"))
+    numbers = [k for k, v in alone.items() if isinstance(v, float)]
+    assert [same[k] for k in numbers] == pytest.approx([alone[k] for k in numbers], rel=1e-9)
+    assert {k: v for k, v in same.items() if k not in numbers} == {k: v for k, v in alone.items() if k not in numbers}

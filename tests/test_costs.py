@@ -122,6 +122,8 @@ def test_gemm_time_bit_equal_on_random_shapes(hw):
     K[::3] = rng.integers(1, 64, len(K[::3]))  # skinny reductions: memory-bound
     b = rng.choice([2.0, 4.0], len(M))
     peak = hw.peak_tflops["float32"] * 1e12 * rng.uniform(0.5, 8, len(M))
+    # A few tiny pieces at a high peak: memory-bound on every spec, the cpu's included.
+    M[:50], N[:50], K[:50], b[:50], peak[:50] = 0.5, 0.5, 0.5, 4.0, hw.peak_tflops["float32"] * 8e12
     for units_free, mem_slowdown in ((1.0, 0.0), (rng.uniform(0.5, 1, len(M)), rng.uniform(0, 1, len(M))),
                                      (0.9, 0.3)):
         got = gemm_time(hw, M, N, K, b, peak, units_free, mem_slowdown)

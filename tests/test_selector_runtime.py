@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ficco_select import Scenario, candidates
-from ficco_select.features import FEATURE_NAMES
+from ficco_select.features import FEATURE_NAMES, candidate_features
 from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime import selector as selector_module
 from ficco_select.runtime.selector import Selector
-from ficco_select.schedule import BACKENDS, BASELINE
+from ficco_select.schedule import BACKENDS, BASELINE, SHARD
 
 SEL = Selector.load("/nonexistent/selector/folder")  # heuristic only, after one warning
 
@@ -232,7 +232,7 @@ def preference_model(**kw) -> dict:
     """Stumps on schedule axes whose sum has one best candidate wherever these axes vary:
     degree >= 4 (-1) and >= 8 (-1 more), a2a (-0.5), gemm_per_step (-0.25), dma (-0.125), an
     m split (-0.0625). Margins of at least 0.0625, so the model decides rather than abstains."""
-    from ficco_select.features import FEATURE_NAMES
+    from ficco_select.features import FEATURE_NAMES, candidate_features
 
     col = FEATURE_NAMES.index
     trees = [stump(col("degree"), 3.0, 0.0, -1.0), stump(col("degree"), 6.0, 0.0, -1.0),
@@ -339,6 +339,8 @@ MALFORMED_META = {  # name: (selector.json text, what the one warning must name)
     "a string margin": ({"abstention": {"min_margin": "0.1", "fallback": "heuristic"}},
                         "field 'abstention.min_margin'"),
     "an unknown fallback": ({"abstention": {"min_margin": 0.1, "fallback": "oracle"}}, "field 'abstention.fallback'"),
+    "a fallback schedule without its engine": ({"abstention": {"min_margin": 0.1, "fallback": "shard.ring"}},
+                                               "abstention.fallback' must be one of heuristic, baseline or a schedule"),
     "abstention for an unknown kind": ({"abstention": {"min_margin": 0.1, "fallback": "heuristic",
                                                        "by_kind": {"tpu": {"min_margin": 0, "fallback": "heuristic"}}}},
                                        "field 'abstention.by_kind'"),
@@ -527,6 +529,24 @@ def test_the_exports_fitted_abstention_rule_decides_where_the_model_abstains(tmp
     d = sel.select(cpu)  # the pooled rule: never trust, run the baseline
     assert d.source == "fallback" and d.schedule == BASELINE and "never trusts the model" in d.reason
     assert Selector.load(tmp_path / "d", min_margin=0.0).select(cpu).source == "model"
+
+
+def test_a_fixed_rule_fallback_runs_its_schedule_where_legal_else_the_baseline(tmp_path):
+    fixed = Selector.load(write_selector(tmp_path / "a", abstention={"min_margin": None, "fallback": "shard.ring.sm"}))
+    d = fixed.select(RECORD)
+    assert d.source == "fallback" and d.schedule == SHARD and "its fitted fallback is shard.ring.sm" in d.reason
+    # A schedule the scenario cannot run (degree 16 on 8 ranks): the baseline, saying why.
+    absent = "ficco.d16.ring.gemm_per_piece.m.sm"
+    d = Selector.load(write_selector(tmp_path / "b", abstention={"min_margin": None, "fallback": absent})).select(RECORD)
+    assert d.source == "fallback" and d.schedule == BASELINE and f"{absent} is not legal here" in d.reason
+    # Gated: of the ring and the baseline, the one the model predicts faster.
+    gated = Selector.load(write_selector(tmp_path / "g", abstention={"min_margin": None, "fallback": "gated:shard.ring.sm"}))
+    s, hw = Scenario.from_record(RECORD), load_hardware(RECORD["hardware"])
+    cands = list(candidates(s, backend_for(hw)))
+    scores = gated.model.predict(candidate_features(s, cands, hw))
+    faster = SHARD if scores[cands.index(SHARD)] < scores[cands.index(BASELINE)] else BASELINE
+    d = gated.select(RECORD)
+    assert d.source == "fallback" and d.schedule == faster and "gated:shard.ring.sm" in d.reason
 
 
 def test_an_unseen_machine_inside_the_trained_spec_ranges_is_decided_by_the_model(tmp_path):

@@ -36,8 +36,8 @@ from pathlib import Path
 
 STEPS = ("profile", "spec", "adapt", "register", "export", "benchmark")
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "e2e_tp.py"
-REHEARSAL_BENCHMARK = ("--world-sizes", "2", "--sizes", "96", "--seq", "48", "--reps", "2", "--explore-steps", "6")
-NODE_BENCHMARK = ("--world-sizes", "2", "--sizes", "768", "--seq", "1536", "--reps", "8")
+REHEARSAL_BENCHMARK = ("--configs", "2:48:96", "--reps", "2", "--steps", "1", "--explore-steps", "6")
+NODE_BENCHMARK = ("--configs", "2:1536:768", "--reps", "8")
 
 
 def bring_up(out_dir: str | Path, *, base: str | None = None, budget: float = 0.02, rounds: int = 2,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -24,7 +24,7 @@ from data.machines import base_machine
 from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.runtime.decision import pick_with_margin
-from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, SPEC_RANGE_FIELDS, machine_kind, spec_value
+from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, FALLBACKS, GATED, SPEC_RANGE_FIELDS, machine_kind, spec_value
 from ficco_select.runtime.selector import Selector as RuntimeSelector
 from ficco_select.runtime.trees import TreeEnsemble
 from ficco_select.scenario import DTYPES
@@ -90,7 +90,9 @@ def fit_abstention(make: Callable[[], BaseSelector], df: pd.DataFrame, folds: in
     there are fewer families); a model fitted on the other folds decides each held-out
     scenario as the runtime would: its pick and the margin between its two best candidates
     (the runtime's ``min_margin`` unit, the model's own). The rule is the margin threshold
-    and fallback (``heuristic``, untuned as it ships, or ``baseline``) with the most expected
+    and fallback (``heuristic``, untuned as it ships, ``baseline``, or a fixed rule: a schedule
+    that at least half the scenarios have, run where legal, or gated: run where the model
+    predicts it faster than the baseline) with the most expected
     speed (capture of the best's speed, on the truth) among those whose slowdowns (more than
     ``SLOWER_BY`` slower than the baseline, on the truth) stay within ``tail_guard``. The
     threshold is in each model's units, but what it guarantees is the same for every
@@ -104,7 +106,8 @@ def fit_abstention(make: Callable[[], BaseSelector], df: pd.DataFrame, folds: in
     # Dealt round-robin in a fixed shuffled order, so that every fold gets some groups.
     order = sorted(set(key), key=lambda v: (zlib.crc32(str(v).encode()), str(v)))
     fold_of = key.map({v: i % folds for i, v in enumerate(order)})
-    parts = [_beyond_ranges(_validation_outcomes(make().fit(ok[fold_of != f]), ok[fold_of == f]), ok[fold_of != f])
+    fixed = _fixed_rules(ok)
+    parts = [_beyond_ranges(_validation_outcomes(make().fit(ok[fold_of != f]), ok[fold_of == f], fixed), ok[fold_of != f])
              for f in range(folds) if (fold_of != f).any() and (fold_of == f).any()]
     if not parts:  # nothing to validate on: the runtime's own default
         return {"min_margin": DEFAULT_MIN_MARGIN, "fallback": "heuristic", "validation_scenarios": 0}
@@ -179,26 +182,51 @@ def _margin_rule(v: pd.DataFrame) -> dict:
     the most expected speed (``capture``: the mean of best time / time run, on the truth)
     among the rules whose slowdowns stay within ``tail_guard(v)``; ties go to more scenarios
     within 2% of their best, then to the lower threshold (the model decides more), then to
-    the heuristic."""
+    the heuristic, the baseline, then fixed rules (each plain, then gated: of its schedule and
+    the baseline, the one the model predicts faster). A fixed rule among the fallbacks,
+    with a threshold of None among the thresholds, makes the rule never worse on validation
+    than that fixed rule alone."""
     margin, t_model = v["margin"].to_numpy(float), v["t_model"].to_numpy(float)
     slow_at, t_best = (1 + SLOWER_BY) * v["t_baseline"].to_numpy(float), v["t_best"].to_numpy(float)
     guard = tail_guard(v)
     thresholds = [0.0, *np.quantile(np.unique(margin), np.linspace(0, 1, 101)).tolist(), None]  # None: never trust
+    # Every threshold at once: with the scenarios sorted by margin, a threshold trusts the
+    # model on a suffix of them, the first `untrusted[i]` going to the fallback.
+    order = np.argsort(margin, kind="stable")
+    untrusted = np.array([len(v) if th is None else np.searchsorted(margin[order], th, side="left")
+                          for th in thresholds])
+
+    def share(model: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+        """Per threshold: the mean over scenarios of `model` where trusted, `fallback` elsewhere."""
+        suffix = np.concatenate([[0.0], np.cumsum(model[order][::-1])])[::-1]
+        prefix = np.concatenate([[0.0], np.cumsum(fallback[order])])
+        return (suffix[untrusted] + prefix[untrusted]) / len(v)
+
+    def figures(t: np.ndarray) -> tuple[np.ndarray, ...]:  # slowdown, near-best, speed (best / time)
+        return (t > slow_at).astype(float), (t <= NEAR_OPT * t_best).astype(float), t_best / t
+
+    of_model = figures(t_model)
+    fallbacks = ["heuristic", "baseline", *(c.removeprefix(FIXED_PREFIX) for c in v.columns if c.startswith(FIXED_PREFIX))]
     best = None
-    for fallback in ("heuristic", "baseline"):
-        t_fallback = v[f"t_{fallback}"].to_numpy(float)
-        for threshold in thresholds:
-            trust, t = _under_rule(margin, t_model, t_fallback, threshold)
-            slow, near, capture = float(np.mean(t > slow_at)), float(np.mean(t <= NEAR_OPT * t_best)), \
-                float(np.mean(t_best / t))
-            if slow <= guard:
-                rank = (capture, near, -(np.inf if threshold is None else threshold), fallback == "heuristic")
+    for preference, fallback in enumerate(fallbacks):
+        slow, near, capture = (share(m, f) for m, f in zip(of_model, figures(_fallback_times(v, fallback))))
+        for i, threshold in enumerate(thresholds):
+            if slow[i] <= guard:
+                rank = (capture[i], near[i], -(np.inf if threshold is None else threshold), -preference)
                 if best is None or rank > best[0]:
-                    best = (rank, threshold, fallback, capture, near, slow, float(np.mean(trust)))
+                    best = (rank, threshold, fallback, float(capture[i]), float(near[i]), float(slow[i]),
+                            1 - untrusted[i] / len(v))
     _, threshold, fallback, capture, near, slow, trusted = best
     return {"min_margin": threshold, "fallback": fallback, "validation_scenarios": len(v),
             "validation_capture": capture, "validation_near_opt_2": near, "validation_slowdowns": slow,
-            "validation_tail_guard": guard, "validation_model_share": trusted}
+            "validation_tail_guard": guard, "validation_model_share": float(trusted)}
+
+
+def _fallback_times(v: pd.DataFrame, fallback: str) -> np.ndarray:
+    """The true time of `fallback` (heuristic, baseline or a fixed rule's schedule) on each
+    validation scenario of `v`."""
+    column = f"t_{fallback}" if fallback in FALLBACKS else f"{FIXED_PREFIX}{fallback}"
+    return v[column].to_numpy(float)
 
 
 def tail_guard(v: pd.DataFrame) -> float:
@@ -230,7 +258,7 @@ def _apply_rule(v: pd.DataFrame, abstention: dict) -> np.ndarray:
         at = (v["kind"] == kind).to_numpy()
         rows = v[at]
         out[at] = _under_rule(rows["margin"].to_numpy(float), rows["t_model"].to_numpy(float),
-                              rows[f"t_{rule['fallback']}"].to_numpy(float), rule["min_margin"])[1]
+                              _fallback_times(rows, rule["fallback"]), rule["min_margin"])[1]
     return out
 
 
@@ -297,9 +325,11 @@ def _beyond(trained: list[HardwareSpec], held: list[HardwareSpec], field: str) -
     return max([1.0, *(max(lo / v, v / hi) for hw in held if (v := spec_value(hw, field)) and v > 0)])
 
 
-def _validation_outcomes(model: BaseSelector, val: pd.DataFrame) -> pd.DataFrame:
+def _validation_outcomes(model: BaseSelector, val: pd.DataFrame, fixed: Sequence[str] = ()) -> pd.DataFrame:
     """Per scenario of `val`: the model's pick's true time and margin, and the true times of
-    the runtime's heuristic, the baseline, the best and the labels' own best (``t_oracle``)."""
+    the runtime's heuristic, the baseline, the best, the labels' own best (``t_oracle``) and
+    each `fixed` rule (``FIXED_PREFIX`` + name: that schedule where the scenario has it, else
+    the baseline)."""
     ok, X = feature_pairs(val)
     raw = model.model_.predict(X)
     lower_is_better = -raw if isinstance(model, XGBRanker) else raw
@@ -308,6 +338,7 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame) -> pd.DataFrame
     at, margin = pick_with_margin(lower_is_better, names, sid)
     first = pd.DataFrame({"t": truth[at], "margin": margin}, index=pd.Index(sid[at], name="sid")).sort_index()
     t_of = dict(zip(zip(sid, names), truth))
+    score_of = dict(zip(zip(sid, names), lower_is_better))
     t_best = pd.Series(truth).groupby(sid).min()
     # The labels' own best, timed on the truth: on measured rows with a second sweep, the
     # repeat oracle, whose slowdowns are what noise alone costs a perfect learner.
@@ -315,6 +346,7 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame) -> pd.DataFrame
     t_oracle = pd.Series(truth[labelled], index=sid[labelled])
     heuristic = Heuristic(tune=False).predict(val)
     baseline = AlwaysBaseline().predict(val)
+    t_baseline = [t_of[(sid, baseline[sid])] for sid in first.index]
     kind_of = {h: machine_kind(load_hardware(h)) for h in set(ok["hardware"])}
     columns = ok.groupby("scenario_id", sort=False)[["hardware", *SLACK_COLUMNS]].first().reindex(first.index)
     return pd.DataFrame({
@@ -323,10 +355,36 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame) -> pd.DataFrame
         "margin": first["margin"].to_numpy(float),
         "t_model": first["t"].to_numpy(float),
         "t_heuristic": [t_of[(sid, heuristic[sid])] for sid in first.index],
-        "t_baseline": [t_of[(sid, baseline[sid])] for sid in first.index],
+        "t_baseline": t_baseline,
         "t_best": t_best.reindex(first.index).to_numpy(float),
         "t_oracle": t_oracle.reindex(first.index).to_numpy(float),
+        # Each fixed rule: its schedule where the scenario has it, else the baseline; and
+        # gated, the one of the two the model predicts faster.
+        **{f"{FIXED_PREFIX}{name}": [t_of.get((sid, name), t) for sid, t in zip(first.index, t_baseline)]
+           for name in fixed},
+        **{f"{FIXED_PREFIX}{GATED}{name}": [_gated(t_of, score_of, sid, name, baseline[sid]) for sid in first.index]
+           for name in fixed},
     })
+
+
+def _gated(t_of: dict, score_of: dict, sid: str, name: str, baseline: str) -> float:
+    """The true time of the gated fixed rule `name` on scenario `sid`."""
+    if (sid, name) not in score_of or score_of[(sid, name)] >= score_of[(sid, baseline)]:
+        return t_of[(sid, baseline)]
+    return t_of[(sid, name)]
+
+
+FIXED_PREFIX = "t_fixed:"
+"""Validation outcome columns holding a fixed rule's true time (``FIXED_PREFIX`` + schedule name)."""
+MIN_FIXED_SHARE = 0.5
+"""A schedule is tried as a fixed-rule fallback if at least this share of validation scenarios has it."""
+
+
+def _fixed_rules(ok: pd.DataFrame) -> list[str]:
+    """The schedules (not baselines) that at least ``MIN_FIXED_SHARE`` of `ok`'s scenarios have:
+    the fixed rules a fitted abstention rule may fall back to."""
+    share = ok.groupby("schedule")["scenario_id"].nunique() / ok["scenario_id"].nunique()
+    return sorted(name for name, v in share.items() if v >= MIN_FIXED_SHARE and not name.startswith("none."))
 
 
 class ShippedPolicy(BaseSelector):

@@ -30,7 +30,7 @@ log = logging.getLogger("train.training_data")
 MEASURED = "cpu_catalog.parquet"
 """The committed measured dataset in data/measured/."""
 MEASURED_REPEAT: str | None = "cpu_catalog_repeat.parquet"
-"""An independent second sweep of 360 of its scenarios (data/scenarios/catalog_cpu_repeat.csv),
+"""An independent second sweep of every one of its scenarios (data/scenarios/catalog_cpu_repeat.csv),
 measured with the same harness in fresh ranks (None: no repeat, every row judged on its own
 labels). A repeat taken with another harness would judge the labels on other labels' noise."""
 SIM_NOISE = 0.03

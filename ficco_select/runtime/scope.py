@@ -6,7 +6,9 @@ An exported selector is a folder with ``model.json`` (XGBoost JSON, evaluated by
 ``xgb-ranker``), ``feature_schema_hash``, ``training_ranges`` ([low, high] for m, n, k,
 world_size; the values seen for hardware, dtype and op) and optional ``hardware_specs``
 ({name: every HardwareSpec field}), and optional ``abstention`` ({"min_margin": number >= 0
-or null, "fallback": "heuristic" | "baseline"}: the rule fitted on validation folds at
+or null, "fallback": "heuristic" | "baseline" | a schedule name, i.e. a fixed rule: that
+schedule where it is legal, else the baseline | "gated:" + a schedule name: of that schedule
+and the baseline, the one the model predicts faster}: the rule fitted on validation folds at
 training, ``train.shipped.fit_abstention``; null: the model never decides; an optional
 ``by_kind`` {"gpu" | "cpu": the same two fields} overrides it for that kind of machine; an
 optional ``range_slack`` {"gpu" | "cpu": {"m" | "n" | "k": factor >= 1}} widens those training
@@ -36,6 +38,7 @@ from typing import Any
 
 from ficco_select.hardware import HardwareSpec, fields_of, spec_from_dict
 from ficco_select.heuristic import backend_for
+from ficco_select.schedule import parse
 
 SELECTORS = ("xgb-regressor", "xgb-ranker")
 """Learned selectors an export may hold: a regressor predicts time (lower is better), a
@@ -47,7 +50,10 @@ SEEN_COLUMNS = ("hardware", "dtype", "op")
 DEFAULT_MIN_MARGIN = 0.01
 """The margin below which a model without a fitted ``abstention`` rule abstains."""
 FALLBACKS = ("heuristic", "baseline")
-"""Where a fitted abstention rule may send a low-margin decision."""
+"""Where a fitted abstention rule may send a low-margin decision, besides a fixed rule (a
+schedule name: that schedule where it is legal, else the baseline) or a gated one (``GATED``
++ a schedule name: of that schedule and the baseline, the one the model predicts faster)."""
+GATED = "gated:"
 SPEC_RANGE_FIELDS = ("compute_units", "copy_engines", *fields_of("rate", "latency"))
 """Spec fields (with ``peak_tflops.<dtype>``) whose trained ranges bound the machines an
 ``unseen_hardware`` rule lets the model decide: every rate and latency the cost estimates
@@ -183,7 +189,11 @@ def _margin_rule(rule: Any, at: str) -> tuple[float | None, str]:
     if threshold is not None and not (_is_number(threshold) and threshold >= 0):
         raise ValueError(f"{at}.min_margin' must be a finite number >= 0 or null, got {threshold!r}")
     if fallback not in FALLBACKS:
-        raise ValueError(f"{at}.fallback' must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
+        try:
+            parse(fallback.removeprefix(GATED) if isinstance(fallback, str) else "")
+        except ValueError:
+            raise ValueError(f"{at}.fallback' must be one of {', '.join(FALLBACKS)} or a schedule name, "
+                             f"(gated: or not), got {fallback!r}") from None
     return threshold, fallback
 
 

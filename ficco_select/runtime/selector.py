@@ -48,10 +48,10 @@ from ficco_select.hardware import HardwareError, HardwareSpec, hardware_name, is
 from ficco_select.heuristic import backend_for, choose
 from ficco_select.runtime.decision import Decision, pick_with_margin
 from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerTable, build_table, read_tables
-from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, Scope, machine_kind, spec_value
+from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, GATED, Scope, machine_kind, spec_value
 from ficco_select.runtime.trees import TreeEnsemble, read_json
 from ficco_select.scenario import DTYPES, LAYER_COLUMNS, SCENARIO_COLUMNS, Scenario, ScenarioError
-from ficco_select.schedule import BASELINE, Schedule, legal_candidates
+from ficco_select.schedule import BASELINE, Schedule, legal_candidates, parse
 
 log = logging.getLogger("ficco_select.runtime.selector")
 
@@ -460,10 +460,26 @@ class Selector:
         if min_margin is None or margin < min_margin:
             why = (f"model margin {margin:.4f} below {min_margin}" if min_margin is not None
                    else "the export's abstention rule never trusts the model")
+            if fallback == "heuristic":
+                return self._heuristic(s, hw, why)
             if fallback == "baseline":
                 return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback is the baseline")
-            return self._heuristic(s, hw, why)
+            return self._fixed_rule(fallback, cands, scores, why)
         return Decision(best, "model", float(min(1.0, margin)), self._unseen_note(s))
+
+    @staticmethod
+    def _fixed_rule(fallback: str, cands: Sequence[Schedule], scores: np.ndarray, why: str) -> Decision:
+        """A fixed-rule fallback: its schedule where the scenario has it, else the baseline;
+        ``gated:<schedule>``: of that schedule and the baseline, the one the model predicts
+        faster (ties to the baseline)."""
+        name = fallback.removeprefix(GATED)
+        names = list(_names_of(cands))
+        if name not in names:
+            return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback {fallback} is not legal here, "
+                                                       "so the baseline")
+        if name != fallback and BASELINE.name in names and scores[names.index(name)] >= scores[names.index(BASELINE.name)]:
+            return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback {fallback} predicts the baseline faster")
+        return Decision(parse(name), "fallback", 0.0, f"{why}; its fitted fallback is {fallback}")
 
     def _unseen_note(self, s: Scenario) -> str:
         """What a model decision lies outside of: a machine or a dtype not seen in training."""
