@@ -13,7 +13,7 @@ Three phases:
 1. **Explore** (per configuration, fresh ranks): ``--explore-steps`` steps with
    ``configure(explore_every=1)`` and telemetry on, so that every call shape cycles through
    its candidates; each rank writes its lines under ``--workdir``.
-2. **Retrain** (``--retrain``): ``ficco train --telemetry <every file>`` (a private MLflow
+2. **Retrain** (``--retrain``): ``ficco train --telemetry <every file>`` (``RETRAIN``; a private MLflow
    store under ``--workdir``), then ``ficco export`` of the version it registered: the
    exported champion retrained on this job's telemetry.
 3. **Time** (per configuration, fresh ranks): the ways, interleaved; each repeat runs every
@@ -65,6 +65,9 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
+HEAD_DIM = 32
+RETRAIN = ("--splits", "family,hardware", "--selectors", "fast")
+"""What the retraining evaluates before it registers: the pipeline's selectors, its two grouped hold-outs."""
 FIXED = ("none.sm", "shard.ring.sm")
 FICCO = ("ficco.d2.ring.gemm_per_piece.m.sm",)
 
@@ -312,7 +315,7 @@ def retrain(telemetry: list[str], workdir: str) -> tuple[str, dict]:
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{workdir}/mlflow.db"}
     ficco = [sys.executable, "-m", "ficco_cli.main"]  # the ficco command of this interpreter
     args = [f"--telemetry={f}" for f in telemetry]
-    done = subprocess.run([*ficco, "train", *args, "--out", f"{workdir}/train", "--json", "--no-progress"],
+    done = subprocess.run([*ficco, "train", *args, *RETRAIN, "--out", f"{workdir}/train", "--json", "--no-progress"],
                           env=env, check=True, capture_output=True, text=True)
     summary = json.loads(done.stdout)
     out = f"{workdir}/retrained"
@@ -324,7 +327,7 @@ def retrain(telemetry: list[str], workdir: str) -> tuple[str, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="2:4096:256,2:1536:768,3:4096:256,4:4096:256",
-                    help="Comma-separated P:seq:hidden (12 heads; ffn 3x hidden; seq divisible by P).")
+                    help=f"Comma-separated P:seq:hidden (heads of {HEAD_DIM}; ffn 3x hidden).")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--steps", type=int, default=2, help="Timed steps per way and repeat (their mean).")
@@ -344,20 +347,24 @@ def main() -> None:
     configs = []
     for item in args.configs.split(","):
         P, seq, hidden = (int(v) for v in item.split(":"))
-        configs.append((P, {"seq": seq, "hidden": hidden, "heads": 12, "batch": args.batch, "model": args.model}))
+        heads = hidden // HEAD_DIM
+        if hidden % HEAD_DIM or heads % P or seq % P:
+            ap.error(f"--configs {item}: hidden must be a multiple of {HEAD_DIM} with hidden/{HEAD_DIM} heads "
+                     "divisible by P, and seq divisible by P")
+        configs.append((P, {"seq": seq, "hidden": hidden, "heads": heads, "batch": args.batch, "model": args.model}))
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or tmp
         os.makedirs(workdir, exist_ok=True)
-        explored = []
+        explorations = []
         for i, (P, config) in enumerate(configs):  # 1. explore
             config["telemetry"] = f"{workdir}/explore{i}.{{rank}}.jsonl"
             run_ranks(P, {**config, "phase": "explore", "explore_steps": args.explore_steps})
-            explored.append([config["telemetry"].format(rank=r) for r in range(P)])
-        retrained, summary = retrain([f for files in explored for f in files], workdir) if args.retrain else (None, None)
+            explorations.append([config["telemetry"].format(rank=r) for r in range(P)])
+        retrained, summary = retrain([f for files in explorations for f in files], workdir) if args.retrain else (None, None)
         ways = ["pytorch", "async-tp", "ficco", *(["ficco+telemetry"] if retrained else []), *FIXED, *FICCO,
                 "oracle", "compute-only"]
         rows = []
-        for files, (P, config) in zip(explored, configs):  # 3. time
+        for files, (P, config) in zip(explorations, configs):  # 3. time
             best, shapes = explored(files)
             times = run_ranks(P, {**config, "phase": "time", "ways": ways, "reps": args.reps, "steps": args.steps,
                                   "oracle": best, "retrained": retrained})
@@ -395,7 +402,7 @@ def _plot(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     ways = [w for w in rows[0]["ways"] if w not in ("pytorch", "compute-only")]
-    fig, ax = plt.subplots(figsize=(11, 4))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
     width = 0.8 / len(ways)
     for i, way in enumerate(ways):
         xs = [j + i * width for j in range(len(rows))]
@@ -404,11 +411,13 @@ def _plot(rows: list[dict], path: str) -> None:
                [r["ways"][way]["ci"][1] - m for m, r in zip(mid, rows)]]
         ax.bar(xs, mid, width, yerr=err, capsize=2, label=way)
     ax.axhline(1.0, color="black", linewidth=0.8)
+    low = min(r["ways"][w]["ci"][0] for r in rows for w in ways)
+    ax.set_ylim(min(0.9, low - 0.05), None)  # ratios around 1: the differences, not the bars' length
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))],
                   [f"P={r['world_size']} seq {r['seq']}\nhidden {r['hidden']}\ncomm/compute {r['comm_per_compute']:.2f}"
                    for r in rows])
     ax.set_ylabel("step speedup over unhooked PyTorch\n(median, 95% CI)")
-    ax.legend(fontsize=7, ncol=5)
+    ax.legend(fontsize=7, ncol=len(ways), loc="upper center", bbox_to_anchor=(0.5, -0.3))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -61,6 +61,8 @@ def _evaluation_lines(results: dict) -> list[str]:
               help="Dataset(s) to train on (default: committed cpu dataset + simulated GPU presets and "
                    "machines sampled around them).")
 @click.option("--splits", default=SPLITS, show_default=True)
+@click.option("--selectors", default="all", show_default=True, type=click.Choice(["all", "fast", "debug"]),
+              help="The selectors evaluated: all, fast (what `ficco pipeline` evaluates), or debug (tiny models).")
 @click.option("--out", "out_dir", default="out/train", show_default=True, type=click.Path(file_okay=False),
               help="Folder for the comparison tables (also logged to MLflow).")
 @click.option("--telemetry", "telemetry", multiple=True, type=click.Path(dir_okay=False),
@@ -68,7 +70,7 @@ def _evaluation_lines(results: dict) -> list[str]:
                    "join the registered model's training data, not the evaluation (they lack most schedules).")
 @json_option()
 @click.option("--no-progress", is_flag=True)
-def train_cmd(datasets, splits, out_dir, telemetry, as_json, no_progress) -> None:
+def train_cmd(datasets, splits, selectors, out_dir, telemetry, as_json, no_progress) -> None:
     """Evaluate every selector, track it in MLflow, register the best, promote it if it wins.
 
     Tracking store: $MLFLOW_TRACKING_URI, else MLflow's default (sqlite:///mlflow.db here).
@@ -78,7 +80,7 @@ def train_cmd(datasets, splits, out_dir, telemetry, as_json, no_progress) -> Non
     from train.run import train_from_files
 
     with reported(DatasetError, ValueError):
-        config = TrainConfig(splits=tuple(_names(splits)), out_dir=out_dir,
+        config = TrainConfig(splits=tuple(_names(splits)), selectors=selectors, out_dir=out_dir,
                              progress=not no_progress)  # checked before any data is read
         summary, extra = train_from_files(config, datasets, telemetry)
     added = {"telemetry_rows": len(extra)} if extra is not None else {}

@@ -36,7 +36,7 @@ from pathlib import Path
 
 STEPS = ("profile", "spec", "adapt", "register", "export", "benchmark")
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "e2e_tp.py"
-REHEARSAL_BENCHMARK = ("--configs", "2:48:96", "--reps", "2", "--steps", "1", "--explore-steps", "6")
+REHEARSAL_BENCHMARK = ("--configs", "2:48:128", "--reps", "2", "--steps", "1", "--explore-steps", "6")
 NODE_BENCHMARK = ("--configs", "2:1536:768", "--reps", "8")
 
 
