@@ -189,7 +189,8 @@ def test_the_abstention_rule_is_fitted_on_validation_folds_of_the_training_side_
     rule = fit_abstention(lambda: Spy(n_estimators=30), train)
     assert len(fitted_on) == 2 and not fitted_on[0] & fitted_on[1]  # each validates on what the other fits
     assert fitted_on[0] | fitted_on[1] == set(train["scenario_id"])  # and never sees the test side
-    assert rule["fallback"] in ("heuristic", "baseline")
+    # The heuristic, the baseline, or a fixed rule (gated or not) of a schedule the training side has.
+    assert rule["fallback"] in ("heuristic", "baseline", *(f"{g}{name}" for g in ("", "gated:") for name in set(train["schedule"])))
     assert rule["validation_slowdowns"] <= rule["validation_tail_guard"]
     assert rule["validation_scenarios"] == train["scenario_id"].nunique()
     shipped = ShippedPolicy(XGBRanker(n_estimators=30)).fit(train)

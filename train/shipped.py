@@ -290,8 +290,8 @@ def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abst
             rule["validation"][kind] = "fewer than two machines to hold out"
             continue
         halves = [[h for h in mine if base_machine(h) in bases[i::2]] for i in (0, 1)]
-        v = pd.concat([_validation_outcomes(make().fit(ok[~ok["hardware"].isin(half)]), ok[ok["hardware"].isin(half)])
-                       for half in halves], ignore_index=True)
+        v = pd.concat([_validation_outcomes(make().fit(ok[~ok["hardware"].isin(half)]), ok[ok["hardware"].isin(half)],
+                                            _fixed_fallbacks(abstention)) for half in halves], ignore_index=True)
         rule["validation"][kind] = _against_heuristic(v, abstention)
         if rule["validation"][kind]["ahead"]:
             trained = [specs[h] for h in mine]
@@ -314,6 +314,12 @@ def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abst
     else:
         del rule["kinds"]
     return rule
+
+
+def _fixed_fallbacks(abstention: dict) -> list[str]:
+    """The schedules of the fixed-rule fallbacks (plain or gated) that `abstention` uses."""
+    rules = [abstention, *abstention.get("by_kind", {}).values()]
+    return sorted({r["fallback"].removeprefix(GATED) for r in rules if r["fallback"] not in FALLBACKS})
 
 
 def _beyond(trained: list[HardwareSpec], held: list[HardwareSpec], field: str) -> float:
