@@ -23,8 +23,8 @@ from data.dataset import user_specs
 from data.machines import base_machine
 from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from ficco_select.hardware import HardwareSpec, load_hardware
-from ficco_select.runtime.decision import pick_with_margin
-from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, FALLBACKS, GATED, SPEC_RANGE_FIELDS, machine_kind, spec_value
+from ficco_select.runtime.decision import GATED, fixed_rule_pick, pick_with_margin
+from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, FALLBACKS, SPEC_RANGE_FIELDS, machine_kind, spec_value
 from ficco_select.runtime.selector import Selector as RuntimeSelector
 from ficco_select.runtime.trees import TreeEnsemble
 from ficco_select.scenario import DTYPES
@@ -344,7 +344,6 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame, fixed: Sequence
     at, margin = pick_with_margin(lower_is_better, names, sid)
     first = pd.DataFrame({"t": truth[at], "margin": margin}, index=pd.Index(sid[at], name="sid")).sort_index()
     t_of = dict(zip(zip(sid, names), truth))
-    score_of = dict(zip(zip(sid, names), lower_is_better))
     t_best = pd.Series(truth).groupby(sid).min()
     # The labels' own best, timed on the truth: on measured rows with a second sweep, the
     # repeat oracle, whose slowdowns are what noise alone costs a perfect learner.
@@ -353,6 +352,9 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame, fixed: Sequence
     heuristic = Heuristic(tune=False).predict(val)
     baseline = AlwaysBaseline().predict(val)
     t_baseline = [t_of[(sid, baseline[sid])] for sid in first.index]
+    by_sid = np.argsort(sid, kind="stable")  # each scenario's candidates: names and scores, for fixed_rule_pick
+    rows_of = np.split(by_sid, np.flatnonzero(sid[by_sid][1:] != sid[by_sid][:-1]) + 1)
+    scored = {sid[rows[0]]: (names[rows].tolist(), lower_is_better[rows]) for rows in rows_of if len(rows)}
     kind_of = {h: machine_kind(load_hardware(h)) for h in set(ok["hardware"])}
     columns = ok.groupby("scenario_id", sort=False)[["hardware", *SLACK_COLUMNS]].first().reindex(first.index)
     return pd.DataFrame({
@@ -366,18 +368,9 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame, fixed: Sequence
         "t_oracle": t_oracle.reindex(first.index).to_numpy(float),
         # Each fixed rule: its schedule where the scenario has it, else the baseline; and
         # gated, the one of the two the model predicts faster.
-        **{f"{FIXED_PREFIX}{name}": [t_of.get((sid, name), t) for sid, t in zip(first.index, t_baseline)]
-           for name in fixed},
-        **{f"{FIXED_PREFIX}{GATED}{name}": [_gated(t_of, score_of, sid, name, baseline[sid]) for sid in first.index]
-           for name in fixed},
+        **{f"{FIXED_PREFIX}{rule}": [t_of[(s, fixed_rule_pick(rule, *scored[s], baseline[s]))] for s in first.index]
+           for rule in (*fixed, *(f"{GATED}{name}" for name in fixed))},
     })
-
-
-def _gated(t_of: dict, score_of: dict, sid: str, name: str, baseline: str) -> float:
-    """The true time of the gated fixed rule `name` on scenario `sid`."""
-    if (sid, name) not in score_of or score_of[(sid, name)] >= score_of[(sid, baseline)]:
-        return t_of[(sid, baseline)]
-    return t_of[(sid, name)]
 
 
 FIXED_PREFIX = "t_fixed:"

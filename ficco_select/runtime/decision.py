@@ -49,3 +49,21 @@ def pick_with_margin(scores: np.ndarray, names: np.ndarray,
     rival = np.r_[starts[1:], len(order)] - starts > 1
     second = order[np.where(rival, starts + 1, starts)]
     return first, np.where(rival, scores[second] - scores[first], SINGLE_CANDIDATE_MARGIN)
+
+
+GATED = "gated:"
+"""A fixed-rule fallback named ``gated:<schedule>``: of that schedule and the baseline, the one
+the model predicts faster (``fixed_rule_pick``)."""
+
+
+def fixed_rule_pick(fallback: str, names: list[str], scores, baseline: str) -> str:
+    """The schedule a fixed-rule fallback runs among a scenario's candidates `names` (scores:
+    the model's, lower is better): its schedule where the scenario has it, else `baseline`;
+    gated (``GATED`` + a schedule name), the one of the two the model predicts faster, ties
+    to the baseline. The one rule for the runtime and the abstention fit."""
+    name = fallback.removeprefix(GATED)
+    if name not in names:
+        return baseline
+    if name != fallback and baseline in names and scores[names.index(name)] >= scores[names.index(baseline)]:
+        return baseline
+    return name

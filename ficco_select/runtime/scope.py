@@ -38,6 +38,7 @@ from typing import Any
 
 from ficco_select.hardware import HardwareSpec, fields_of, spec_from_dict
 from ficco_select.heuristic import backend_for
+from ficco_select.runtime.decision import GATED
 from ficco_select.schedule import parse
 
 SELECTORS = ("xgb-regressor", "xgb-ranker")
@@ -53,7 +54,6 @@ FALLBACKS = ("heuristic", "baseline")
 """Where a fitted abstention rule may send a low-margin decision, besides a fixed rule (a
 schedule name: that schedule where it is legal, else the baseline) or a gated one (``GATED``
 + a schedule name: of that schedule and the baseline, the one the model predicts faster)."""
-GATED = "gated:"
 SPEC_RANGE_FIELDS = ("compute_units", "copy_engines", *fields_of("rate", "latency"))
 """Spec fields (with ``peak_tflops.<dtype>``) whose trained ranges bound the machines an
 ``unseen_hardware`` rule lets the model decide: every rate and latency the cost estimates
@@ -192,7 +192,7 @@ def _margin_rule(rule: Any, at: str) -> tuple[float | None, str]:
         try:
             parse(fallback.removeprefix(GATED) if isinstance(fallback, str) else "")
         except ValueError:
-            raise ValueError(f"{at}.fallback' must be one of {', '.join(FALLBACKS)} or a schedule name, "
+            raise ValueError(f"{at}.fallback' must be one of {', '.join(FALLBACKS)} or a schedule name "
                              f"(gated: or not), got {fallback!r}") from None
     return threshold, fallback
 

@@ -46,9 +46,9 @@ import numpy as np
 from ficco_select.features import FEATURE_NAMES, candidate_features, feature_schema_hash, grid_features
 from ficco_select.hardware import HardwareError, HardwareSpec, hardware_name, is_spec_path, load_hardware
 from ficco_select.heuristic import backend_for, choose
-from ficco_select.runtime.decision import Decision, pick_with_margin
+from ficco_select.runtime.decision import GATED, Decision, fixed_rule_pick, pick_with_margin
 from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerTable, build_table, read_tables
-from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, GATED, Scope, machine_kind, spec_value
+from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, Scope, machine_kind, spec_value
 from ficco_select.runtime.trees import TreeEnsemble, read_json
 from ficco_select.scenario import DTYPES, LAYER_COLUMNS, SCENARIO_COLUMNS, Scenario, ScenarioError
 from ficco_select.schedule import BASELINE, Schedule, legal_candidates, parse
@@ -469,17 +469,15 @@ class Selector:
 
     @staticmethod
     def _fixed_rule(fallback: str, cands: Sequence[Schedule], scores: np.ndarray, why: str) -> Decision:
-        """A fixed-rule fallback: its schedule where the scenario has it, else the baseline;
-        ``gated:<schedule>``: of that schedule and the baseline, the one the model predicts
-        faster (ties to the baseline)."""
-        name = fallback.removeprefix(GATED)
+        """A fixed-rule fallback's decision (``fixed_rule_pick``), its reason saying which case."""
         names = list(_names_of(cands))
-        if name not in names:
+        pick = fixed_rule_pick(fallback, names, scores, BASELINE.name)
+        if fallback.removeprefix(GATED) not in names:
             return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback {fallback} is not legal here, "
                                                        "so the baseline")
-        if name != fallback and BASELINE.name in names and scores[names.index(name)] >= scores[names.index(BASELINE.name)]:
+        if pick != fallback.removeprefix(GATED):
             return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback {fallback} predicts the baseline faster")
-        return Decision(parse(name), "fallback", 0.0, f"{why}; its fitted fallback is {fallback}")
+        return Decision(parse(pick), "fallback", 0.0, f"{why}; its fitted fallback is {fallback}")
 
     def _unseen_note(self, s: Scenario) -> str:
         """What a model decision lies outside of: a machine or a dtype not seen in training."""
