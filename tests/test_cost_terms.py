@@ -103,7 +103,7 @@ def test_the_simulator_s_baseline_is_the_estimates_collective_then_gemm(hw):
 
 
 def test_the_heuristic_and_the_features_read_the_same_estimates():
-    from ficco_select.features import FEATURE_NAMES, pair_features
+    from features import FEATURE_NAMES, pair_features
     from ficco_select.heuristic import estimates
     from ficco_select.scenario import Scenario
 

@@ -7,7 +7,7 @@ import pytest
 
 from data.catalog import catalog
 from ficco_select import Scenario, candidates
-from ficco_select.features import FEATURE_NAMES, candidate_features, grid_features, pair_features
+from features import FEATURE_NAMES, candidate_features, grid_features, pair_features
 from ficco_select.hardware import load_hardware, preset_names
 from ficco_select.heuristic import backend_for
 

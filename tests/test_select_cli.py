@@ -12,7 +12,7 @@ from data.dataset import write_parquet_atomic
 from data.simulate import simulate
 from ficco_cli.main import main
 from ficco_select import Scenario
-from ficco_select.features import FEATURE_SCHEMA_HASH
+from features import FEATURE_SCHEMA_HASH
 from ficco_select.hardware import load_hardware
 from ficco_select.runtime.selector import Selector
 from ficco_select.schedule import BASELINE

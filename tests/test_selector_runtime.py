@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ficco_select import Scenario, candidates
-from ficco_select.features import FEATURE_NAMES, candidate_features
+from features import FEATURE_NAMES, candidate_features
 from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime import selector as selector_module
@@ -142,7 +142,7 @@ def model_folder(request, tmp_path_factory):
     import xgboost as xgb
 
     from data.catalog import catalog
-    from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, pair_features
+    from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, pair_features
 
     recs, scheds, hws = [], [], {}
     for name in ("mi300x-8", "h100-nvswitch", "l40s-pcie-8"):
@@ -185,7 +185,7 @@ def test_model_decisions_match_pair_features_scored_by_xgboost(model_folder):
     import xgboost as xgb
 
     from data.catalog import catalog
-    from ficco_select.features import pair_features
+    from features import pair_features
 
     folder, booster, kind = model_folder
     sel = Selector.load(folder, layer_tables=False)  # the direct decision (tables: test_layer_tables.py)
@@ -232,7 +232,7 @@ def preference_model(**kw) -> dict:
     """Stumps on schedule axes whose sum has one best candidate wherever these axes vary:
     degree >= 4 (-1) and >= 8 (-1 more), a2a (-0.5), gemm_per_step (-0.25), dma (-0.125), an
     m split (-0.0625). Margins of at least 0.0625, so the model decides rather than abstains."""
-    from ficco_select.features import FEATURE_NAMES, candidate_features
+    from features import FEATURE_NAMES, candidate_features
 
     col = FEATURE_NAMES.index
     trees = [stump(col("degree"), 3.0, 0.0, -1.0), stump(col("degree"), 6.0, 0.0, -1.0),
@@ -244,7 +244,7 @@ def preference_model(**kw) -> dict:
 
 def write_selector(folder, model: dict | None = None, **meta) -> "Path":
     """An exported selector folder: model.json and selector.json (`meta` overrides fields)."""
-    from ficco_select.features import FEATURE_SCHEMA_HASH
+    from features import FEATURE_SCHEMA_HASH
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.json").write_text(json.dumps(model if model is not None else preference_model()))

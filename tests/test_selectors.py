@@ -10,7 +10,7 @@ from data.catalog import catalog
 from data.dataset import read_dataset
 from data.simulate import simulate
 from ficco_select import Scenario, candidates
-from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, pair_features
+from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, pair_features
 from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import HeuristicParams, choose
 from train.evaluate import SPLITS, evaluate, folds, tables
@@ -46,7 +46,7 @@ def test_features_are_the_same_for_one_row_and_a_batch(small):
 
 
 def test_the_feature_schema_hash_changes_with_a_formula_not_only_with_a_name(monkeypatch):
-    import ficco_select.features as build
+    import features.extract as build
 
     before = build.formula_digest()
     assert build.formula_digest() == before  # deterministic

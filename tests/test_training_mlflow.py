@@ -11,7 +11,7 @@ from data.catalog import catalog
 from data.simulate import simulate
 from ficco_cli.main import main
 from ficco_select import Scenario
-from ficco_select.features import FEATURE_SCHEMA_HASH
+from features import FEATURE_SCHEMA_HASH
 from ficco_select.hardware import load_hardware
 from train.config import TrainConfig
 from train.run import ALIAS, EXPERIMENT, REGISTERED_MODEL, _maybe_promote, train

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from ficco_select import __version__
-from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
+from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from train.config import TrainConfig
 from train.evaluate import choices_table, evaluate, tables
 from train.metrics import format_table

@@ -18,7 +18,7 @@ import pandas as pd
 
 from data.calibrate import calibrate
 from data.simulate import simulate_rows
-from ficco_select.features import FEATURE_NAMES, pair_features
+from features import FEATURE_NAMES, pair_features
 from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.heuristic import HeuristicParams, choose, estimates
 from ficco_select.runtime.decision import pick_with_margin
@@ -329,7 +329,7 @@ class HGBClassifier(BaseSelector):
 
     @staticmethod
     def _n_scenario_features() -> int:
-        from ficco_select.features import SCENARIO_FEATURES
+        from features import SCENARIO_FEATURES
 
         return len(SCENARIO_FEATURES)
 

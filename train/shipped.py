@@ -21,7 +21,7 @@ import pandas as pd
 
 from data.dataset import user_specs
 from data.machines import base_machine
-from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
+from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.runtime.decision import GATED, fixed_rule_pick, pick_with_margin
 from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, FALLBACKS, SPEC_RANGE_FIELDS, machine_kind, spec_value

@@ -5,7 +5,7 @@ In serving (continuous batching, decode) and in training with variable sequence 
 dtype, world size, hardware, imbalance). Each new ``m`` would be a cache miss, a walk of
 every tree for every candidate. Instead, the first time a layer is seen its decisions are
 computed on a grid of ``m`` in one batch (the grid's feature rows, built for all m at once by
-``ficco_select.features.grid_features``, and one tree walk); from then on any ``m`` of the layer is
+``features.grid_features``, and one tree walk); from then on any ``m`` of the layer is
 two indexings (``LayerTable.decide``: an index over every m up to the table's end).
 
 - The grid: ``GRID_STEPS_PER_OCTAVE`` points per doubling of ``m``, rounded up to valid

@@ -16,7 +16,7 @@ node; not on the cpu backend, whose ranks are processes; and, without a warning,
 the export's fitted abstention rule sends a low-margin decision to the baseline). Decisions are cached: a
 Scenario object seen before costs one dict lookup by its id; an equal scenario built
 again, or a mapping, is found by value. A miss scores every candidate schedule with the
-model (one feature row each, ``ficco_select.features.candidate_features``).
+model (one feature row each, ``features.candidate_features``).
 
 Hardware: a scenario names a machine (a preset, a spec the model carries in
 ``hardware_specs``, or one registered in this process) or a spec file by path. A path is
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from ficco_select.features import FEATURE_NAMES, candidate_features, feature_schema_hash, grid_features
+from features import FEATURE_NAMES, candidate_features, feature_schema_hash, grid_features
 from ficco_select.hardware import HardwareError, HardwareSpec, hardware_name, is_spec_path, load_hardware
 from ficco_select.heuristic import backend_for, choose
 from ficco_select.runtime.decision import GATED, Decision, fixed_rule_pick, pick_with_margin
@@ -207,7 +207,7 @@ class Selector:
         """The model's scores of each point's legal candidates, from one feature matrix and one
         tree walk; only for the points where the model would decide. The features come a
         candidate list at a time (points with fewer rows per shard have fewer legal
-        schedules), each over its points' m at once (``ficco_select.features.grid_features``)."""
+        schedules), each over its points' m at once (``features.grid_features``)."""
         backend = backend_for(hw)
         by_candidates: dict[int, tuple[tuple, list[int]]] = {}  # id(candidate tuple): (the tuple, its points)
         for i, s in enumerate(points):
