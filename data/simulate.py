@@ -50,7 +50,7 @@ def _schedule_table(op: str, P: int, extent_m: int, extent_n: int, dtype: str, d
     degrees (at most max(4, P)), so extents are capped and the answer cached.
     """
     m = extent_m * P
-    n = extent_n * P if op != "gemm_rs" else extent_n
+    n = extent_n if op in ("gemm_rs", "gemm_ar") else extent_n * P
     probe = Scenario(group="probe", op=op, m=m, n=n, k=P, dtype=dtype, world_size=P, hardware="sim",
                      imbalance=1.0)
     schedules = [c for c in candidates(probe, "sim") if dma or c.engine != "dma"]
@@ -68,7 +68,7 @@ def build_rows(scenarios: Sequence[Scenario], hw: HardwareSpec) -> dict[str, np.
     columns, what the model needs."""
     cap = lambda x, P: min(x, max(4, P) + 1)  # noqa: E731 - extents beyond the largest degree are alike
     tables = [_schedule_table(s.op, s.world_size, cap(s.m // s.world_size, s.world_size),
-                              cap(s.n // (1 if s.op == "gemm_rs" else s.world_size), s.world_size),
+                              cap(s.n // (1 if s.op in ("gemm_rs", "gemm_ar") else s.world_size), s.world_size),
                               s.dtype, hw.copy_engines > 0) for s in scenarios]
     counts = np.array([len(t[0]) for t in tables])
     cols: dict[str, np.ndarray] = {}

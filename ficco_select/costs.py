@@ -16,7 +16,7 @@ from ficco_select.hardware import HardwareSpec
 
 US = 1e-6
 GB = 1e9
-OP_CODES = {"ag_gemm": 0, "gemm_rs": 1, "a2a_gemm": 2}
+OP_CODES = {"ag_gemm": 0, "gemm_rs": 1, "a2a_gemm": 2, "gemm_ar": 3, "gemm_a2a": 4}
 GRANULARITY_CODES = {"none": 0, "shard": 1, "ficco": 2}
 
 
@@ -108,20 +108,25 @@ def collective_time(hw: HardwareSpec, op, shard_bytes, P):
     bandwidth; a reduce-scatter's additions are in its bus bandwidth (the library adds as
     it moves). Without them, the better of a ring of ``sm`` transfers and a direct exchange
     with every peer at once (what a library picks: direct on a fully connected node), plus a
-    reduce-scatter's additions (``reduction_time``)."""
+    reduce-scatter's additions (``reduction_time``). An all-reduce (``gemm_ar``) is a
+    reduce-scatter then an all-gather: twice the transfers (and twice the fixed cost), as a
+    library's ring all-reduce moves 2 (P - 1) shards at the same bus bandwidth."""
     shard_bytes = np.asarray(shard_bytes, dtype=float)
+    phases = np.where(op == OP_CODES["gemm_ar"], 2.0, 1.0)
     if hw.coll_bw_gbps > 0:
-        moved = hw.coll_latency_us * US + (P - 1) * shard_bytes / (hw.coll_bw_gbps * GB)
+        moved = phases * (hw.coll_latency_us * US + (P - 1) * shard_bytes / (hw.coll_bw_gbps * GB))
         return np.where(shard_bytes > 0, moved, 0.0)
     coll = np.minimum((P - 1) * transfer_time(hw, shard_bytes, 1, False, P),
                       transfer_time(hw, shard_bytes, P - 1, False, P))
-    return coll + reduction_time(hw, op, shard_bytes, P)
+    return phases * coll + reduction_time(hw, op, shard_bytes, P)
 
 
 def reduction_time(hw: HardwareSpec, op, shard_bytes, P):
-    """Seconds a reduce-scatter spends adding the P - 1 partial shards it receives (read two,
-    write one, at memory bandwidth); 0 for the other operators."""
-    return np.where(op == OP_CODES["gemm_rs"], (P - 1) * 3 * shard_bytes / (hw.mem_bw_gbps * GB), 0.0)
+    """Seconds a reduce-scatter (``gemm_rs``, and the first half of ``gemm_ar``'s all-reduce)
+    spends adding the P - 1 partial shards it receives (read two, write one, at memory
+    bandwidth); 0 for the other operators."""
+    reduces = (op == OP_CODES["gemm_rs"]) | (op == OP_CODES["gemm_ar"])
+    return np.where(reduces, (P - 1) * 3 * shard_bytes / (hw.mem_bw_gbps * GB), 0.0)
 
 
 def contended(hw: HardwareSpec, g, c, dma):
@@ -145,14 +150,18 @@ def rank_work(op, m, n, k, P, imbalance):
     - ``gemm_rs``:  GEMM (m, n, k/P); a shard is m/P rows of the partial output (n wide).
     - ``a2a_gemm``: the hot expert's GEMM (imbalance * m, n, k); a shard is one source's
       share of its tokens, imbalance * m / P rows (k wide).
+    - ``gemm_ar``: as ``gemm_rs`` (its all-reduce moves each shard twice).
+    - ``gemm_a2a``: the hot expert's GEMM, as ``a2a_gemm``; a shard is one source's share
+      of its outputs, imbalance * m / P rows (n wide).
     Real numbers, no rounding (smooth costs for the heuristic, features, simulator and
     calibration); the integer shapes the executor runs are ``Scenario.rank_gemms()``.
     """
-    is_ag, is_rs = op == OP_CODES["ag_gemm"], op == OP_CODES["gemm_rs"]
+    is_ag = op == OP_CODES["ag_gemm"]
+    is_rs = (op == OP_CODES["gemm_rs"]) | (op == OP_CODES["gemm_ar"])
     M = np.where(is_ag | is_rs, m, imbalance * m)
     N = np.where(is_ag, n / P, n)
     K = np.where(is_rs, k / P, k)
-    return M, N, K, M / P, np.where(is_rs, n, k)
+    return M, N, K, M / P, np.where(is_rs | (op == OP_CODES["gemm_a2a"]), n, k)
 
 
 def scenario_estimates(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_bytes, peak,
@@ -201,6 +210,10 @@ def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_bytes, 
     shard (``shard_rows``, ``shard_cols``). One device per rank: the simulator scales for
     ranks sharing devices. The model is ``data.simulate``'s (its docstring has the pipeline);
     the features use it too, so that a model sees each candidate's whole physics.
+
+    ``gemm_ar``: its ring schedules are ``gemm_rs``'s followed by the whole all-gather of
+    the reduced blocks; its a2a schedules move each step's pieces twice (the reduce-scatter
+    to the owners, then their all-gather) while the next step's GEMMs run.
     """
     b = dtype_bytes
     d = degree
@@ -219,6 +232,7 @@ def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_bytes, 
     piece_bytes = np.where(split_n, shard_bytes / dd, piece_rows * shard_cols * b)
     concurrent = np.where(a2a, P - 1, 1)
     c_piece = transfer_time(hw, piece_bytes, concurrent, dma, P)
+    is_ar = op == OP_CODES["gemm_ar"]
     g_piece = gemm_time(hw, piece_rows, piece_N, K_whole, b, peak)
     g_shard = gemm_time(hw, shard_rows, N_whole, K_whole, b, peak)
     # a2a pattern, per step: one batched GEMM over the P pieces of the step.
@@ -229,7 +243,7 @@ def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_bytes, 
     # GEMM work per step and transfer time per step.
     g_step = np.where(a2a, np.where(per_step, g_step_batched, P * g_piece),
                       np.where(per_step, g_shard / dd, g_piece))
-    c_step = c_piece
+    c_step = np.where(is_ar & a2a, 2 * c_piece, c_piece)
     g_step_c = contended(hw, g_step, c_step, dma)
     # Local work that overlaps the first transfer: the local shard (ring), or the first
     # local piece (a2a pattern, GEMM per piece); a per-step a2a GEMM waits for its step.
@@ -238,6 +252,9 @@ def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_bytes, 
     middle = (steps - 1) * np.maximum(g_step_c, c_step)
     # Each step also waits on its peer's signal and orders the streams (``step_sync_us``).
     t_over = first + middle + g_step + rs_adds / np.maximum(steps, 1) + steps * (hw.step_sync_us * US)
+    # gemm_ar's reduce-scatter + all-gather form: the reduced blocks' all-gather comes last.
+    all_gather = collective_time(hw, OP_CODES["ag_gemm"], shard_bytes, P)
+    t_over = np.where(is_ar & ~np.asarray(a2a, dtype=bool), t_over + all_gather, t_over)
     time = np.where(gran == GRANULARITY_CODES["none"], t_comm_whole + g_whole, t_over)
 
     return {"time_s": time, "t_comp_s": g_whole, "t_comm_s": t_comm_whole, "M": M_whole, "N": N_whole, "K": K_whole,

@@ -3,7 +3,7 @@
 A scenario is what the executor measures, the simulator predicts and the selector
 decides for. Its columns are the scenario-table contract of DESIGN.md:
 
-    group, op, m, n, k, dtype, world_size, hardware  (+ imbalance for a2a_gemm)
+    group, op, m, n, k, dtype, world_size, hardware  (+ imbalance for a2a_gemm, gemm_a2a)
 
 Shapes are global (before sharding); P = world_size:
 - ``ag_gemm``:  rank r holds A_r (m/P, k) and W_r (k, n/P); out = AG(A) @ W_r, (m, n/P).
@@ -14,6 +14,13 @@ Shapes are global (before sharding); P = world_size:
   balanced, P = every token to one expert). Rank r sends ``token_counts()[r][q]`` tokens
   (rows of k features) to rank q, whose expert W_q is (k, n); out = rows received by r,
   in source-rank order, @ W_r.
+- ``gemm_ar``:  rank r holds A_r (m, k/P) and W_r (k/P, n); out = sum_q A_q @ W_q, (m, n),
+  on every rank (the row-parallel linear without sequence parallelism).
+- ``gemm_a2a``: the MoE combine, the mirror of ``a2a_gemm``: expert r holds the tokens it
+  received, X_recv (sum_q counts[q][r], k) grouped by source rank, and W_r (k, n); it
+  computes X_recv @ W_r and returns each source's rows to it. out on rank r: the rows of
+  the tokens r routed, (sum_q counts[r][q], n), grouped by expert in expert order.
+  ``imbalance`` and ``token_counts()`` as for ``a2a_gemm``.
 
 This module is on the runtime path: plain Python only.
 """
@@ -27,8 +34,10 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-Op = Literal["ag_gemm", "gemm_rs", "a2a_gemm"]
-OPS: tuple[str, ...] = ("ag_gemm", "gemm_rs", "a2a_gemm")
+Op = Literal["ag_gemm", "gemm_rs", "a2a_gemm", "gemm_ar", "gemm_a2a"]
+OPS: tuple[str, ...] = ("ag_gemm", "gemm_rs", "a2a_gemm", "gemm_ar", "gemm_a2a")
+A2A_OPS: tuple[str, ...] = ("a2a_gemm", "gemm_a2a")
+"""The MoE all-to-all operators: uneven token counts (``imbalance``), m tokens per expert."""
 DTYPES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
 """Supported dtypes (torch's names) and their size in bytes. ``float8_e4m3fn`` is the fp8 of
 fp8 training and serving recipes: its operands are what the all-gather and the all-to-all
@@ -57,7 +66,7 @@ class Scenario:
     op: str
     """Operator: one of ``OPS``."""
     m: int
-    """Rows of the activation (tokens); for ``a2a_gemm`` mean tokens per expert."""
+    """Rows of the activation (tokens); for ``a2a_gemm`` and ``gemm_a2a`` mean tokens per expert."""
     n: int
     """Output features (columns of the weight)."""
     k: int
@@ -69,7 +78,7 @@ class Scenario:
     hardware: str
     """Hardware preset name (``cpu`` for the cpu backend) or spec file."""
     imbalance: float = 1.0
-    """``a2a_gemm`` only: max expert load / mean expert load, in [1, world_size]."""
+    """``a2a_gemm`` and ``gemm_a2a`` only: max expert load / mean expert load, in [1, world_size]."""
     layer: tuple = dataclasses.field(init=False, repr=False, compare=False)
     """The values of LAYER_COLUMNS: in serving and with variable sequence lengths only m
     changes between calls of a layer (``ficco_select.runtime.layers``)."""
@@ -121,19 +130,22 @@ class Scenario:
         imb = self.imbalance
         if isinstance(imb, bool) or not isinstance(imb, (int, float)) or not (imb == imb):
             raise ScenarioError(f"column 'imbalance': must be a number, got {imb!r}")
-        if self.op == "a2a_gemm":
+        if self.op in A2A_OPS:
             if not 1.0 <= imb <= self.world_size:
                 raise ScenarioError(
-                    f"column 'imbalance': must lie in [1, world_size={self.world_size}] for a2a_gemm, got {imb}"
+                    f"column 'imbalance': must lie in [1, world_size={self.world_size}] for {self.op}, got {imb}"
                 )
         elif imb != 1.0:
-            raise ScenarioError(f"column 'imbalance': only a2a_gemm takes an imbalance, got {imb} for {self.op}")
+            raise ScenarioError(f"column 'imbalance': only a2a_gemm and gemm_a2a take an imbalance, got {imb} "
+                                f"for {self.op}")
         # Sharding divisibility: every rank must hold an equal shard of the sharded dim.
         P = self.world_size
         if self.op == "ag_gemm":
             _divisible("m", self.m, P)
             _divisible("n", self.n, P)
-        elif self.op == "gemm_rs":
+        elif self.op in ("gemm_rs", "gemm_ar"):
+            # gemm_ar: row blocks of m/P for its reduce-scatter + all-gather form (a job's
+            # other m runs plain mm + all_reduce: ficco_select.runtime.torch_ops).
             _divisible("m", self.m, P)
             _divisible("k", self.k, P)
 
@@ -175,7 +187,8 @@ class Scenario:
 
     # -- a2a routing --------------------------------------------------------------------
     def token_counts(self) -> list[list[int]]:
-        """counts[src][dst]: tokens rank src sends to expert dst (a2a_gemm only).
+        """counts[src][dst]: tokens rank src sends to expert dst (a2a_gemm; for gemm_a2a the
+        tokens expert dst returns to rank src).
 
         Expert 0 is the hot expert with load imbalance * m; the others share the rest
         evenly. Each expert's load is split over the source ranks as evenly as integers
@@ -196,20 +209,21 @@ class Scenario:
     def rank_gemms(self) -> list[tuple[int, int, int]]:
         """(M, N, K) of every rank's whole GEMM, as the executor runs it (integers).
 
-        ``ag_gemm`` (m, n/P, k) and ``gemm_rs`` (m, n, k/P) on every rank; ``a2a_gemm``
-        (tokens expert r receives, n, k) on rank r, from ``token_counts()``. The cost model's
+        ``ag_gemm`` (m, n/P, k) and ``gemm_rs``, ``gemm_ar`` (m, n, k/P) on every rank;
+        ``a2a_gemm``, ``gemm_a2a`` (tokens expert r receives, n, k) on rank r, from
+        ``token_counts()``. The cost model's
         smooth version (the busiest rank only, no rounding) is ``ficco_select.costs.rank_work``.
         """
         P = self.world_size
         if self.op == "ag_gemm":
             return [(self.m, self.n // P, self.k)] * P
-        if self.op == "gemm_rs":
+        if self.op in ("gemm_rs", "gemm_ar"):
             return [(self.m, self.n, self.k // P)] * P
         counts = self.token_counts()
         return [(sum(row[r] for row in counts), self.n, self.k) for r in range(P)]
 
     def busiest_rank_gflop(self) -> float:
-        """GFLOP of the largest per-rank GEMM (the hot expert's rank for ``a2a_gemm``)."""
+        """GFLOP of the largest per-rank GEMM (the hot expert's rank for the MoE ops)."""
         return max(2 * M * N * K for M, N, K in self.rank_gemms()) / 1e9
 
 

@@ -11,6 +11,16 @@ e.g. ``none.sm``, ``shard.ring.sm``, ``ficco.d4.a2a.gemm_per_step.m.dma``.
 ``parse(name)`` round-trips ``schedule.name``. ``candidates(scenario, backend)``
 enumerates the legal schedules of a scenario on a backend.
 
+``gemm_ar`` (GEMM then all-reduce) reads the axes so: ``none``, the whole GEMM then the
+whole all-reduce (a ring reduce-scatter and a ring all-gather); ``shard.ring`` and
+``ficco.d<d>.ring.*``, the reduce-scatter + all-gather form, whose reduce-scatter is the
+``gemm_rs`` schedule of the same name (overlapped with the GEMM) followed by the
+all-gather of the reduced blocks; ``ficco.d<d>.a2a.*.m``, pieces along m, each piece's
+all-reduce (a direct reduce-scatter to the block owners, then the owners' all-gather)
+overlapped with the next piece's GEMM (d = P: shard-sized pieces).
+``gemm_a2a`` (the MoE combine) mirrors ``a2a_gemm``: a hop's (ring) or a step's (a2a)
+GEMM output goes back to its tokens' owners while the next piece's GEMM runs.
+
 This module is on the runtime path: plain Python only.
 """
 
@@ -188,9 +198,10 @@ def split_extent(scenario: Scenario, split: str) -> int | None:
     """Size of a shard along `split` (what d pieces must fit in), or None if not legal."""
     P = scenario.world_size
     if split == "m":
-        # ag_gemm: rows of A_r; gemm_rs: rows of an output block; a2a_gemm: mean chunk of tokens.
+        # ag_gemm: rows of A_r; gemm_rs, gemm_ar: rows of an output block; the MoE ops: mean
+        # chunk of tokens.
         return scenario.m // P
-    if split == "n" and scenario.op == "gemm_rs":
+    if split == "n" and scenario.op in ("gemm_rs", "gemm_ar"):
         return scenario.n
     return None
 
@@ -211,12 +222,15 @@ def is_legal(schedule: Schedule, scenario: Scenario, backend: str) -> bool:
     extent = split_extent(scenario, schedule.split)
     if extent is None or extent < schedule.degree:
         return False
+    # gemm_ar's a2a pattern is its piece-wise all-reduce, along m only.
+    if scenario.op == "gemm_ar" and schedule.pattern == "a2a" and schedule.split != "m":
+        return False
     if schedule.compute == "gemm_per_step":
         # A per-step GEMM needs its step's pieces in one (strided) block: column pieces of
         # gemm_rs are not, and uneven token chunks of an a2a step are not.
         if schedule.split != "m":
             return False
-        if scenario.op == "a2a_gemm" and schedule.pattern == "a2a":
+        if scenario.op in ("a2a_gemm", "gemm_a2a") and schedule.pattern == "a2a":
             return False
     return True
 
@@ -245,7 +259,7 @@ def legal_candidates(scenario: Scenario, backend: str) -> tuple[Schedule, ...]:
     """``candidates(scenario, backend)`` as a tuple, shared: the runtime selector's path.
 
     Cached per legality key: what ``is_legal`` reads of a scenario is its op, world size P
-    and dtype, and the shard extents (rows m // P; columns n for gemm_rs) only through
+    and dtype, and the shard extents (rows m // P; columns n for gemm_rs, gemm_ar) only through
     ``extent < degree``; clipped at the largest degree, every such comparison is unchanged.
     A new key enumerates with ``is_legal`` itself, on the scenario at hand.
     """
@@ -253,7 +267,7 @@ def legal_candidates(scenario: Scenario, backend: str) -> tuple[Schedule, ...]:
     top = _max_degree(P)
     op = scenario.op
     key = (op, P, scenario.dtype, backend, min(scenario.m // P, top),
-           min(scenario.n, top) if op == "gemm_rs" else 0)
+           min(scenario.n, top) if op in ("gemm_rs", "gemm_ar") else 0)
     legal = _LEGAL.get(key)
     if legal is None:
         legal = _enumerate_legal(scenario, backend)

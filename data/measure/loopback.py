@@ -371,6 +371,12 @@ def loopback_reference(ops: Sequence[Operator]) -> list[torch.Tensor]:
         return [C[o.block(o.r)].float() for o in ops]
     if op == "a2a_gemm":  # out_r = (chunks every rank q routes to r, in q order) @ W_r
         return [(torch.cat([q.send_chunk(o.r) for q in ops]).double() @ o.W.double()).float() for o in ops]
+    if op == "gemm_ar":  # out_r = sum_q A_q @ W_q, on every rank
+        C = sum(o.A.double() @ o.W.double() for o in ops)
+        return [C.float() for _ in ops]
+    if op == "gemm_a2a":  # out_r = (what every expert q computes for r's tokens, in q order)
+        return [torch.cat([(q.X_recv[q.expert_rows(o.r)].double() @ q.W.double()) for q in ops]).float()
+                for o in ops]
     raise ValueError(f"no loopback reference for op {op!r}")
 
 

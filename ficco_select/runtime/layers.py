@@ -9,7 +9,7 @@ computed on a grid of ``m`` in one batch (the grid's feature rows, built for all
 two indexings (``LayerTable.decide``: an index over every m up to the table's end).
 
 - The grid: ``GRID_STEPS_PER_OCTAVE`` points per doubling of ``m``, rounded up to valid
-  values (multiples of P for ``ag_gemm`` and ``gemm_rs``), from the smallest valid ``m`` to
+  values (multiples of P for ``ag_gemm``, ``gemm_rs`` and ``gemm_ar``), from the smallest valid ``m`` to
   the largest inside the model's trained range (``DEFAULT_M_RANGE`` without a model).
 - Where two neighbouring grid points disagree, the interval is bisected (all such intervals
   in one batch per step) down to adjacent valid ``m``, so the breakpoint is exact; where
@@ -123,7 +123,7 @@ def build_table(scenario: Scenario, lo: int, hi: int, decide: Callable[[Sequence
     Where neighbours on the grid disagree, every open interval is bisected at once, down to
     adjacent valid m: the breakpoint is then exact. Neighbours that agree are taken to agree
     in between."""
-    step = scenario.world_size if scenario.op in ("ag_gemm", "gemm_rs") else 1
+    step = scenario.world_size if scenario.op in ("ag_gemm", "gemm_rs", "gemm_ar") else 1
     grid = m_grid(int(lo), int(hi), step)
     if not grid:
         return None

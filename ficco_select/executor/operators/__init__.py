@@ -1,4 +1,4 @@
-"""The three operators and every schedule of each, on one rank.
+"""The five operators and every schedule of each, on one rank.
 
 An operator object holds one rank's inputs, output and every work buffer, allocated
 once before anything is timed (as a framework holds them). ``run(schedule)`` executes
@@ -11,7 +11,8 @@ running the GEMMs that only need data of steps <= t, so the bytes move (on gloo'
 threads, or a copy engine) while the GEMM runs on the caller's thread.
 
 Modules: ``base`` (the Operator base class, piece arithmetic), one per operator
-(``all_gather``: ag_gemm, ``reduce_scatter``: gemm_rs, ``all_to_all``: a2a_gemm),
+(``all_gather``: ag_gemm, ``reduce_scatter``: gemm_rs, ``all_to_all``: a2a_gemm,
+``all_reduce``: gemm_ar, ``combine``: gemm_a2a),
 ``verify`` (TOLERANCE, relative_error), ``sizing`` (rank_buffer_bytes). This package's
 public names are re-exported here: import them from ``ficco_select.executor.operators``.
 """
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.operators.all_gather import AllGatherGemm
+from ficco_select.executor.operators.all_reduce import GemmAllReduce
 from ficco_select.executor.operators.all_to_all import AllToAllGemm
 from ficco_select.executor.operators.base import (TORCH_DTYPES, CollectiveThenGemm, Operator, offsets,
                                                   piece_bounds)
+from ficco_select.executor.operators.combine import GemmAllToAll
 from ficco_select.executor.operators.reduce_scatter import GemmReduceScatter
 from ficco_select.executor.operators.sizing import rank_buffer_bytes
 from ficco_select.executor.operators.verify import TOLERANCE, relative_error
@@ -30,7 +33,7 @@ from ficco_select.scenario import Scenario
 
 __all__ = [
     "OPERATORS", "TOLERANCE", "TORCH_DTYPES", "AllGatherGemm", "AllToAllGemm", "CollectiveThenGemm",
-    "GemmReduceScatter", "Operator", "build_operator", "offsets", "piece_bounds", "rank_buffer_bytes",
+    "GemmAllReduce", "GemmAllToAll", "GemmReduceScatter", "Operator", "build_operator", "offsets", "piece_bounds", "rank_buffer_bytes",
     "relative_error",
 ]
 
@@ -38,6 +41,8 @@ OPERATORS: dict[str, type[Operator]] = {
     "ag_gemm": AllGatherGemm,
     "gemm_rs": GemmReduceScatter,
     "a2a_gemm": AllToAllGemm,
+    "gemm_ar": GemmAllReduce,
+    "gemm_a2a": GemmAllToAll,
 }
 
 

@@ -1,0 +1,93 @@
+"""gemm_ar: GEMM then all-reduce (row-parallel linear without sequence parallelism), every schedule."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ficco_select.executor.operators.base import piece_bounds
+from ficco_select.executor.operators.reduce_scatter import GemmReduceScatter
+from ficco_select.schedule import Schedule
+
+
+GATHER_TAGS = 1 << 20
+"""Tags of the all-gather hops: apart from every reduce-scatter tag of any schedule."""
+
+
+class GemmAllReduce(GemmReduceScatter):
+    """gemm_ar: out (m, n) = sum_q A_q @ W_q on every rank, A_r (m, k/P), W_r (k/P, n).
+
+    An all-reduce is a reduce-scatter of row blocks followed by an all-gather of the
+    reduced blocks, and every schedule is built so:
+    - ``none``: the whole GEMM, then a ring reduce-scatter and a ring all-gather of C;
+    - ``shard.ring``, ``ficco.d<d>.ring.*``: the reduce-scatter + all-gather form: the
+      ``gemm_rs`` schedule of the same name (its reduce-scatter overlapped with the GEMM),
+      then the ring all-gather of the reduced blocks;
+    - ``ficco.d<d>.a2a.*.m``: the piece-wise all-reduce: step j computes row piece j of
+      every block (m/d rows), sends each to its block's owner, and as soon as the owner has
+      summed its piece it all-gathers it to every peer, while step j+1's GEMMs run.
+    The output is C, whole, on every rank.
+    """
+
+    def _ring_all_gather(self) -> None:
+        # Blocking ring all-gather of the reduced blocks of C, in place: at hop h forward
+        # block (r-h) to r+1 and receive block (r-h-1) from r-1.
+        r, P = self.r, self.P
+        for h in range(P - 1):
+            self.comm.exchange([(self.C[self.block((r - h) % P)], (r + 1) % P)],
+                               [(self.C[self.block((r - h - 1) % P)], (r - 1) % P)], tag=GATHER_TAGS + h)
+
+    def comm_alone(self):
+        self._ring_reduce_scatter()
+        self._ring_all_gather()
+
+    def reference(self) -> torch.Tensor:
+        total = self.A.float() @ self.W.float()
+        dist.all_reduce(total)
+        return total
+
+    def run(self, sch: Schedule) -> torch.Tensor:
+        if sch.granularity == "none":  # the whole GEMM, then the whole all-reduce
+            self.compute_alone()
+            self.comm_alone()
+            return self.C
+        if sch.pattern == "a2a":
+            self._run_piecewise(sch.degree, per_step=sch.compute == "gemm_per_step")
+            return self.C
+        own = super().run(sch)  # the reduce-scatter, overlapped or not: block r reduced
+        if own.data_ptr() != self.C[self.block(self.r)].data_ptr():
+            self.C[self.block(self.r)] = own  # column pieces reduce into out_n
+        self._ring_all_gather()
+        return self.C
+
+    def _run_piecewise(self, d: int, per_step: bool) -> None:
+        # gemm_rs's a2a step (compute piece j of every block, send each to its owner, sum the
+        # P partials of the own piece), and then the owner's all-gather of its summed piece
+        # j into every peer's C. Piece j's all-gather is in flight while step j+1's GEMMs
+        # run; the partials a peer's piece overwrites were sent (and waited) before.
+        r, P = self.r, self.P
+        pieces = piece_bounds(self.mb, d)
+        peers = [q for q in range(P) if q != r]
+        A3, C3 = self.A.view(P, self.mb, -1), self.C.view(P, self.mb, -1)
+
+        def compute_and_send(j: int) -> list:
+            lo, hi = pieces[j]
+            if per_step:
+                self.bmm(A3[:, lo:hi], self.W.expand(P, *self.W.shape), out=C3[:, lo:hi])
+            else:
+                for q in peers + [r]:  # remote pieces first: their transfers start sooner
+                    self._gemm(self.block(q, lo, hi))
+            return self.comm.start([(C3[q, lo:hi], q) for q in peers],
+                                   [(self.recv_peers[q, lo:hi], q) for q in peers], tag=j)
+
+        pending = compute_and_send(0)
+        gathers: list = []
+        for j in range(d):
+            nxt = compute_and_send(j + 1) if j + 1 < d else []
+            self.comm.wait(pending)
+            lo, hi = pieces[j]
+            for q in peers:
+                self.add_(C3[r, lo:hi], self.recv_peers[q, lo:hi])
+            gathers += self.comm.start_all_gather(C3[r, lo:hi], [(C3[q, lo:hi], q) for q in peers], tag=d + j)
+            pending = nxt
+        self.comm.wait(gathers)
