@@ -12,6 +12,14 @@ activations, row-parallel GEMM before a reduce-scatter back to sequence shards):
                                                                     intermediate if not gated)
     mlp_down   gemm_rs   tokens               intermediate          hidden
     moe_expert a2a_gemm  tokens*top_k/P       hidden                2*expert_intermediate
+    attn_out_ar gemm_ar  tokens               heads * head_dim      hidden
+    mlp_down_ar gemm_ar  tokens               intermediate          hidden
+    moe_combine gemm_a2a tokens*top_k/P       expert_intermediate   hidden
+
+The ``_ar`` layers are the same row-parallel projections without sequence parallelism
+(what inference engines run, the activations replicated): GEMM, then all-reduce.
+``moe_combine`` is the expert's down projection, then the all-to-all that returns the
+tokens to their owners.
 
 ``tokens`` is batch x sequence on one tensor-parallel group; ``PHASES`` lists the token
 counts per phase (decode, prefill, training). Tokens not divisible by P are padded up to
@@ -30,7 +38,7 @@ Two scales:
   multiples of 8, and the sharded dim to a multiple of lcm(8, P), so the shape ratios of
   each model survive up to that rounding. Rows whose busiest rank does more than
   ``CPU_MAX_GFLOP_PER_RANK`` GFLOP are dropped, so a full sweep stays affordable on two
-  cores (at the defaults: 24 of 624 rows, nearly all training rows of the largest models
+  cores (at the defaults: 32 of 972 rows, nearly all training rows of the largest models
   such as bloom-176b and llama3.1-405b). World sizes 2, 3, 4 (3 tests a
   non-power-of-two ring).
 
@@ -38,7 +46,7 @@ Dtypes (``dtype_shares``): what jobs run on each machine. On a GPU every layer s
 in bfloat16 (what LLM training and serving run), and a deterministic share of them again
 in float16, in fp8 (``float8_e4m3fn``, where the machine's spec has an fp8 peak; for
 ``ag_gemm`` and ``a2a_gemm`` only, whose collectives move the fp8 operands; recipes
-reduce-scatter in a wider type) and in float32 (TF32 on tensor cores), a minority. On the
+reduce-scatter, all-reduce and combine the GEMM's wider output) and in float32 (TF32 on tensor cores), a minority. On the
 cpu backend float32. A ``dtype`` argument gives every row that one dtype instead.
 
 Records carry the scenario columns (``group`` is the model family, for
@@ -61,7 +69,7 @@ from typing import Any
 import pandas as pd
 
 from ficco_select.hardware import HardwareSpec, load_hardware
-from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
+from ficco_select.scenario import A2A_OPS, SCENARIO_COLUMNS, Scenario
 from ficco_select.schedule import BACKENDS, candidates
 
 
@@ -148,7 +156,8 @@ IMBALANCES: tuple[float, ...] = (1.0, 1.5, 2.0)
 """Load imbalance (max / mean expert load) of MoE rows: balanced, mildly and badly skewed.
 Clipped to [1, P] and deduplicated."""
 
-LAYERS: tuple[str, ...] = ("qkv", "attn_out", "mlp_up", "mlp_down", "moe_expert")
+LAYERS: tuple[str, ...] = ("qkv", "attn_out", "mlp_up", "mlp_down", "moe_expert", "attn_out_ar", "mlp_down_ar",
+                           "moe_combine")
 
 CPU_DIM_FACTOR = 32
 """cpu scale: GEMM dims (hidden, intermediate, head-derived) are divided by this."""
@@ -201,6 +210,12 @@ def layer_shapes(cfg: ModelConfig) -> list[tuple[str, str, int, int]]:
         ]
     if cfg.is_moe:
         shapes.append(("moe_expert", "a2a_gemm", cfg.hidden, mlp_factor * cfg.expert_intermediate))
+    # The row-parallel projections again, without sequence parallelism; the MoE combine.
+    shapes.append(("attn_out_ar", "gemm_ar", attn_width, cfg.hidden))
+    if cfg.intermediate:
+        shapes.append(("mlp_down_ar", "gemm_ar", cfg.intermediate, cfg.hidden))
+    if cfg.is_moe:
+        shapes.append(("moe_combine", "gemm_a2a", cfg.expert_intermediate, cfg.hidden))
     return shapes
 
 
@@ -214,7 +229,7 @@ def _pad_to(x: int, step: int) -> int:
 
 
 def _sharded_dim(op: str) -> str | None:
-    return {"ag_gemm": "n", "gemm_rs": "k"}.get(op)
+    return {"ag_gemm": "n", "gemm_rs": "k", "gemm_ar": "k"}.get(op)
 
 
 def _scale_dims(op: str, k: int, n: int, P: int) -> tuple[int, int]:
@@ -267,7 +282,7 @@ def catalog(
                         sharded = _sharded_dim(op)
                         if sharded and {"k": k, "n": n}[sharded] % P:
                             continue  # full scale: this layer cannot be split evenly over P
-                        if op == "a2a_gemm":
+                        if op in A2A_OPS:
                             # tokens is a multiple of P, so this is exact; at least 1 row.
                             m = max(1, tokens * cfg.top_k // P)
                             imbalances = sorted({min(max(i, 1.0), float(P)) for i in IMBALANCES})

@@ -97,10 +97,12 @@ def test_rank_gemms_are_the_executor_s_shapes_and_the_cost_model_s_busiest_rank(
         M, N, K, shard_rows, shard_cols = (float(x) for x in rank_work(OP_CODES[s.op], s.m, s.n, s.k, s.world_size,
                                                                         s.imbalance))
         busiest = max(gemms, key=lambda g: g[0] * g[1] * g[2])
-        if s.op == "a2a_gemm":
+        if s.op in ("a2a_gemm", "gemm_a2a"):
             assert sum(g[0] for g in gemms) == s.world_size * s.m  # every token reaches one expert
             assert abs(busiest[0] - M) <= 0.5 and busiest[1:] == (N, K)  # the hot expert, rounded
+            # The dispatch moves tokens (k wide); the combine moves the expert's outputs (n wide).
+            assert shard_cols == (s.n if s.op == "gemm_a2a" else s.k)
         else:
             assert set(gemms) == {(M, N, K)}
-            assert shard_rows * s.world_size == s.m and shard_cols == (s.n if s.op == "gemm_rs" else s.k)
+            assert shard_rows * s.world_size == s.m and shard_cols == (s.k if s.op == "ag_gemm" else s.n)
         assert s.busiest_rank_gflop() == 2 * busiest[0] * busiest[1] * busiest[2] / 1e9

@@ -63,7 +63,8 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
     """For each split and fold: fit every selector on train, score on test.
 
     Returns {"splits": {split: {"mean": {selector: metrics}, "folds": {fold: {selector: metrics}},
-    "by_backend": {backend: {selector: metrics}}, "by_dtype": {"<backend>.<dtype>": {selector: metrics}}}},
+    "by_backend": {backend: {selector: metrics}}, "by_dtype": {"<backend>.<dtype>": {selector: metrics}},
+    "by_op": {"<backend>.<dtype>.<op>": {selector: metrics}}}},
     "fit_seconds": {selector: total}, "choices": {split: {selector: {scenario_id: schedule}}}}
     (each scenario is in the test side of at most one fold per split).
     """
@@ -88,6 +89,8 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
         block["mean"] = _mean_over_folds(block["folds"])
         block["by_backend"] = _pooled_by(df, results["choices"][split], ["backend"])
         block["by_dtype"] = _pooled_by(df, results["choices"][split], ["backend", "dtype"])
+        per_op = _pooled_by(df, results["choices"][split], ["backend", "dtype", "op"])
+        block["by_op"] = {name: scores for name, scores in per_op.items() if name.startswith(PER_OP_SETTINGS)}
     return results
 
 
@@ -114,12 +117,12 @@ def _pooled_by(df: pd.DataFrame, choices: dict[str, dict[str, str]], columns: li
 def scores_by_dtype(df: pd.DataFrame, choices: dict[str, dict[str, str]]) -> dict[str, pd.DataFrame]:
     """Comparison tables of `choices` ({selector: {scenario_id: schedule}}) on the labeled
     dataset `df`, with the ``ceiling`` row: one over every scenario (``all``) and one per
-    dtype where there are several (``ficco select --truth``). Scenarios without usable rows
-    in `df` are left out of every row."""
+    dtype and one per operator where there are several (``ficco select --truth``). Scenarios
+    without usable rows in `df` are left out of every row."""
     ok = usable_rows(df)
     choices = {**choices, "ceiling": ceiling_choices(ok)}
     pooled = {"all": {name: score(ok, chosen) for name, chosen in choices.items()},
-              **_pooled_by(ok, choices, ["dtype"])}
+              **_pooled_by(ok, choices, ["dtype"]), **_pooled_by(ok, choices, ["op"])}
     return {name: comparison_table(by_selector) for name, by_selector in pooled.items()}
 
 
@@ -162,6 +165,10 @@ def _mean_over_folds(per_fold: dict) -> dict:
     return out
 
 
+PER_OP_SETTINGS = ("sim.bfloat16.", "cpu.float32.")
+"""The settings whose tables come per operator too (``family.sim.bfloat16.gemm_ar``): what
+jobs run on the GPUs, and the measured cpu rows."""
+
 HEADLINE = ("family", "sim.bfloat16")
 """The headline table: unseen model families in bfloat16 on the GPU machines (what LLM jobs run)."""
 
@@ -169,12 +176,13 @@ HEADLINE = ("family", "sim.bfloat16")
 def tables(results: dict) -> dict[str, pd.DataFrame]:
     """One comparison table (selectors x metrics) per split; where the data mix backends, one
     more per split and backend, named ``<split>.<backend>`` (e.g. ``family.cpu``); where a
-    backend's rows mix dtypes, one per split, backend and dtype (``family.sim.bfloat16``).
+    backend's rows mix dtypes, one per split, backend and dtype (``family.sim.bfloat16``); and
+    for ``PER_OP_SETTINGS``, one per operator (``family.sim.bfloat16.gemm_ar``).
     The headline table (``HEADLINE``) comes first when the data have it."""
     out = {}
     for split, block in results["splits"].items():
         out[split] = comparison_table(block["mean"])
-        for group in ("by_backend", "by_dtype"):
+        for group in ("by_backend", "by_dtype", "by_op"):
             for value, by_selector in block.get(group, {}).items():
                 out[f"{split}.{value}"] = comparison_table(by_selector)
     headline = ".".join(HEADLINE)

@@ -204,7 +204,8 @@ def write_report(folder: str | Path, title: str = "ficco-select training", *,
         table = comparison_table(block["mean"])
         parts.append(f"<h2>{html.escape(split)} hold-out ({len(block['folds'])} folds)</h2>")
         parts.append(table.to_html(float_format=lambda x: f"{x:.3f}"))
-        for value, by_selector in [*block.get("by_backend", {}).items(), *block.get("by_dtype", {}).items()]:
+        for value, by_selector in [*block.get("by_backend", {}).items(), *block.get("by_dtype", {}).items(),
+                                   *block.get("by_op", {}).items()]:
             parts.append(f"<h3>{html.escape(split)} hold-out, {html.escape(value)} scenarios only</h3>")
             parts.append(comparison_table(by_selector).to_html(float_format=lambda x: f"{x:.3f}"))
         if split in set(choices["split"]):

@@ -33,6 +33,13 @@ MEASURED_REPEAT: str | None = "cpu_catalog_repeat.parquet"
 """An independent second sweep of every one of its scenarios (data/scenarios/catalog_cpu_repeat.csv),
 measured with the same harness in fresh ranks (None: no repeat, every row judged on its own
 labels). A repeat taken with another harness would judge the labels on other labels' noise."""
+MEASURED_SWEEPS: tuple[tuple[str, str | None], ...] = (
+    (MEASURED, MEASURED_REPEAT),
+    ("cpu_catalog_ar_a2a.parquet", "cpu_catalog_ar_a2a_repeat.parquet"),
+)
+"""Every committed cpu sweep in data/measured/ with its independent second sweep: the
+catalog of the first three operators, and the sweep of gemm_ar and gemm_a2a
+(data/scenarios/catalog_cpu_ar_a2a.csv, re-timed from catalog_cpu_ar_a2a_repeat.csv)."""
 SIM_NOISE = 0.03
 """Log-normal sigma of the simulated repetitions: a few percent, like a quiet GPU."""
 SAMPLED_PER_PRESET = 3
@@ -68,14 +75,20 @@ def sampled(*, per_preset: int = SAMPLED_PER_PRESET, spread: float = SAMPLED_SPR
     return [simulated(hw.name, noise=noise, seed=seed + 1 + i, share=share) for i, hw in enumerate(machines)]
 
 
+def measured_rows() -> pd.DataFrame:
+    """Every committed cpu sweep (``MEASURED_SWEEPS``), each with its repeat's times attached."""
+    frames = []
+    for name, repeat in MEASURED_SWEEPS:
+        sweep = read_dataset(measured_path(name))
+        frames.append(sweep if repeat is None else attach_repeat(sweep, read_dataset(measured_path(repeat))))
+    return pd.concat(frames, ignore_index=True)
+
+
 def default_training_data(*, noise: float = SIM_NOISE, seed: int = 0, extra: list[pd.DataFrame] = (),
                           sampled_per_preset: int = SAMPLED_PER_PRESET) -> pd.DataFrame:
     """Measured cpu rows + simulated rows on every GPU preset and on machines sampled
     around them (training only, ``data.machines``) (+ any extra datasets)."""
-    measured = read_dataset(measured_path())
-    if MEASURED_REPEAT is not None:
-        measured = attach_repeat(measured, read_dataset(measured_path(MEASURED_REPEAT)))
-    frames = [measured]
+    frames = [measured_rows()]
     frames += [simulated(name, noise=noise, seed=seed) for name in preset_names() if name != "cpu"]
     if sampled_per_preset:
         frames += sampled(per_preset=sampled_per_preset, noise=noise, seed=seed)
