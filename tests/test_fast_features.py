@@ -7,6 +7,7 @@ import pytest
 
 from data.catalog import catalog
 from ficco_select import Scenario, candidates
+from ficco_select.scenario import A2A_OPS, OPS
 from features import FEATURE_NAMES, candidate_features, grid_features, pair_features
 from ficco_select.hardware import load_hardware, preset_names
 from ficco_select.heuristic import backend_for
@@ -32,7 +33,7 @@ SCENARIOS = catalog_scenarios()
 
 
 def test_the_sample_covers_ops_hardware_and_world_sizes():
-    assert {s.op for s, _ in SCENARIOS} == {"ag_gemm", "gemm_rs", "a2a_gemm"}
+    assert {s.op for s, _ in SCENARIOS} == set(OPS)
     assert {hw for _, hw in SCENARIOS} == set(preset_names())
     assert {2, 3, 4, 8} <= {s.world_size for s, _ in SCENARIOS}
     assert any(s.imbalance > 1 for s, _ in SCENARIOS)
@@ -55,12 +56,12 @@ def test_equal_on_absurd_shapes_with_inf_and_nan(hardware):
     # the runtime must see NaN exactly where training did.
     hw = load_hardware(hardware)
     nan_seen = False
-    for op in ("ag_gemm", "gemm_rs", "a2a_gemm"):
+    for op in OPS:
         for P in (2, 3, 8, 64):
             for m, n, k in [(P, P, P), (P * 2 ** 300, P * 2 ** 300, P * 2 ** 400), (P * 2 ** 900, P, P),
                             (P, P * 2 ** 600, P * 2 ** 500), (P * 3 ** 400, 7 * P, P * 2 ** 1000)]:
                 s = Scenario(group="g", op=op, m=m, n=n, k=k, dtype="bfloat16", world_size=P, hardware=hardware,
-                             imbalance=float(P) if op == "a2a_gemm" else 1.0)
+                             imbalance=float(P) if op in A2A_OPS else 1.0)
                 cands = candidates(s, "sim")
                 got, want = candidate_features(s, cands, hw), reference(s, cands, hw)
                 np.testing.assert_array_equal(got, want, err_msg=f"{s}")
@@ -99,12 +100,12 @@ def test_equal_on_tiny_odd_and_imbalanced_shapes(hardware):
     hw = load_hardware(hardware)
     rng = np.random.default_rng(preset_names().index(hardware))
     backend = backend_for(hw)
-    for op in ("ag_gemm", "gemm_rs", "a2a_gemm"):
+    for op in OPS:
         for P in range(2, 9):
             for rows, cols, inner in [(1, 1, 1), (2, 3, 1), (3, 1, 5), (5, 7, 3), (8, 9, 1)] + \
                     [tuple(int(x) for x in rng.integers(1, 3000, 3)) for _ in range(4)]:
-                m, n, k = rows * P, cols * (P if op == "ag_gemm" else 1), inner * (P if op == "gemm_rs" else 1)
-                for imb in ((1.0, 1.0 + rng.uniform() * (P - 1), float(P)) if op == "a2a_gemm" else (1.0,)):
+                m, n, k = rows * P, cols * (P if op == "ag_gemm" else 1), inner * (P if op in ("gemm_rs", "gemm_ar") else 1)
+                for imb in ((1.0, 1.0 + rng.uniform() * (P - 1), float(P)) if op in A2A_OPS else (1.0,)):
                     for dtype in ("float32", "bfloat16"):
                         s = Scenario(group="g", op=op, m=m, n=n, k=k, dtype=dtype, world_size=P,
                                      hardware=hardware, imbalance=imb)
