@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ficco_select.executor.operators.base import piece_bounds
 from ficco_select.executor.operators.reduce_scatter import GemmReduceScatter
 from ficco_select.schedule import Schedule
 
@@ -61,33 +60,15 @@ class GemmAllReduce(GemmReduceScatter):
         return self.C
 
     def _run_piecewise(self, d: int, per_step: bool) -> None:
-        # gemm_rs's a2a step (compute piece j of every block, send each to its owner, sum the
-        # P partials of the own piece), and then the owner's all-gather of its summed piece
-        # j into every peer's C. Piece j's all-gather is in flight while step j+1's GEMMs
-        # run; the partials a peer's piece overwrites were sent (and waited) before.
+        # gemm_rs's a2a steps (compute piece j of every block, send each to its owner, sum
+        # the P partials of the own piece), each followed by the owner's all-gather of its
+        # summed piece j into every peer's C. Piece j's all-gather is in flight while step
+        # j+1's GEMMs run; the partials a peer's piece overwrites were sent (and waited) before.
         r, P = self.r, self.P
-        pieces = piece_bounds(self.mb, d)
         peers = [q for q in range(P) if q != r]
-        A3, C3 = self.A.view(P, self.mb, -1), self.C.view(P, self.mb, -1)
+        C3 = self.C.view(P, self.mb, -1)
 
-        def compute_and_send(j: int) -> list:
-            lo, hi = pieces[j]
-            if per_step:
-                self.bmm(A3[:, lo:hi], self.W.expand(P, *self.W.shape), out=C3[:, lo:hi])
-            else:
-                for q in peers + [r]:  # remote pieces first: their transfers start sooner
-                    self._gemm(self.block(q, lo, hi))
-            return self.comm.start([(C3[q, lo:hi], q) for q in peers],
-                                   [(self.recv_peers[q, lo:hi], q) for q in peers], tag=j)
+        def all_gather(j: int, lo: int, hi: int) -> list:
+            return self.comm.start_all_gather(C3[r, lo:hi], [(C3[q, lo:hi], q) for q in peers], tag=d + j)
 
-        pending = compute_and_send(0)
-        gathers: list = []
-        for j in range(d):
-            nxt = compute_and_send(j + 1) if j + 1 < d else []
-            self.comm.wait(pending)
-            lo, hi = pieces[j]
-            for q in peers:
-                self.add_(C3[r, lo:hi], self.recv_peers[q, lo:hi])
-            gathers += self.comm.start_all_gather(C3[r, lo:hi], [(C3[q, lo:hi], q) for q in peers], tag=d + j)
-            pending = nxt
-        self.comm.wait(gathers)
+        self._run_a2a_m(d, per_step, after_step=all_gather)

@@ -141,9 +141,11 @@ class GemmReduceScatter(Operator):
                     sends += works[1:]
         self.comm.wait(sends)
 
-    def _run_a2a_m(self, d: int, per_step: bool) -> None:
+    def _run_a2a_m(self, d: int, per_step: bool, after_step=None) -> None:
         # Step j computes row piece j of every block and sends each to its owner; the
         # owner sums the P partials of its piece j. Step j+1's GEMMs overlap step j's transfers.
+        # `after_step(j, lo, hi)`, if given, starts more transfers once piece j is summed
+        # (gemm_ar's all-gather of it); they are waited at the end.
         r, P = self.r, self.P
         pieces = piece_bounds(self.mb, d)
         peers = [q for q in range(P) if q != r]
@@ -161,13 +163,17 @@ class GemmReduceScatter(Operator):
                                    [(self.recv_peers[q, lo:hi], q) for q in peers], tag=j)
 
         pending = compute_and_send(0)
+        later: list = []
         for j in range(d):
             nxt = compute_and_send(j + 1) if j + 1 < d else []
             self.comm.wait(pending)
             lo, hi = pieces[j]
             for q in peers:
                 self.add_(C3[r, lo:hi], self.recv_peers[q, lo:hi])
+            if after_step is not None:
+                later += after_step(j, lo, hi)
             pending = nxt
+        self.comm.wait(later)
 
     def _run_ring_n(self, d: int) -> torch.Tensor:
         # As _run_ring_m with column pieces: piece j of block b is parts[j][block b].
