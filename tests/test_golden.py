@@ -71,7 +71,7 @@ def test_the_reference_covers_every_op_world_size_and_topology():
     _, signatures, decisions = built()
     hardware = [load_hardware(name) for name in set(signatures["hardware"])]
     assert {hw.topology for hw in hardware} == set(TOPOLOGIES)
-    assert set(signatures["op"]) == {"ag_gemm", "gemm_rs", "a2a_gemm"} and set(signatures["world_size"]) == {2, 4, 8}
+    assert set(signatures["op"]) == {"ag_gemm", "gemm_rs", "a2a_gemm", "gemm_ar", "gemm_a2a"} and set(signatures["world_size"]) == {2, 4, 8}
     assert len(set(decisions["heuristic"].values())) > 3  # the heuristic picks more than one kind of schedule
 
 

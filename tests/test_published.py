@@ -151,6 +151,6 @@ def test_the_commands_print_the_comparison_the_fit_and_the_map(tmp_path):
     assert bad.exit_code == 1 and "--set 'x=1'" in bad.output
     mapped = json.loads(runner.invoke(cli, ["sim", "map", "--hardware", "h100-nvswitch", "--dtype", "bfloat16",
                                             "--json"]).output)
-    assert {r["op"] for r in mapped} == {"ag_gemm", "gemm_rs", "a2a_gemm"}
+    assert {r["op"] for r in mapped} == {"ag_gemm", "gemm_rs", "a2a_gemm", "gemm_ar", "gemm_a2a"}
     assert all(0 <= r["overlap_pays"] <= 1 and r["shard"] + r["ficco"] == pytest.approx(r["overlap_pays"])
                for r in mapped)

@@ -145,7 +145,8 @@ def test_truth_scores_the_decisions_per_dtype_beside_the_heuristic_and_the_ceili
     res = select("--truth", tmp_path / "truth.parquet", "--model", folder, "--json")
     assert res.exit_code == 0, res.output
     tables = json.loads(res.stdout)
-    assert set(tables) == {"all", *{r["dtype"] for r in recs}} and "bfloat16" in tables
+    assert set(tables) == {"all", *{r["dtype"] for r in recs}, *{r["op"] for r in recs}} and "bfloat16" in tables
+    assert tables["gemm_ar"]["shipped"]["n"] == sum(r["op"] == "gemm_ar" for r in recs)
     assert tables["all"]["ceiling"]["near_opt_2"] == 1.0 and tables["all"]["ceiling"]["n"] == len(recs)
     assert tables["bfloat16"]["shipped"]["n"] == sum(r["dtype"] == "bfloat16" for r in recs)
     # The shipped row scores exactly the decisions `ficco select` lists for these scenarios.
