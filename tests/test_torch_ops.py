@@ -9,8 +9,6 @@ Each test is one job of real ranks; a rank collects its mismatches and fails wit
 
 import copy
 import json
-import os
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -18,54 +16,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
-import torch.multiprocessing as mp
 from torch import nn
 
-from ficco_select.executor.operators import TOLERANCE, relative_error
+from ficco_select.executor.operators import relative_error
 from ficco_select.runtime import dispatch, torch_ops
-from ficco_select.runtime.selector import Selector
-from ficco_select.schedule import all_schedules
+from torch_ranks import check_close, pinnable, rand, spawn
 
 # Tier: real ranks (processes over gloo); deselect with -m "not gloo"
 pytestmark = pytest.mark.gloo
-
-
-def _entry(rank: int, fn, P: int, tmp: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=P)
-    try:
-        torch_ops.reset()
-        torch_ops.configure(selector=Selector(), hardware="cpu")  # heuristic; no exported model
-        fn(rank, P, Path(tmp))
-        dist.barrier()
-    finally:
-        torch_ops.reset()
-        dist.destroy_process_group()
-    # Checked and torn down: leave without the interpreter's teardown. Once in CI a rank
-    # died of std::terminate ("terminate called without an active exception", no Python
-    # error), most likely there, as torch's threads are destroyed (not reproduced in 50
-    # runs here). A failure in the checks above still raises, and mp.spawn reports it.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def spawn(fn, P: int, tmp: Path) -> None:
-    mp.spawn(_entry, args=(fn, P, str(tmp)), nprocs=P, join=True)
-
-
-def _rand(gen, *shape, dtype=torch.float32):
-    return (torch.rand(*shape, generator=gen) * 2 - 1).to(dtype)
-
-
-def _schedules(P: int, engine: str = "sm") -> list[str]:
-    return [s.name for s in all_schedules(P, engines=(engine,))] + [""]  # "" = the selector decides
-
-
-def _close(got, want, dtype, what, failures):
-    err = relative_error(got, want.float())
-    if not err <= TOLERANCE[{torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]]:
-        failures.append(f"{what}: rel. error {err:.3g} (shape {tuple(got.shape)} vs {tuple(want.shape)})")
 
 
 # -- all_gather_matmul / matmul_reduce_scatter vs PyTorch's fallbacks --------------------
@@ -92,12 +50,12 @@ def check_ops(rank: int, P: int, tmp: Path, engine: str = "sm") -> None:
     group = dist.group.WORLD
     failures, pinned_runs = [], 0
     for shape, gdim, widths, dtype in AG_CASES:
-        A_shard = _rand(gen, *shape, dtype=dtype)
-        Bs = [_rand(gen, shape[-1] * (P if gdim == -1 else 1), w, dtype=dtype) for w in widths]
+        A_shard = rand(gen, *shape, dtype=dtype)
+        Bs = [rand(gen, shape[-1] * (P if gdim == -1 else 1), w, dtype=dtype) for w in widths]
         for return_A in (True, False):
             want_A, want = symm_mem._fused_all_gather_matmul_fallback(A_shard, Bs, gdim, group.group_name,
                                                                       return_A=return_A)
-            for name in _schedules(P, engine):
+            for name in pinnable(P, engine):
                 torch_ops.configure(schedule=name)
                 A, outs = torch_ops.all_gather_matmul(A_shard, Bs, gdim, group.group_name, return_A=return_A)
                 what = f"AG {shape} dim {gdim} Bs {widths} {dtype} return_A={return_A} [{name or 'selector'}]"
@@ -106,18 +64,18 @@ def check_ops(rank: int, P: int, tmp: Path, engine: str = "sm") -> None:
                     failures.append(f"{what}: returned {A is None=}, {len(outs)} outputs")
                     continue
                 if A is not None:
-                    _close(A, want_A, dtype, what + " A", failures)
+                    check_close(A, want_A, dtype, what + " A", failures)
                 for i, (o, w) in enumerate(zip(outs, want)):
-                    _close(o, w, dtype, f"{what} out[{i}]", failures)
+                    check_close(o, w, dtype, f"{what} out[{i}]", failures)
     for shape, width, sdim, op, dtype in RS_CASES:
-        A = _rand(gen, *shape, dtype=dtype)
-        B = _rand(gen, shape[-1], width, dtype=dtype)
+        A = rand(gen, *shape, dtype=dtype)
+        B = rand(gen, shape[-1], width, dtype=dtype)
         want = symm_mem._fused_matmul_reduce_scatter_fallback(A, B, op, sdim, group.group_name)
-        for name in _schedules(P, engine):
+        for name in pinnable(P, engine):
             torch_ops.configure(schedule=name)
             got = torch_ops.matmul_reduce_scatter(A, B, op, sdim, group.group_name)
             pinned_runs += torch_ops.last_decision.source == "pinned"
-            _close(got, want, dtype, f"RS {shape}x{width} dim {sdim} {op} {dtype} [{name or 'selector'}]", failures)
+            check_close(got, want, dtype, f"RS {shape}x{width} dim {sdim} {op} {dtype} [{name or 'selector'}]", failures)
     # MoE: uneven routing, one rank sends nothing to the last expert.
     k, n = 6, 5
     send = [(rank + 2 * q + 1) % 5 for q in range(P)]
@@ -125,14 +83,14 @@ def check_ops(rank: int, P: int, tmp: Path, engine: str = "sm") -> None:
     counts = torch.zeros(P * P, dtype=torch.int64)
     dist.all_gather_single(counts, torch.tensor(send, dtype=torch.int64))
     recv = counts.view(P, P)[:, rank].tolist()
-    X, W = _rand(gen, sum(send), k), _rand(gen, k, n)
+    X, W = rand(gen, sum(send), k), rand(gen, k, n)
     X_recv = torch.empty(sum(recv), k)
     dist.all_to_all_single(X_recv, X, recv, send)
-    for name in _schedules(P, engine):
+    for name in pinnable(P, engine):
         torch_ops.configure(schedule=name)
         got = torch_ops.all_to_all_matmul(X, W, recv, send, group.group_name)
         pinned_runs += torch_ops.last_decision.source == "pinned"
-        _close(got, X_recv @ W, torch.float32, f"A2A send {send} [{name or 'selector'}]", failures)
+        check_close(got, X_recv @ W, torch.float32, f"A2A send {send} [{name or 'selector'}]", failures)
     (tmp / f"pinned-{rank}").write_text(str(pinned_runs))
     assert not failures, f"rank {rank}: {len(failures)} mismatches:\n" + "\n".join(failures)
 
@@ -167,7 +125,7 @@ def check_dma_without_transport(rank: int, P: int, tmp: Path) -> None:
     dispatch.HostPeerMemory = _NoSymmetricMemory  # this rank's process only
     torch_ops.configure(hardware="h200-nvswitch", schedule="ficco.d2.ring.gemm_per_piece.m.dma")
     gen = torch.Generator().manual_seed(rank)
-    A_shard, B = _rand(gen, 6, 5), _rand(gen, 5, 4)
+    A_shard, B = rand(gen, 6, 5), rand(gen, 5, 4)
     name = dist.group.WORLD.group_name
     _, [want] = symm_mem._fused_all_gather_matmul_fallback(A_shard, [B], 0, name, return_A=False)
     for _ in range(2):  # the second call finds the failed transport remembered
@@ -204,8 +162,8 @@ def check_grads(rank: int, P: int, tmp: Path) -> None:
             torch_ops.configure(schedule=pin)
             if case[0] == "ag":
                 _, shape, gdim, widths, use_A = case
-                A0 = _rand(gen, *shape)
-                B0 = [_rand(gen, shape[-1] * (P if gdim == -1 else 1), w) for w in widths]
+                A0 = rand(gen, *shape)
+                B0 = [rand(gen, shape[-1] * (P if gdim == -1 else 1), w) for w in widths]
 
                 def loss(A_shard, Bs, ours):
                     if ours:
@@ -222,7 +180,7 @@ def check_grads(rank: int, P: int, tmp: Path) -> None:
                 inputs = [A0, *B0]
             else:
                 _, shape, width, sdim, op = case
-                A0, B0 = _rand(gen, *shape), _rand(gen, shape[-1], width)
+                A0, B0 = rand(gen, *shape), rand(gen, shape[-1], width)
 
                 def loss(A, B, ours):
                     if ours:
@@ -249,7 +207,7 @@ def check_grads(rank: int, P: int, tmp: Path) -> None:
     counts = torch.zeros(P * P, dtype=torch.int64)
     dist.all_gather_single(counts, torch.tensor(send, dtype=torch.int64))
     recv = counts.view(P, P)[:, rank].tolist()
-    X0, W0 = _rand(gen, sum(send), 6), _rand(gen, 6, 5)
+    X0, W0 = rand(gen, sum(send), 6), rand(gen, 6, 5)
     for pin in ("", "ficco.d2.ring.gemm_per_piece.m.sm", "none.sm"):
         torch_ops.configure(schedule=pin)
         grads = {}
@@ -276,7 +234,7 @@ def check_agreement(rank: int, P: int, tmp: Path) -> None:
     # Ranks disagree on what they would pick; rank 0's pin must win everywhere.
     torch_ops.configure(schedule="ficco.d2.ring.gemm_per_piece.m.sm" if rank == 0 else "none.sm")
     gen = torch.Generator().manual_seed(rank)
-    A, B = _rand(gen, 6, 4), _rand(gen, 4, 3)
+    A, B = rand(gen, 6, 4), rand(gen, 4, 3)
     _, (out,) = torch_ops.all_gather_matmul(A, [B], 0, dist.group.WORLD)
     _, (want,) = symm_mem._fused_all_gather_matmul_fallback(A, [B], 0, dist.group.WORLD.group_name)
     torch.testing.assert_close(out, want)
@@ -295,7 +253,7 @@ def test_every_rank_runs_rank_zeros_decision(tmp_path):
 def check_telemetry(rank: int, P: int, tmp: Path) -> None:
     torch_ops.configure(telemetry=tmp / "telemetry-{rank}.jsonl")
     gen = torch.Generator().manual_seed(rank)
-    A, B = _rand(gen, 8, 5), _rand(gen, 5, 6)
+    A, B = rand(gen, 8, 5), rand(gen, 5, 6)
     for _ in range(3):
         torch_ops.matmul_reduce_scatter(A, B, "sum", 0, dist.group.WORLD)
     torch_ops.configure(schedule="shard.ring.sm")
@@ -325,7 +283,7 @@ def test_telemetry_records_every_execution_and_checks_the_first(tmp_path):
 def check_explore(rank: int, P: int, tmp: Path) -> None:
     torch_ops.configure(telemetry=tmp / "explore-{rank}.jsonl", explore_every=2)
     gen = torch.Generator().manual_seed(rank)
-    A, B = _rand(gen, 8, 5), _rand(gen, 5, 6)
+    A, B = rand(gen, 8, 5), rand(gen, 5, 6)
     sources = []
     for _ in range(8):
         torch_ops.matmul_reduce_scatter(A, B, "sum", 0, dist.group.WORLD)

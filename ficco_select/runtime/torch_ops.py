@@ -7,7 +7,10 @@ Drop-in for PyTorch's async tensor-parallel ops (``torch.distributed._symmetric_
     Z = matmul_reduce_scatter(Y, B2, "sum", scatter_dim=0, group_name=pg.group_name)
 
 have the signatures and results of ``fused_all_gather_matmul`` and
-``fused_matmul_reduce_scatter``; ``all_to_all_matmul`` is the MoE dispatch + expert GEMM.
+``fused_matmul_reduce_scatter``. ``matmul_all_reduce`` is the row-parallel linear without
+sequence parallelism (PyTorch has no fused op for it: its plain form is ``mm`` then
+``dist.all_reduce``); ``all_to_all_matmul`` is the MoE dispatch + expert GEMM and
+``matmul_all_to_all`` the expert GEMM + combine, its mirror.
 Each call describes itself as a ``Scenario``, asks the selector (``configure``) for a
 schedule and runs it with the executor on the caller's process group.
 
@@ -22,10 +25,14 @@ Choices a caller should know:
   on CUDA, gloo point-to-point on CPU); ``dma`` runs over ``executor.peer.PeerCopyComm``:
   copy engines through symmetric-memory staging slots on CUDA (built once per group, at
   the first dma call, on every rank), shared-memory slots on CPU (tests).
+- ``matmul_all_reduce`` with a row count the world size does not divide runs PyTorch's
+  plain form (the executor's all-reduce schedules split the rows into P blocks).
 - Several ``Bs`` are concatenated into one weight (one gathered A, one GEMM per piece).
 - The executor allocates its operator buffers per call; only the dma staging slots persist.
-- The two GEMM ops are differentiable (each one's backward is the other op, chosen
-  and run the same way); ``all_to_all_matmul``'s backward uses PyTorch's all-to-all.
+- Every op is differentiable, and each one's backward is its mirror op, chosen and run the
+  same way: all-gather matmul <-> matmul reduce-scatter, dispatch <-> combine.
+  ``matmul_all_reduce``'s backward has no collective (Megatron's row-parallel linear: the
+  output is replicated, so every rank holds the whole gradient of it).
 
 ``last_decision.source``: the selector's ``model``, ``heuristic`` or ``fallback`` (also
 when PyTorch's implementation ran), ``pinned`` (``configure(schedule=...)``) or
@@ -42,7 +49,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.distributed._symmetric_memory as symm_mem
 
-from ficco_select.executor.operators import AllGatherGemm, AllToAllGemm, GemmReduceScatter
+from ficco_select.executor.operators import AllGatherGemm, AllToAllGemm, GemmAllReduce, GemmAllToAll, GemmReduceScatter
 from ficco_select.runtime import dispatch
 from ficco_select.runtime.dispatch import (
     configure,
@@ -55,8 +62,9 @@ from ficco_select.runtime.dispatch import (
     scenario_for,
 )
 
-__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "all_to_all_matmul", "configure", "reset", "hardware_name",
-           "prepare_all_gather_matmul", "prepare_matmul_reduce_scatter"]
+__all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "all_to_all_matmul",
+           "matmul_all_to_all", "configure", "reset", "hardware_name", "prepare_all_gather_matmul",
+           "prepare_matmul_reduce_scatter", "prepare_matmul_all_reduce"]
 
 
 def __getattr__(name: str):
@@ -159,6 +167,48 @@ def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     return out.reshape(rows_lead[0] // P, *rows_lead[1:], out.shape[1]).movedim(0, scatter_dim)
 
 
+def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, reduce_op: str = "sum", group_name=None) -> torch.Tensor:
+    """All-reduce A @ B over the group (``sum`` or ``avg``): every rank gets the whole result.
+
+    A (..., k_local) holds this rank's slice of the contraction, B (k_local, n) the matching
+    rows of the weight; returns (..., n). The result equals ``A @ B`` then
+    ``dist.all_reduce``. Differentiable as the row-parallel linear without sequence
+    parallelism: dA = dY @ B^T and dB = A^T @ dY, with no collective (the output is
+    replicated, so every rank's dY is the whole gradient).
+    """
+    if _needs_grad(A, B):
+        return _MatmulAllReduce.apply(A, B, reduce_op, resolve_group(group_name))
+    return _matmul_all_reduce(A, B, reduce_op, group_name)
+
+
+def _matmul_all_reduce(A, B, reduce_op, group_name):
+    group = resolve_group(group_name)
+    P = dist.get_world_size(group)
+    lead, A2 = A.shape[:-1], _rows(A)
+    rows, n = A2.shape[0], B.shape[-1]
+
+    def plain():  # PyTorch's form, in the caller's dtype
+        Y = A2 @ B
+        dist.all_reduce(Y, group=group)
+        return Y
+
+    if reduce_op not in ("sum", "avg") or rows % P or rows == 0:
+        fall_back(f"reduce_op {reduce_op!r} / {rows} rows over {P} ranks: PyTorch's mm + all_reduce")
+        out = plain()
+    else:
+        key = ("ar", tuple(A2.shape), n, A.dtype, A.device.type)
+        scenario, decision = decide(key, group, lambda: scenario_for(
+            "gemm_ar", rows, n, P * A2.shape[1], A.dtype, P, A.device),
+            layer=_ar_layer(n, A.dtype, A.device.type, A2.shape[1]), m=rows)
+        if scenario is None:
+            out = plain()
+        else:
+            out, _ = run_decided(GemmAllReduce, scenario, decision, group, plain, A=A2, W=B, eager_buffers=False)
+    if reduce_op == "avg":
+        out = out / P
+    return out.reshape(*lead, n)
+
+
 # -- layers: a call's shape without its token count -----------------------------------------
 TABLE_ROWS = 64
 """Rows per rank of the scenario a prepared layer's table is built from (the table covers every m)."""
@@ -172,6 +222,11 @@ def _ag_layer(n_local: int, dtype: torch.dtype, device_type: str, k: int) -> tup
 def _rs_layer(n: int, scatter_last: bool, dtype: torch.dtype, device_type: str, k_local: int) -> tuple:
     """A matmul reduce-scatter's layer: A (rows, k_local) @ B (k_local, n), any rows."""
     return ("rs", n, scatter_last, dtype, device_type, k_local)
+
+
+def _ar_layer(n: int, dtype: torch.dtype, device_type: str, k_local: int) -> tuple:
+    """A matmul all-reduce's layer: A (rows, k_local) @ B (k_local, n), any rows."""
+    return ("ar", n, dtype, device_type, k_local)
 
 
 def prepare_all_gather_matmul(k: int, n_local: int, dtype: torch.dtype, device: torch.device, group_name) -> bool:
@@ -195,7 +250,15 @@ def prepare_matmul_reduce_scatter(k_local: int, n: int, dtype: torch.dtype, devi
         "gemm_rs", P * TABLE_ROWS, n, P * k_local, dtype, P, device)) is not None
 
 
-# -- gradients: each op's backward is the other op, chosen and run the same way -----------
+def prepare_matmul_all_reduce(k_local: int, n: int, dtype: torch.dtype, device: torch.device, group_name) -> bool:
+    """``prepare_all_gather_matmul`` for ``matmul_all_reduce`` calls of A (rows, k_local) @ B (k_local, n)."""
+    group = resolve_group(group_name)
+    P = dist.get_world_size(group)
+    return dispatch.prepare_layer(_ar_layer(n, dtype, device.type, k_local), group, lambda: scenario_for(
+        "gemm_ar", P * TABLE_ROWS, n, P * k_local, dtype, P, device)) is not None
+
+
+# -- gradients: each op's backward is its mirror op, chosen and run the same way -----------
 def _needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
@@ -248,17 +311,30 @@ class _MatmulReduceScatter(torch.autograd.Function):
         return dA, dB, None, None, None
 
 
+class _MatmulAllReduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, A, B, reduce_op, group):
+        ctx.save_for_backward(A, B)
+        ctx.reduce_op, ctx.group = reduce_op, group
+        return _matmul_all_reduce(A, B, reduce_op, group)
+
+    @staticmethod
+    def backward(ctx, dY):
+        A, B = ctx.saved_tensors
+        if ctx.reduce_op == "avg":
+            dY = dY / dist.get_world_size(ctx.group)
+        return dY @ B.t(), _rows(A).t() @ _rows(dY), None, None
+
+
 def all_to_all_matmul(X: torch.Tensor, W: torch.Tensor, output_split_sizes: Sequence[int],
                       input_split_sizes: Sequence[int], group_name) -> torch.Tensor:
     """MoE dispatch then the local expert: ``all_to_all_single(X) @ W``.
 
     X (sum(input_split_sizes), k) holds the tokens this rank routes, grouped by
-    destination rank; returns (sum(output_split_sizes), n) grouped by source rank.
-    Token counts differ per rank and per step, so the scenario is built from every
-    rank's load (one small all-gather per call): m = mean tokens per expert, rounded
-    up to a quarter-octave so that a drifting load reuses its decision, and imbalance =
-    max load / mean load, in steps of 1/8. Differentiable: dX is the expert's input
-    gradient sent back with the reverse all-to-all (PyTorch's; not overlapped).
+    destination rank; returns (sum(output_split_sizes), n) grouped by source rank. The
+    scenario comes from every rank's load (``_expert_load``). Differentiable: its backward
+    is the combine (``matmul_all_to_all``: dX = all_to_all(dOut @ W^T), back to the ranks
+    that routed the tokens), chosen and run the same way.
     """
     splits = (tuple(output_split_sizes), tuple(input_split_sizes))
     if _needs_grad(X, W):
@@ -266,17 +342,44 @@ def all_to_all_matmul(X: torch.Tensor, W: torch.Tensor, output_split_sizes: Sequ
     return _all_to_all_matmul(X, W, splits, group_name)[0]
 
 
+def matmul_all_to_all(X: torch.Tensor, W: torch.Tensor, output_split_sizes: Sequence[int],
+                      input_split_sizes: Sequence[int], group_name) -> torch.Tensor:
+    """The local expert then the MoE combine: ``all_to_all_single(X @ W)``.
+
+    X (sum(input_split_sizes), k) holds the tokens this expert received, grouped by source
+    rank (``all_to_all_matmul``'s received layout); input_split_sizes[q] rows go back to
+    rank q. Returns (sum(output_split_sizes), n): the answers for the tokens this rank
+    routed, grouped by expert. Differentiable: its backward is the dispatch
+    (``all_to_all_matmul`` of dOut by W^T, the splits swapped), chosen and run the same way.
+    """
+    splits = (tuple(output_split_sizes), tuple(input_split_sizes))
+    if _needs_grad(X, W):
+        return _MatmulAllToAll.apply(X, W, splits, resolve_group(group_name))
+    return _matmul_all_to_all(X, W, splits, group_name)
+
+
+def _expert_load(expert_rows: int, group: dist.ProcessGroup, device: torch.device) -> tuple[int, float]:
+    """(m, imbalance) of a MoE call from every expert's token count (one small all-gather).
+
+    Token counts differ per rank and per step: m = mean tokens per expert, rounded up to a
+    quarter-octave so that a drifting load reuses its decision, and imbalance = max load /
+    mean load, in steps of 1/8.
+    """
+    P = dist.get_world_size(group)
+    loads = torch.zeros(P, dtype=torch.int64, device=device)
+    dist.all_gather_single(loads, torch.tensor([expert_rows], dtype=torch.int64, device=device), group=group)
+    mean = loads.double().mean().item()
+    m = math.ceil(2 ** (math.ceil(4 * math.log2(mean)) / 4)) if mean >= 1 else 0
+    imbalance = min(float(P), math.ceil(8 * loads.max().item() / mean) / 8) if mean > 0 else 1.0
+    return m, imbalance
+
+
 def _all_to_all_matmul(X, W, splits, group_name) -> tuple[torch.Tensor, torch.Tensor]:
     """(X_recv @ W, X_recv)."""
     output_split_sizes, input_split_sizes = splits
     group = resolve_group(group_name)
     P = dist.get_world_size(group)
-    loads = torch.zeros(P, dtype=torch.int64, device=X.device)
-    dist.all_gather_single(loads, torch.tensor([sum(output_split_sizes)], dtype=torch.int64, device=X.device),
-                           group=group)
-    mean = loads.double().mean().item()
-    m = math.ceil(2 ** (math.ceil(4 * math.log2(mean)) / 4)) if mean >= 1 else 0
-    imbalance = min(float(P), math.ceil(8 * loads.max().item() / mean) / 8) if mean > 0 else 1.0
+    m, imbalance = _expert_load(sum(output_split_sizes), group, X.device)
     key = ("a2a", m, imbalance, X.shape[1], W.shape[1], X.dtype, X.device.type)
     scenario, decision = decide(key, group, lambda: scenario_for(
         "a2a_gemm", m, W.shape[1], X.shape[1], X.dtype, P, X.device, imbalance=imbalance),
@@ -291,10 +394,35 @@ def _all_to_all_matmul(X, W, splits, group_name) -> tuple[torch.Tensor, torch.Te
         recv = received()
         return recv @ W, recv
     out, op = run_decided(AllToAllGemm, scenario, decision, group, lambda: received() @ W, X=X, W=W,
-                   send_sizes=list(input_split_sizes), recv_sizes=list(output_split_sizes))
+                          send_sizes=list(input_split_sizes), recv_sizes=list(output_split_sizes))
     # Overlapped schedules read the local chunk from X in place: complete X_recv.
     op.X_recv[op.recv_rows(op.r)] = op.send_chunk(op.r)
     return out, op.X_recv
+
+
+def _matmul_all_to_all(X, W, splits, group_name) -> torch.Tensor:
+    output_split_sizes, input_split_sizes = splits
+    group = resolve_group(group_name)
+    P = dist.get_world_size(group)
+    m, imbalance = _expert_load(X.shape[0], group, X.device)
+    key = ("combine", m, imbalance, X.shape[1], W.shape[1], X.dtype, X.device.type)
+    scenario, decision = decide(key, group, lambda: scenario_for(
+        "gemm_a2a", m, W.shape[1], X.shape[1], X.dtype, P, X.device, imbalance=imbalance),
+        layer=key[:1] + key[2:], m=m)
+
+    def plain():  # PyTorch's form: the expert's GEMM, then all_to_all_single
+        out = X.new_empty(sum(output_split_sizes), W.shape[1])
+        dist.all_to_all_single(out, (X @ W).contiguous(), list(output_split_sizes), list(input_split_sizes),
+                               group=group)
+        return out
+
+    if scenario is None:
+        return plain()
+    # The executor's names: recv_sizes are the tokens this expert received (they go back),
+    # send_sizes those this rank routed (their answers come back).
+    out, _ = run_decided(GemmAllToAll, scenario, decision, group, plain, X_recv=X, W=W,
+                         send_sizes=list(output_split_sizes), recv_sizes=list(input_split_sizes))
+    return out
 
 
 class _AllToAllMatmul(torch.autograd.Function):
@@ -309,7 +437,22 @@ class _AllToAllMatmul(torch.autograd.Function):
     def backward(ctx, dOut):
         X_recv, W = ctx.saved_tensors
         output_split_sizes, input_split_sizes = ctx.splits
-        dX_recv = dOut @ W.t()
-        dX = funcol.wait_tensor(funcol.all_to_all_single(  # back to the ranks that routed the tokens
-            dX_recv.contiguous(), list(input_split_sizes), list(output_split_sizes), ctx.group))
+        # The combine: dOut @ W^T, each source's rows sent back to the rank that routed them.
+        dX = _matmul_all_to_all(dOut.contiguous(), W.t(), (input_split_sizes, output_split_sizes), ctx.group)
         return dX, X_recv.t() @ dOut, None, None
+
+
+class _MatmulAllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, X, W, splits, group):
+        ctx.save_for_backward(X, W)
+        ctx.splits, ctx.group = splits, group
+        return _matmul_all_to_all(X, W, splits, group)
+
+    @staticmethod
+    def backward(ctx, dOut):
+        X, W = ctx.saved_tensors
+        output_split_sizes, input_split_sizes = ctx.splits
+        # The dispatch: every rank's dOut rows to the expert that computed them, then @ W^T.
+        dX, dY = _all_to_all_matmul(dOut.contiguous(), W.t(), (input_split_sizes, output_split_sizes), ctx.group)
+        return dX, X.t() @ dY, None, None

@@ -1,19 +1,25 @@
-"""Sequence-parallel tensor-parallel linear layers, and the hook that makes them use ficco.
+"""Tensor-parallel linear layers, and the hook that makes them use ficco.
 
-The layers (Megatron-style sequence parallelism, the pattern PyTorch's async-TP fuses):
+The layers, Megatron-style, with sequence parallelism (the pattern PyTorch's async-TP
+fuses; training) or without (what inference engines run; ``sequence_parallel=False``):
 
-- ``ColumnParallelLinear``: input sharded along the sequence dim; all-gather it, then
-  multiply by this rank's rows of the weight (output features split across ranks).
+- ``ColumnParallelLinear``: this rank's rows of the weight (output features split across
+  ranks). With sequence parallelism the input is sharded along the sequence dim and
+  all-gathered first; without, the input is replicated, the forward has no collective and
+  the input's gradient is all-reduced.
 - ``RowParallelLinear``: input features split across ranks; multiply by this rank's
-  columns of the weight, then reduce-scatter the partial sums along the sequence dim.
+  columns of the weight, then reduce-scatter the partial sums along the sequence dim
+  (with sequence parallelism) or all-reduce them (without; the gradient then needs no
+  collective).
 
 ``parallelize(model, {"mlp.up": "colwise", "mlp.down": "rowwise"}, group)`` shards a
 plain model's ``nn.Linear`` layers into them. Unhooked, they run PyTorch's plain
-(differentiable) collectives. ``install(model)``
-switches every such layer in a model to ``ficco_select.runtime.torch_ops`` (schedule chosen per
-shape, executed by the executor); the returned handle's ``remove()`` restores them.
-Backward of a hooked layer is the mirror op (``torch_ops``' gradients), itself chosen and
-executed by ficco: d(AG(x) @ W^T)/dx = RS(dy @ W) and d(RS(x @ W^T))/dx = AG(dy) @ W.
+(differentiable) collectives. ``install(model)`` switches every such layer in a model to
+``ficco_select.runtime.torch_ops`` (schedule chosen per shape, executed by the executor);
+the returned handle's ``remove()`` restores them. Where a hooked layer's backward has a
+collective, it is the mirror op, itself chosen and executed by ficco:
+d(AG(x) @ W^T)/dx = RS(dy @ W), d(RS(x @ W^T))/dx = AG(dy) @ W, and without sequence
+parallelism the column-parallel layer's dx = AR(dy @ W) (``matmul_all_reduce``).
 """
 
 from __future__ import annotations
@@ -28,62 +34,129 @@ from torch import nn
 
 from ficco_select.runtime.torch_ops import (
     all_gather_matmul,
+    matmul_all_reduce,
     matmul_reduce_scatter,
     prepare_all_gather_matmul,
+    prepare_matmul_all_reduce,
     prepare_matmul_reduce_scatter,
 )
 
 
+# -- the collectives of tensor parallelism without sequence parallelism ------------------------
+# PyTorch's functional all_reduce has no autograd, and torch.distributed.nn's sums the
+# gradients (P times the replicated output's): these are Megatron's two conjugate ops.
+class _AllReduceForward(torch.autograd.Function):
+    """Forward all-reduce (sum), backward identity: the row-parallel layer's output."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy, None
+
+
+class _AllReduceBackward(torch.autograd.Function):
+    """Forward identity, backward all-reduce (sum): the column-parallel layer's input."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, dx):
+        dx = dx.clone()
+        dist.all_reduce(dx, group=ctx.group)
+        return dx, None
+
+
+class _LinearAllReduceGrad(torch.autograd.Function):
+    """x @ W^T, whose input gradient dy @ W is all-reduced by ``matmul_all_reduce``: the
+    hooked column-parallel layer without sequence parallelism."""
+
+    @staticmethod
+    def forward(ctx, x, weight, group):
+        ctx.save_for_backward(x, weight)
+        ctx.group = group
+        return F.linear(x, weight)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        dx = matmul_all_reduce(dy.contiguous(), weight, "sum", ctx.group) if ctx.needs_input_grad[0] else None
+        dw = dy.reshape(-1, dy.shape[-1]).t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+        return dx, dw, None
+
+
 class ColumnParallelLinear(nn.Module):
-    """y = all_gather(x, seq_dim) @ W_r^T + b_r; W_r: this rank's rows of the weight."""
+    """y = all_gather(x, seq_dim) @ W_r^T + b_r (x @ W_r^T + b_r without sequence
+    parallelism); W_r: this rank's rows of the weight."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: dist.ProcessGroup,
-                 seq_dim: int = 0) -> None:
+                 seq_dim: int = 0, sequence_parallel: bool = True) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight)
         self.bias = nn.Parameter(bias) if bias is not None else None
-        self.group, self.seq_dim = group, seq_dim
+        self.group, self.seq_dim, self.sequence_parallel = group, seq_dim, sequence_parallel
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group: dist.ProcessGroup, seq_dim: int = 0) -> "ColumnParallelLinear":
+    def from_linear(cls, linear: nn.Linear, group: dist.ProcessGroup, seq_dim: int = 0,
+                    sequence_parallel: bool = True) -> "ColumnParallelLinear":
         """This rank's shard of a full ``nn.Linear`` (out_features divisible by the world size)."""
         r, P = dist.get_rank(group), dist.get_world_size(group)
         w = linear.weight.detach().chunk(P, dim=0)[r].clone()
         b = None if linear.bias is None else linear.bias.detach().chunk(P)[r].clone()
-        return cls(w, b, group, seq_dim)
+        return cls(w, b, group, seq_dim, sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.sequence_parallel:
+            return F.linear(_AllReduceBackward.apply(x, self.group), self.weight, self.bias)
         full = funcol.all_gather_single_autograd(x.contiguous(), self.seq_dim, self.group)
         return F.linear(full, self.weight, self.bias)
 
     def ficco_forward(self, x: torch.Tensor) -> torch.Tensor:
-        _, (y,) = all_gather_matmul(x, [self.weight.t()], self.seq_dim, self.group, return_A=False)
+        if not self.sequence_parallel:
+            y = _LinearAllReduceGrad.apply(x, self.weight, self.group)
+        else:
+            _, (y,) = all_gather_matmul(x, [self.weight.t()], self.seq_dim, self.group, return_A=False)
         return y if self.bias is None else y + self.bias
 
 
 class RowParallelLinear(nn.Module):
-    """y = reduce_scatter(x @ W_r^T, seq_dim) + b; W_r: this rank's columns of the weight."""
+    """y = reduce_scatter(x @ W_r^T, seq_dim) + b (all_reduce(x @ W_r^T) + b without
+    sequence parallelism); W_r: this rank's columns of the weight."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: dist.ProcessGroup,
-                 seq_dim: int = 0) -> None:
+                 seq_dim: int = 0, sequence_parallel: bool = True) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight)
         self.bias = nn.Parameter(bias) if bias is not None else None  # full: added after the sum
-        self.group, self.seq_dim = group, seq_dim
+        self.group, self.seq_dim, self.sequence_parallel = group, seq_dim, sequence_parallel
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group: dist.ProcessGroup, seq_dim: int = 0) -> "RowParallelLinear":
+    def from_linear(cls, linear: nn.Linear, group: dist.ProcessGroup, seq_dim: int = 0,
+                    sequence_parallel: bool = True) -> "RowParallelLinear":
         r, P = dist.get_rank(group), dist.get_world_size(group)
         w = linear.weight.detach().chunk(P, dim=1)[r].clone()
         b = None if linear.bias is None else linear.bias.detach().clone()
-        return cls(w, b, group, seq_dim)
+        return cls(w, b, group, seq_dim, sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = funcol.reduce_scatter_single_autograd(F.linear(x, self.weight), "sum", self.seq_dim, self.group)
+        if not self.sequence_parallel:
+            y = _AllReduceForward.apply(F.linear(x, self.weight), self.group)
+        else:
+            y = funcol.reduce_scatter_single_autograd(F.linear(x, self.weight), "sum", self.seq_dim, self.group)
         return y if self.bias is None else y + self.bias
 
     def ficco_forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = matmul_reduce_scatter(x, self.weight.t(), "sum", self.seq_dim, self.group)
+        if not self.sequence_parallel:
+            y = matmul_all_reduce(x, self.weight.t(), "sum", self.group)
+        else:
+            y = matmul_reduce_scatter(x, self.weight.t(), "sum", self.seq_dim, self.group)
         return y if self.bias is None else y + self.bias
 
 
@@ -109,13 +182,16 @@ class HookHandle:
         self.remove()
 
 
-def parallelize(model: nn.Module, plan: dict[str, str], group: dist.ProcessGroup, seq_dim: int = 0) -> nn.Module:
+def parallelize(model: nn.Module, plan: dict[str, str], group: dist.ProcessGroup, seq_dim: int = 0,
+                sequence_parallel: bool = True) -> nn.Module:
     """Replace the ``nn.Linear`` layers named in `plan` by this rank's shard, in place.
 
     `plan` maps a submodule's name (as ``model.named_modules()`` spells it) to
-    ``"colwise"`` (ColumnParallelLinear: all-gather the sequence, split the outputs) or
-    ``"rowwise"`` (RowParallelLinear: split the inputs, reduce-scatter the sequence). Every
-    rank must start from the same full weights. Returns `model`.
+    ``"colwise"`` (ColumnParallelLinear: split the outputs) or ``"rowwise"``
+    (RowParallelLinear: split the inputs). With `sequence_parallel` the activations between
+    a rowwise and the next colwise layer are sharded along `seq_dim` (all-gather in,
+    reduce-scatter out); without, they are replicated (all-reduce out). Every rank must
+    start from the same full weights. Returns `model`.
     """
     kinds = {"colwise": ColumnParallelLinear, "rowwise": RowParallelLinear}
     modules = dict(model.named_modules())
@@ -126,7 +202,8 @@ def parallelize(model: nn.Module, plan: dict[str, str], group: dist.ProcessGroup
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"plan[{name!r}]: no nn.Linear of that name in the model (found {type(linear).__name__})")
         parent_name, _, attr = name.rpartition(".")
-        setattr(modules[parent_name] if parent_name else model, attr, kinds[kind].from_linear(linear, group, seq_dim))
+        setattr(modules[parent_name] if parent_name else model, attr,
+                kinds[kind].from_linear(linear, group, seq_dim, sequence_parallel))
     return model
 
 
@@ -154,7 +231,12 @@ def _prepare(layer: nn.Module) -> None:
     input's gradient) when the weight is trained."""
     w, group = layer.weight, layer.group
     out_features, in_features = w.shape  # this rank's shard of the weight
-    if isinstance(layer, ColumnParallelLinear):  # AG(x) @ W^T; dx = RS(dy @ W)
+    if not layer.sequence_parallel:  # row: AR(x @ W^T), dx = dy @ W; column: x @ W^T, dx = AR(dy @ W)
+        if isinstance(layer, RowParallelLinear):
+            prepare_matmul_all_reduce(in_features, out_features, w.dtype, w.device, group)
+        elif w.requires_grad:
+            prepare_matmul_all_reduce(out_features, in_features, w.dtype, w.device, group)
+    elif isinstance(layer, ColumnParallelLinear):  # AG(x) @ W^T; dx = RS(dy @ W)
         prepare_all_gather_matmul(in_features, out_features, w.dtype, w.device, group)
         if w.requires_grad:
             prepare_matmul_reduce_scatter(out_features, in_features, w.dtype, w.device, group)
