@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.operators.reduce_scatter import GemmReduceScatter
 from ficco_select.schedule import Schedule
 
@@ -18,7 +19,9 @@ class GemmAllReduce(GemmReduceScatter):
 
     An all-reduce is a reduce-scatter of row blocks followed by an all-gather of the
     reduced blocks, and every schedule is built so:
-    - ``none``: the whole GEMM, then a ring reduce-scatter and a ring all-gather of C;
+    - ``none``: the whole GEMM, then the whole all-reduce: the backend's own (gloo's,
+      NCCL's) over the group, what a job runs without overlap; over the copy engines
+      (``none.dma``), a ring reduce-scatter and a ring all-gather of C;
     - ``shard.ring``, ``ficco.d<d>.ring.*``: the reduce-scatter + all-gather form: the
       ``gemm_rs`` schedule of the same name (its reduce-scatter overlapped with the GEMM),
       then the ring all-gather of the reduced blocks;
@@ -37,6 +40,13 @@ class GemmAllReduce(GemmReduceScatter):
                                [(self.C[self.block((r - h - 1) % P)], (r - 1) % P)], tag=GATHER_TAGS + h)
 
     def comm_alone(self):
+        if isinstance(self.comm, P2PComm):
+            # The backend's all-reduce, not a ring of point-to-point hops: on gloo the hops
+            # ran an inference step at 0.77x to 0.87x of gloo's all_reduce (P = 2,
+            # benchmarks/e2e_infer.py), and a baseline slower than what a job runs labels
+            # overlap a win where it loses.
+            dist.all_reduce(self.C, group=self.comm.group)
+            return
         self._ring_reduce_scatter()
         self._ring_all_gather()
 
