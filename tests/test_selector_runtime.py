@@ -347,6 +347,12 @@ MALFORMED_META = {  # name: (selector.json text, what the one warning must name)
     "a kind's rule without a fallback": ({"abstention": {"min_margin": 0.1, "fallback": "heuristic",
                                                          "by_kind": {"gpu": {"min_margin": 0}}}},
                                          "field 'abstention.by_kind.gpu.fallback'"),
+    "abstention for an unknown operator": ({"abstention": {"min_margin": 0.1, "fallback": "heuristic",
+                                                           "by_op": {"gpu.gemm_xx": {"min_margin": 0, "fallback": "heuristic"}}}},
+                                           "field 'abstention.by_op' must be an object keyed by '<kind>.<op>'"),
+    "an operator's rule without a fallback": ({"abstention": {"min_margin": 0.1, "fallback": "heuristic",
+                                                              "by_op": {"cpu.gemm_ar": {"min_margin": 0}}}},
+                                              "field 'abstention.by_op.cpu.gemm_ar.fallback'"),
     "unseen hardware decided by nobody": ({"unseen_hardware": {"decide": "oracle"}}, "field 'unseen_hardware'"),
     "unseen hardware without kinds": ({"unseen_hardware": {"decide": "model"}}, "field 'unseen_hardware.kinds'"),
     "unseen hardware of an unknown kind": ({"unseen_hardware": {"decide": "model", "kinds": {"tpu": {}}}},
@@ -529,6 +535,14 @@ def test_the_exports_fitted_abstention_rule_decides_where_the_model_abstains(tmp
     d = sel.select(cpu)  # the pooled rule: never trust, run the baseline
     assert d.source == "fallback" and d.schedule == BASELINE and "never trusts the model" in d.reason
     assert Selector.load(tmp_path / "d", min_margin=0.0).select(cpu).source == "model"
+    # A rule per operator on a kind wins over the kind's and the pooled one, for that operator only.
+    by_op = {**by_kind, "by_op": {f"gpu.{RECORD['op']}": {"min_margin": None, "fallback": "baseline"}}}
+    sel = Selector.load(write_selector(tmp_path / "e", abstention=by_op,
+                                       training_ranges={**FULL_RANGES, "hardware": [*PRESETS, "cpu"]}))
+    d = sel.select(RECORD)
+    assert d.source == "fallback" and d.schedule == BASELINE and "never trusts the model" in d.reason
+    other = "gemm_rs" if RECORD["op"] != "gemm_rs" else "ag_gemm"
+    assert sel.select({**RECORD, "op": other}).source == "model"  # the gpu rule
 
 
 def test_a_fixed_rule_fallback_runs_its_schedule_where_legal_else_the_baseline(tmp_path):

@@ -4,7 +4,7 @@ that tell it when to abstain, fitted on validation folds of the training side.
 - ``fit_abstention``: the margin threshold and fallback with the most expected speed on
   validation scenarios whose slowdowns stay within a tail guard: ``SLOWDOWN_CAP``, or the
   labels' own best's slowdown share where noise makes that higher (one rule, and one per
-  kind of machine);
+  kind of machine, and one per operator on a kind);
 - ``fit_unseen_hardware``: how far outside the trained machines' specs the model may decide;
 - ``ShippedPolicy``: the runtime selector around the model and those rules, scored in the
   tables as users get it; ``runtime_meta`` / ``training_ranges``: what ``selector.json`` holds.
@@ -96,9 +96,12 @@ def fit_abstention(make: Callable[[], BaseSelector], df: pd.DataFrame, folds: in
     speed (capture of the best's speed, on the truth) among those whose slowdowns (more than
     ``SLOWER_BY`` slower than the baseline, on the truth) stay within ``tail_guard``. The
     threshold is in each model's units, but what it guarantees is the same for every
-    model. One rule over every validation scenario, and one per kind of machine (gpu, cpu;
+    model. One rule over every validation scenario, one per kind of machine (gpu, cpu;
     ``by_kind``, with at least ``MIN_KIND_SCENARIOS`` of them), since a model can be sure
-    on one kind and guess on the other. Returns selector.json's ``abstention`` plus the
+    on one kind and guess on the other, and one per operator on a kind (``by_op``, with at
+    least ``MIN_OP_SCENARIOS``): on cpu, shard-level overlap is the best fixed rule for the
+    all-gather and reduce-scatter ops and the worst for the all-reduce, whose baseline is
+    gloo's own. Returns selector.json's ``abstention`` plus the
     validation figures.
     """
     ok = usable_rows(df)
@@ -113,7 +116,9 @@ def fit_abstention(make: Callable[[], BaseSelector], df: pd.DataFrame, folds: in
         return {"min_margin": DEFAULT_MIN_MARGIN, "fallback": "heuristic", "validation_scenarios": 0}
     v = pd.concat(parts, ignore_index=True)
     by_kind = {kind: _margin_rule(rows) for kind, rows in v.groupby("kind") if len(rows) >= MIN_KIND_SCENARIOS}
-    rule = {**_margin_rule(v), "by_kind": by_kind} if by_kind else _margin_rule(v)
+    by_op = {f"{kind}.{op}": _margin_rule(rows) for (kind, op), rows in v.groupby(["kind", "op"])
+             if len(rows) >= MIN_OP_SCENARIOS}
+    rule = {**_margin_rule(v), **({"by_kind": by_kind} if by_kind else {}), **({"by_op": by_op} if by_op else {})}
     return {**rule, "range_slack": _range_slack(v, rule)}
 
 
@@ -175,6 +180,10 @@ def _against_heuristic(v: pd.DataFrame, abstention: dict) -> dict:
 
 MIN_KIND_SCENARIOS = 50
 """Validation scenarios of one kind of machine needed to fit that kind its own rule."""
+MIN_OP_SCENARIOS = 20
+"""Validation scenarios of one operator on one kind of machine needed to fit it its own rule
+(one scenario moves its shares by 5% at most). The rule picks among a handful of fallbacks
+and a threshold, under the same tail guard, so it needs fewer than a kind's."""
 
 
 def _margin_rule(v: pd.DataFrame) -> dict:
@@ -253,9 +262,9 @@ def _apply_rule(v: pd.DataFrame, abstention: dict) -> np.ndarray:
     """The true time of what the runtime runs on each validation scenario under `abstention`
     (its rule for the scenario's kind of machine, if it has one)."""
     out = np.empty(len(v))
-    for kind in set(v["kind"]):
-        rule = abstention.get("by_kind", {}).get(kind, abstention)
-        at = (v["kind"] == kind).to_numpy()
+    for kind, op in set(zip(v["kind"], v["op"])):
+        rule = abstention.get("by_op", {}).get(f"{kind}.{op}", abstention.get("by_kind", {}).get(kind, abstention))
+        at = ((v["kind"] == kind) & (v["op"] == op)).to_numpy()
         rows = v[at]
         out[at] = _under_rule(rows["margin"].to_numpy(float), rows["t_model"].to_numpy(float),
                               _fallback_times(rows, rule["fallback"]), rule["min_margin"])[1]
@@ -318,7 +327,7 @@ def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abst
 
 def _fixed_fallbacks(abstention: dict) -> list[str]:
     """The schedules of the fixed-rule fallbacks (plain or gated) that `abstention` uses."""
-    rules = [abstention, *abstention.get("by_kind", {}).values()]
+    rules = [abstention, *abstention.get("by_kind", {}).values(), *abstention.get("by_op", {}).values()]
     return sorted({r["fallback"].removeprefix(GATED) for r in rules if r["fallback"] not in FALLBACKS})
 
 
@@ -356,9 +365,10 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame, fixed: Sequence
     rows_of = np.split(by_sid, np.flatnonzero(sid[by_sid][1:] != sid[by_sid][:-1]) + 1)
     scored = {sid[rows[0]]: (names[rows].tolist(), lower_is_better[rows]) for rows in rows_of if len(rows)}
     kind_of = {h: machine_kind(load_hardware(h)) for h in set(ok["hardware"])}
-    columns = ok.groupby("scenario_id", sort=False)[["hardware", *SLACK_COLUMNS]].first().reindex(first.index)
+    columns = ok.groupby("scenario_id", sort=False)[["hardware", "op", *SLACK_COLUMNS]].first().reindex(first.index)
     return pd.DataFrame({
         "kind": columns["hardware"].map(kind_of).to_numpy(),
+        "op": columns["op"].to_numpy(),
         **{c: columns[c].to_numpy(float) for c in SLACK_COLUMNS},
         "margin": first["margin"].to_numpy(float),
         "t_model": first["t"].to_numpy(float),

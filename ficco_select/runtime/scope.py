@@ -10,8 +10,9 @@ or null, "fallback": "heuristic" | "baseline" | a schedule name, i.e. a fixed ru
 schedule where it is legal, else the baseline | "gated:" + a schedule name: of that schedule
 and the baseline, the one the model predicts faster}: the rule fitted on validation folds at
 training, ``train.shipped.fit_abstention``; null: the model never decides; an optional
-``by_kind`` {"gpu" | "cpu": the same two fields} overrides it for that kind of machine; an
-optional ``range_slack`` {"gpu" | "cpu": {"m" | "n" | "k": factor >= 1}} widens those training
+``by_kind`` {"gpu" | "cpu": the same two fields} overrides it for that kind of machine, and
+an optional ``by_op`` {"<kind>.<op>", e.g. "cpu.gemm_ar": the same two fields} for one
+operator on that kind (it wins over ``by_kind``); an optional ``range_slack`` {"gpu" | "cpu": {"m" | "n" | "k": factor >= 1}} widens those training
 ranges for that kind of machine, by what validation on held-out model families tested;
 without it, a margin below 0.01 goes to the heuristic), and optional ``unseen_hardware`` ({"decide":
 "model" | "heuristic", "kinds": {"gpu" | "cpu": {"topologies": [...], "any_topology":
@@ -39,6 +40,7 @@ from typing import Any
 from ficco_select.hardware import HardwareSpec, fields_of, spec_from_dict
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime.decision import GATED
+from ficco_select.scenario import OPS
 from ficco_select.schedule import parse
 
 SELECTORS = ("xgb-regressor", "xgb-ranker")
@@ -79,6 +81,9 @@ class Scope:
     abstention_by_kind: Mapping[str, tuple[float | None, str]] = dataclasses.field(default_factory=dict)
     """``abstention.by_kind``: the same rule fitted per kind of machine (``machine_kind``):
     a model's margins mean more on one kind than on another."""
+    abstention_by_op: Mapping[tuple[str, str], tuple[float | None, str]] = dataclasses.field(default_factory=dict)
+    """``abstention.by_op``: the rule fitted per (kind of machine, operator): a fallback
+    that suits most of a kind's scenarios can be the worst choice for one operator."""
     unseen: Mapping[str, tuple[frozenset, tuple[tuple[str, float, float], ...]]] = \
         dataclasses.field(default_factory=dict)
     """``unseen_hardware`` when its rule lets the model decide machines it never saw: per
@@ -134,7 +139,7 @@ class Scope:
                 raise ValueError(f"{where}, hardware_specs[{key!r}]: field 'name' is {spec.name!r}, not the key")
             checked[key] = spec
         rule = meta.get("abstention")
-        abstention, by_kind, slack = None, {}, {}
+        abstention, by_kind, by_op, slack = None, {}, {}, {}
         if rule is not None:
             abstention = _margin_rule(rule, f"{where}: field 'abstention")
             kinds = rule.get("by_kind", {})
@@ -142,9 +147,18 @@ class Scope:
                 raise ValueError(f"{where}: field 'abstention.by_kind' must be an object keyed by "
                                  f"{' or '.join(MACHINE_KINDS)}, got {kinds!r}")
             by_kind = {kind: _margin_rule(r, f"{where}: field 'abstention.by_kind.{kind}") for kind, r in kinds.items()}
+            ops = rule.get("by_op", {})
+            allowed = {f"{kind}.{op}" for kind in MACHINE_KINDS for op in OPS}
+            if not isinstance(ops, dict) or not set(ops) <= allowed:
+                bad = sorted(set(ops) - allowed) if isinstance(ops, dict) else ops
+                raise ValueError(f"{where}: field 'abstention.by_op' must be an object keyed by "
+                                 f"'<kind>.<op>' ({' or '.join(MACHINE_KINDS)}, then one of {', '.join(OPS)}), "
+                                 f"got {bad!r}")
+            by_op = {tuple(key.split(".", 1)): _margin_rule(r, f"{where}: field 'abstention.by_op.{key}")
+                     for key, r in ops.items()}
             slack = _range_slack(rule.get("range_slack", {}), f"{where}: field 'abstention.range_slack")
         return cls(ranker=name == "xgb-ranker", seen=tuple(seen), ranges=tuple(bounds), specs=checked,
-                   abstention=abstention, abstention_by_kind=by_kind, range_slack=slack,
+                   abstention=abstention, abstention_by_kind=by_kind, abstention_by_op=by_op, range_slack=slack,
                    unseen=_unseen_rule(meta.get("unseen_hardware"), where),
                    unseen_dtype=_dtype_ranges(meta.get("unseen_dtype"), where))
 

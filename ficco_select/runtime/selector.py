@@ -69,6 +69,7 @@ class Selector:
         self.min_margin = rule[0] if rule else (DEFAULT_MIN_MARGIN if min_margin is None else min_margin)
         self.margin_fallback = rule[1] if rule else "heuristic"
         self._margin_by_kind = dict(self._scope.abstention_by_kind) if min_margin is None else {}
+        self._margin_by_op = dict(self._scope.abstention_by_op) if min_margin is None else {}
         self._trained_hardware = dict(self._scope.seen).get("hardware")  # None: not recorded
         self._trained_dtypes = dict(self._scope.seen).get("dtype")
         self.layer_tables = layer_tables
@@ -456,7 +457,9 @@ class Selector:
             scores = -scores  # ranker: higher is better; we take the argmin below
         (at,), (margin,) = pick_with_margin(scores, _names_of(cands))
         best, margin = cands[int(at)], float(margin)
-        min_margin, fallback = self._margin_by_kind.get(machine_kind(hw), (self.min_margin, self.margin_fallback))
+        kind = machine_kind(hw)
+        min_margin, fallback = self._margin_by_op.get(
+            (kind, s.op), self._margin_by_kind.get(kind, (self.min_margin, self.margin_fallback)))
         if min_margin is None or margin < min_margin:
             why = (f"model margin {margin:.4f} below {min_margin}" if min_margin is not None
                    else "the export's abstention rule never trusts the model")
