@@ -1,0 +1,177 @@
+"""An inference step on gloo ranks: a Llama-style block, tensor-parallel without sequence
+parallelism (what inference engines run), forward only, timed under each way of running its
+all-reduces.
+
+The block is ``e2e_tp.Block``, sharded by ``tp.parallelize(..., sequence_parallel=False)``
+(activations replicated): RMSNorm -> fused q/k/v projection (column-parallel, this rank's
+heads; no communication) -> causal attention -> output projection (row-parallel: GEMM, then
+all-reduce) -> residual; RMSNorm -> fused gate/up projection (column-parallel) -> SiLU(gate)
+* up -> down projection (row-parallel: GEMM, then all-reduce) -> residual. Two GEMM +
+all-reduce pairs per step. Prefill: ``seq`` tokens of one sequence; decode: ``batch``
+sequences of one new token each (attention over that token only: no KV cache, so the step's
+attention is cheaper than a real decode step's; the GEMM + all-reduce pairs are the real ones).
+
+Ways, interleaved (each repeat runs every way once, in rotated order; one untimed step after
+a switch, then ``--steps`` timed steps, each the slowest rank's, their mean):
+- ``pytorch``: unhooked (``F.linear``, then ``dist.all_reduce``);
+- ``ficco``: ``tp.install`` with the selector (the exported champion, or ``--model``): every
+  row-parallel layer through ``matmul_all_reduce``;
+- each of ``FIXED``: every all-reduce pinned to that schedule where it is legal, else the
+  baseline (``none.sm``);
+- ``compute-only``: not a way to run a job: the all-reduces left out; ``comm / compute`` =
+  (pytorch - compute-only) / compute-only.
+
+Prints, per configuration, each way's median step time and its speedup over ``pytorch``: the
+median of the per-repeat ratios with its 95% confidence interval (distribution-free, from
+order statistics, ``e2e_tp.median_ci``), and the schedules ficco ran.
+
+    python benchmarks/e2e_infer.py [--configs P:seq:batch:hidden,...] [--reps 20] [--steps 3]
+                                   [--model DIR] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_tp import HEAD_DIM, Block, _leave, median_ci, oracle_selector  # noqa: E402 - the training step's
+
+FIXED = ("none.sm", "shard.ring.sm", "ficco.d2.ring.gemm_per_step.m.sm", "ficco.d2.a2a.gemm_per_step.m.sm")
+"""Fixed rules: the baseline through ficco's executor, the reduce-scatter + all-gather form at
+shard level and at d = 2, and the piece-wise all-reduce in two pieces (P >= 3)."""
+DEFAULT_CONFIGS = "2:512:1:512,2:1:16:512,4:512:1:512,4:1:16:512"
+"""P:seq:batch:hidden: prefill (512 tokens of one sequence) and decode (16 sequences, one new
+token each) at P = 2 and 4."""
+PLAN = {"qkv": "colwise", "o": "rowwise", "gate_up": "colwise", "down": "rowwise"}
+
+
+def _compute_only(layer) -> None:
+    """The layer's GEMM alone: the row-parallel layer's all-reduce left out."""
+    layer.forward = lambda x: F.linear(x, layer.weight)
+
+
+def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
+    from ficco_select.runtime import dispatch, torch_ops
+    from ficco_select.runtime.selector import Selector
+    from ficco_select.runtime.tp import TP_LAYERS, install, parallelize
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // P))
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=P)
+    torch.manual_seed(0)
+    hidden = config["hidden"]
+    model = parallelize(Block(hidden, hidden // HEAD_DIM, 3 * hidden, P), PLAN, dist.group.WORLD,
+                        sequence_parallel=False).requires_grad_(False)
+    layers = [m for m in model.modules() if isinstance(m, TP_LAYERS)]
+    x = torch.randn(config["seq"], config["batch"], hidden)  # replicated
+
+    @torch.inference_mode()
+    def step() -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        model(x)
+        elapsed = torch.tensor([time.perf_counter() - t0])
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's step
+        return float(elapsed)
+
+    champion = Selector.load(config["model"]) if config["model"] else Selector.load()
+    baseline = oracle_selector({})  # answers every shape with the baseline
+    handle = None
+    ran = {}
+
+    def use(way: str) -> None:
+        nonlocal handle
+        if handle is not None:
+            handle.remove()
+            handle = None
+        for layer in layers:
+            layer.__dict__.pop("forward", None)
+        if way == "compute-only":
+            for layer in layers:
+                _compute_only(layer)
+        elif way != "pytorch":
+            torch_ops.configure(selector=champion if way == "ficco" else baseline, hardware="cpu",
+                                schedule="" if way == "ficco" else way)
+            handle = install(model)
+
+    ways = config["ways"]
+    times = {w: [] for w in ways}
+    for way in ways:  # warm every way once
+        use(way)
+        step()
+        if way == "ficco":
+            ran = {str(key[0][1]): f"{d.schedule.name} ({d.source})" for key, d in dispatch.decisions().items()}
+    for r in range(config["reps"]):
+        for way in ways[r % len(ways):] + ways[:r % len(ways)]:
+            use(way)
+            step()
+            times[way].append(statistics.fmean(step() for _ in range(config["steps"])))
+    use("pytorch")
+    _leave(rank, results, {"times": times, "ficco_ran": ran})
+
+
+def run_ranks(P: int, config: dict) -> dict:
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(rank_main, args=(P, config, tmp, results), nprocs=P, join=True)
+    return results.get()
+
+
+def summarize(P: int, config: dict, times: dict) -> dict:
+    base = times["pytorch"]
+    out = {"world_size": P, "seq": config["seq"], "batch": config["batch"], "hidden": config["hidden"],
+           "reps": len(base), "ways": {}}
+    for way, ts in times.items():
+        mid, lo, hi = median_ci([b / t for b, t in zip(base, ts)])
+        out["ways"][way] = {"step_ms": round(1e3 * statistics.median(ts), 3), "speedup": round(mid, 3),
+                            "ci": [round(lo, 3), round(hi, 3)]}
+    compute = statistics.median(times["compute-only"])
+    out["comm_per_compute"] = round((statistics.median(base) - compute) / compute, 3)
+    fixed = [w for w in times if w in FIXED]
+    out["best_fixed"] = max(fixed, key=lambda w: out["ways"][w]["speedup"])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="P:seq:batch:hidden, comma-separated")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--model", default="", help="exported selector folder (default: the packaged champion)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    rows = []
+    for spec in args.configs.split(","):
+        P, seq, batch, hidden = (int(v) for v in spec.split(":"))
+        if hidden % HEAD_DIM or (hidden // HEAD_DIM) % P:
+            parser.error(f"--configs {spec}: hidden must be a multiple of {HEAD_DIM} with hidden/{HEAD_DIM} heads "
+                         "divisible by P")
+        config = {"seq": seq, "batch": batch, "hidden": hidden, "reps": args.reps, "steps": args.steps,
+                  "model": args.model, "ways": ["pytorch", "ficco", *FIXED, "compute-only"]}
+        got = run_ranks(P, config)
+        row = summarize(P, config, got["times"]) | {"ficco_ran": got["ficco_ran"]}
+        rows.append(row)
+        if not args.json:
+            ways = "  ".join(f"{w} {v['speedup']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
+                             for w, v in row["ways"].items() if w != "pytorch")
+            print(f"P={P} seq={seq} batch={batch} hidden={hidden} comm/compute={row['comm_per_compute']:.2f} "
+                  f"pytorch {row['ways']['pytorch']['step_ms']:.3f} ms | {ways} | best fixed {row['best_fixed']} "
+                  f"| ficco ran {row['ficco_ran']}", flush=True)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
