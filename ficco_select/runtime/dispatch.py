@@ -274,16 +274,15 @@ def run_decided(op_cls, scenario: Scenario, decision: Decision, group: dist.Proc
 
 
 def runs_natively(decision: Decision) -> bool:
-    """Whether the decision is the baseline, which a call runs as PyTorch's own op."""
+    """Whether the decision is the baseline (which an op whose measured baseline is
+    PyTorch's own collective runs as PyTorch's op: ``matmul_all_reduce``)."""
     return decision.schedule.granularity == "none"
 
 
 def run_native(scenario: Scenario | None, decision: Decision, device: torch.device, native):
-    """native(): PyTorch's own op, for the baseline decision (what the caller runs without
-    ficco: NCCL's or gloo's collective, not the executor's point-to-point ring, which exists
-    so that measured schedules share one transport) and for a call without a scenario.
-    Telemetry times a scenario's run under the decided schedule's name; it is the reference,
-    so its check passes by definition."""
+    """native(): PyTorch's own op, for a call without a scenario and for a baseline decision
+    measured as PyTorch's op (``runs_natively``). Telemetry times a scenario's run under the
+    decided schedule's name; it is the reference, so its check passes by definition."""
     if scenario is None:
         return native()
     return _timed(scenario, decision.schedule, decision, device, native, None)

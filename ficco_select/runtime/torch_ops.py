@@ -17,11 +17,12 @@ schedule and runs it with the executor on the caller's process group.
 Choices a caller should know:
 - Every rank must run the same schedule: the first decision for a new shape is taken on
   the group's rank 0 and broadcast (one small collective per new shape, then cached).
-- The baseline decision (``none``) of the all-gather, reduce-scatter and all-reduce ops
-  runs PyTorch's own implementation: it is what the caller runs without ficco, and the
-  backend's collective algorithms (NCCL's, gloo's) beat a ring of point-to-point hops. The
-  MoE ops' baseline is the executor's exchange, every peer at once: NCCL's
-  ``all_to_all_single`` is the same grouped send/recv, and gloo's was slower than it here.
+- The baseline decision (``none``) runs as it was measured, so that a decision means at
+  run time what it meant in the labels: ``matmul_all_reduce``'s is PyTorch's ``mm`` then
+  ``dist.all_reduce`` (the executor's ``gemm_ar`` baseline is the backend's all-reduce);
+  the others' is the executor's (a ring of the group's point-to-point transfers for the
+  all-gather and reduce-scatter, every peer at once for the MoE ops), level with PyTorch's
+  own ops on gloo in ``benchmarks/e2e_tp.py``.
 - What the executor cannot run falls back to PyTorch's own implementation, with the
   decision's reason saying why: a gather along the contraction (last) dim, a scatter dim
   whose size the world size does not divide, dtypes other than fp32/bf16/fp16, a
@@ -112,9 +113,9 @@ def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A):
     scenario, decision = decide(key, group, lambda: scenario_for(
         "ag_gemm", P * A2.shape[0], P * sum(widths), A2.shape[1], A_shard.dtype, P, A_shard.device),
         layer=_ag_layer(sum(widths), A_shard.dtype, A_shard.device.type, A2.shape[1]), m=P * A2.shape[0])
-    if scenario is None or runs_natively(decision):
-        return run_native(scenario, decision, A_shard.device, lambda: symm_mem._fused_all_gather_matmul_fallback(
-            A_shard, list(Bs), gather_dim, group.group_name, return_A=return_A))
+    if scenario is None:
+        return symm_mem._fused_all_gather_matmul_fallback(A_shard, list(Bs), gather_dim, group.group_name,
+                                                          return_A=return_A)
     W = Bs[0] if len(Bs) == 1 else torch.cat(list(Bs), dim=1)
 
     def reference():
@@ -160,9 +161,8 @@ def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
         "gemm_rs", left.shape[0], right.shape[1], P * left.shape[1], A.dtype, P, A.device),
         layer=_rs_layer(right.shape[1], scatter_dim == A.ndim - 1, A.dtype, A.device.type, left.shape[1]),
         m=left.shape[0])
-    if scenario is None or runs_natively(decision):
-        return run_native(scenario, decision, A.device, lambda: symm_mem._fused_matmul_reduce_scatter_fallback(
-            A, B, reduce_op, scatter_dim, group.group_name))
+    if scenario is None:
+        return symm_mem._fused_matmul_reduce_scatter_fallback(A, B, reduce_op, scatter_dim, group.group_name)
 
     def reference():
         return symm_mem._fused_matmul_reduce_scatter_fallback(left, right, "sum", 0, group.group_name)
