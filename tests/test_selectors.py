@@ -299,7 +299,7 @@ def test_range_slack_widens_only_where_the_model_was_ahead_outside_the_ranges():
     from train.shipped import _range_slack
 
     n = 40
-    v = pd.DataFrame({"kind": ["gpu"] * n + ["cpu"] * n, "margin": 1.0,
+    v = pd.DataFrame({"kind": ["gpu"] * n + ["cpu"] * n, "op": "ag_gemm", "margin": 1.0,
                       "beyond_m": 1.0, "beyond_n": [3.0] * (n // 2) + [1.0] * (n // 2) + [2.0] * n, "beyond_k": 1.0,
                       "t_best": 1.0, "t_baseline": 1.5,
                       # gpu: the model finds the best, the heuristic does not; cpu: the reverse
