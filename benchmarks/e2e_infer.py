@@ -45,7 +45,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_tp import HEAD_DIM, Block, _leave, median_ci, oracle_selector  # noqa: E402 - the training step's
+from e2e_tp import HEAD_DIM, Block, _leave, median_ci, oracle_selector, restore  # noqa: E402 - the training step's
 
 FIXED = ("none.sm", "shard.ring.sm", "ficco.d2.ring.gemm_per_step.m.sm", "ficco.d2.a2a.gemm_per_step.m.sm")
 """Fixed rules: the baseline through ficco's executor, the reduce-scatter + all-gather form at
@@ -91,11 +91,8 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
 
     def use(way: str) -> None:
         nonlocal handle
-        if handle is not None:
-            handle.remove()
-            handle = None
-        for layer in layers:
-            layer.__dict__.pop("forward", None)
+        restore(layers, handle)
+        handle = None
         if way == "compute-only":
             for layer in layers:
                 _compute_only(layer)

@@ -143,6 +143,15 @@ def _async_tp(layer) -> None:
     layer.forward = lambda x: op.apply(x, layer.weight, layer.group.group_name)
 
 
+def restore(layers, handle) -> None:
+    """Every layer back to its class's forward: `handle`'s hook (if any) removed, any
+    forward a way patched in dropped."""
+    if handle is not None:
+        handle.remove()
+    for layer in layers:
+        layer.__dict__.pop("forward", None)
+
+
 def _compute_only(layer, P: int, rank: int) -> None:
     """The layer's GEMM with its collective replaced by a local copy of the same shape: P
     copies of the shard for the all-gather, this rank's slice of the sum for the reduce-scatter."""
@@ -233,11 +242,8 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
 
     def use(way: str) -> None:
         nonlocal handle
-        if handle is not None:
-            handle.remove()
-            handle = None
-        for layer in layers:
-            layer.__dict__.pop("forward", None)
+        restore(layers, handle)
+        handle = None
         if way == "async-tp":
             for layer in layers:
                 _async_tp(layer)

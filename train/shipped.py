@@ -260,7 +260,8 @@ def _under_rule(margin: np.ndarray, t_model: np.ndarray, t_fallback: np.ndarray,
 
 def _apply_rule(v: pd.DataFrame, abstention: dict) -> np.ndarray:
     """The true time of what the runtime runs on each validation scenario under `abstention`
-    (its rule for the scenario's kind of machine, if it has one)."""
+    (its rule for the scenario's operator on its kind of machine, else for its kind, else the
+    pooled one: the runtime selector's order)."""
     out = np.empty(len(v))
     for kind, op in set(zip(v["kind"], v["op"])):
         rule = abstention.get("by_op", {}).get(f"{kind}.{op}", abstention.get("by_kind", {}).get(kind, abstention))
