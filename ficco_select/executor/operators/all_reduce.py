@@ -41,9 +41,9 @@ class GemmAllReduce(GemmReduceScatter):
 
     def comm_alone(self):
         if isinstance(self.comm, P2PComm):
-            # The backend's all-reduce, not a ring of point-to-point hops: on gloo the hops
-            # ran an inference step at 0.77x to 0.87x of gloo's all_reduce (P = 2,
-            # benchmarks/e2e_infer.py), and a baseline slower than what a job runs labels
+            # The backend's all-reduce, not a ring of point-to-point hops: on gloo every
+            # schedule of hops ran the inference step of benchmarks/e2e_infer.py slower
+            # than gloo's all_reduce, and a baseline slower than what a job runs labels
             # overlap a win where it loses.
             dist.all_reduce(self.C, group=self.comm.group)
             return
