@@ -1,10 +1,34 @@
-"""The hand heuristic: documented rules in the spirit of the FiCCO paper.
+"""The hand heuristics: documented rules in the spirit of the FiCCO paper.
 
 Estimates come from ``ficco_select.costs`` on the scenario's hardware spec:
 T_comp (whole per-rank GEMM), T_comm (whole collective), DIL at degree d (the pieces'
 GEMMs over the whole GEMM, minus 1) and a piece's transfer time.
 
-Rules, in order:
+``choose`` (the runtime's fallback; ``heuristic`` in the tables) weighs what overlap hides
+against what decomposing costs, the paper's trade-off, for a handful of schedule families:
+
+1. **Candidates.** The shard-level ring and, at each finer degree d, the ring and (P >= 3)
+   the all-to-all pattern, with one GEMM per step and pieces along m, on each engine the
+   machine has. (GEMM per piece and pieces along n are the best schedule of under 1% of the
+   simulated bf16 scenarios: fewer, larger GEMMs win.)
+2. **A back-of-the-envelope time for each.**
+   - GEMM: the whole GEMM with its decomposition loss (a ring's P shard GEMMs; all-to-all's
+     d batched steps), slowed while transfers run beside it (SM-driven transfers take
+     compute units, copy engines memory bandwidth: ``costs.contended``);
+   - COMM: steps x one step's transfer (ring: one peer per step; all-to-all: every peer at
+     once, an all-reduce's twice, the reduce-scatter then the all-gather of each piece); an
+     all-reduce's ring form ends with the whole all-gather of the reduced blocks;
+   - time = max(GEMM, COMM) + ``fill`` x min(GEMM, COMM) / steps (the pipeline's fill and
+     drain) + steps x the per-step synchronization.
+   This is not the simulator (``costs.schedule_times``): one max per schedule, no pipeline
+   stages, no per-piece GEMMs; it shares the simulator's primitives, so on simulated rows
+   it sees the machine as the simulator does (read its scores there as an upper bound).
+3. **Overlap only if it pays.** The fastest estimate runs if it saves at least ``min_gain``
+   of the baseline's estimate (T_comp + T_comm); else the baseline. Candidates are tried in
+   order of estimate; the first legal one runs.
+
+``choose_v1`` (``heuristic-v1``) is the first version, threshold rules on the same estimates:
+
 1. **Does overlap pay at all?** If the ideal speedup (T_comp + T_comm) / max(...) is
    below ``min_ideal``, one side dwarfs the other: run the baseline.
 2. **How fine?** Shard-level if its own decomposition loss (P shard GEMMs vs the whole)
@@ -25,15 +49,18 @@ Rules, in order:
 6. If the result is not legal for the scenario, relax it step by step (ring, GEMM per
    piece, shard) down to the baseline, which is always legal.
 
-``HeuristicParams`` are tuned on training data only (``train`` does the grid search).
-Plain Python + NumPy: the runtime falls back to this.
+Both parameter sets are tuned on training data only (``train.selectors`` does the grid
+searches); the defaults are what that search picks on the default training data.
+Plain Python + NumPy: the runtime falls back to ``choose``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from ficco_select.costs import OP_CODES, scenario_estimates
+import numpy as np
+
+from ficco_select.costs import OP_CODES, US, collective_time, contended, gemm_time, scenario_estimates, transfer_time
 from ficco_select.hardware import HardwareSpec
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import BASELINE, SHARD, Schedule, degrees, is_legal
@@ -41,7 +68,17 @@ from ficco_select.schedule import BASELINE, SHARD, Schedule, degrees, is_legal
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HeuristicParams:
-    """The thresholds of rules 1, 2 and 5 (tuned on training data by ``train``)."""
+    """``choose``'s two numbers (tuned on training data by ``train.selectors.Heuristic``)."""
+
+    min_gain: float = 0.0
+    """Overlap runs only if its estimate saves this share of the baseline's."""
+    fill: float = 1.0
+    """Share of one step's shorter side (GEMM or transfer) left exposed by fill and drain."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HeuristicV1Params:
+    """The thresholds of ``choose_v1``'s rules 1, 2 and 5 (tuned on training data by ``train``)."""
 
     min_ideal: float = 1.1
     """Below this ideal overlap speedup, run the baseline."""
@@ -66,7 +103,7 @@ def estimates(s: Scenario, hw: HardwareSpec) -> dict[str, float]:
     est = scenario_estimates(hw, op=OP_CODES[s.op], m=float(s.m), n=float(s.n), k=float(s.k), P=s.world_size,
                              imbalance=s.imbalance, dtype_bytes=s.dtype_bytes, peak=hw.peak_of(s.dtype) * 1e12,
                              degrees=(1, *degrees(s.world_size)))
-    out = {key: float(est[key]) for key in ("t_comp", "t_comm", "ring")}
+    out = {key: float(est[key]) for key in ("t_comp", "t_comm", "ring", "M", "N", "K", "shard_bytes")}
     out["ideal"] = (out["t_comp"] + out["t_comm"]) / max(out["t_comp"], out["t_comm"], 1e-30)
     for d in (1, *degrees(s.world_size)):
         dil = float(est[f"dil_{d}"])
@@ -77,7 +114,76 @@ def estimates(s: Scenario, hw: HardwareSpec) -> dict[str, float]:
 
 def choose(s: Scenario, hw: HardwareSpec, params: HeuristicParams = HeuristicParams(),
            backend: str | None = None, est: dict[str, float] | None = None) -> Schedule:
-    """The heuristic's schedule for `s` on `hw` (always legal on `backend`).
+    """The heuristic's schedule for `s` on `hw` (always legal on `backend`): the module's rules.
+
+    `est` may pass ``estimates(s, hw)`` computed once (tuning calls this many times).
+    """
+    backend = backend or backend_for(hw)
+    est = est or estimates(s, hw)
+    families = _families(s, hw, backend)
+    times = _estimated_times(s, hw, est, families, params.fill)
+    baseline = est["t_comp"] + est["t_comm"]
+    for at in np.argsort(times, kind="stable"):
+        if not times[at] <= (1 - params.min_gain) * baseline:  # (a NaN estimate never runs)
+            break
+        if is_legal(families.schedules[at], s, backend):
+            return families.schedules[at]
+    return BASELINE
+
+
+@dataclasses.dataclass(frozen=True)
+class _Families:
+    """Rule 1's candidates, one entry each: the schedule and its axes as arrays."""
+
+    schedules: tuple[Schedule, ...]
+    degree: np.ndarray
+    a2a: np.ndarray
+    dma: np.ndarray
+
+
+_FAMILIES: dict[tuple, _Families] = {}
+
+
+def _families(s: Scenario, hw: HardwareSpec, backend: str) -> _Families:
+    """Rule 1's candidates for world size P on `hw`'s engines (made once per key)."""
+    engines = hw.engines if backend != "cpu" else ("sm",)
+    key = (s.world_size, engines)
+    if key not in _FAMILIES:
+        out = [dataclasses.replace(SHARD, engine=e) for e in engines]
+        for d in degrees(s.world_size):
+            for pattern in ("ring", "a2a") if s.world_size >= 3 else ("ring",):
+                out += [Schedule(granularity="ficco", degree=d, pattern=pattern, compute="gemm_per_step", split="m",
+                                 engine=e) for e in engines]
+        _FAMILIES[key] = _Families(tuple(out), np.array([1 if c.granularity == "shard" else c.degree for c in out], float),
+                                   np.array([c.pattern == "a2a" for c in out]), np.array([c.engine == "dma" for c in out]))
+    return _FAMILIES[key]
+
+
+def _estimated_times(s: Scenario, hw: HardwareSpec, est: dict[str, float], f: _Families, fill: float) -> np.ndarray:
+    """Rule 2's back-of-the-envelope time of each candidate in `f`, in seconds."""
+    P, d = s.world_size, f.degree
+    is_ar = s.op == "gemm_ar"
+    peak = hw.peak_of(s.dtype) * 1e12
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        # GEMM: a ring runs the P shard GEMMs (split over its d steps); all-to-all, d steps of
+        # one batched GEMM over every peer's piece.
+        ring_gemm = est["t_comp"] * (1 + max(est["dil_1"], 0.0))
+        a2a_gemm = d * gemm_time(hw, est["M"] / d, est["N"], est["K"], s.dtype_bytes, peak)
+        gemm = np.where(f.a2a, a2a_gemm, ring_gemm)
+        steps = np.where(f.a2a, d, (P - 1) * d)
+        step = transfer_time(hw, est["shard_bytes"] / d, np.where(f.a2a, P - 1, 1), f.dma, P)
+        comm = steps * step * np.where(f.a2a & is_ar, 2.0, 1.0)
+        slowed = contended(hw, gemm, comm, f.dma)
+        time = (np.maximum(slowed, comm) + fill * np.minimum(gemm, comm) / steps
+                + steps * hw.step_sync_us * US)
+        if is_ar:  # the ring form's all-gather of the reduced blocks comes last
+            time = time + np.where(f.a2a, 0.0, collective_time(hw, OP_CODES["ag_gemm"], est["shard_bytes"], P))
+    return np.asarray(time, float)
+
+
+def choose_v1(s: Scenario, hw: HardwareSpec, params: HeuristicV1Params = HeuristicV1Params(),
+              backend: str | None = None, est: dict[str, float] | None = None) -> Schedule:
+    """``heuristic-v1``'s schedule for `s` on `hw` (always legal on `backend`).
 
     `est` may pass ``estimates(s, hw)`` computed once (tuning calls this many times).
     """

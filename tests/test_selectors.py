@@ -12,11 +12,14 @@ from data.simulate import simulate
 from ficco_select import Scenario, candidates
 from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, pair_features
 from ficco_select.hardware import load_hardware
-from ficco_select.heuristic import HeuristicParams, choose
+from ficco_select.schedule import BASELINE
+from ficco_select.heuristic import HeuristicParams, HeuristicV1Params, choose, choose_v1, estimates
 from train.evaluate import SPLITS, evaluate, folds, tables
 from train.metrics import score, usable_rows
 from train.selector_sets import all_selectors
-from train.selectors import AlwaysBaseline, Heuristic, Oracle, SimulatorSelector, XGBRanker, XGBTimeRegressor
+from train.selectors import AlwaysBaseline, Heuristic, HeuristicV1, Oracle, SimulatorSelector, XGBRanker, XGBTimeRegressor
+from ficco_select.runtime.selector import Selector as RuntimeSelector
+import train.shipped as shipped_module
 from train.shipped import SLOWDOWN_CAP, ShippedPolicy, fit_abstention, fit_unseen_hardware
 
 # Tier: end to end (training, MLflow, evaluation); deselect with -m "not slow"
@@ -63,26 +66,43 @@ def test_the_feature_schema_hash_changes_with_a_formula_not_only_with_a_name(mon
     assert build.formula_digest() == before and FEATURE_SCHEMA_HASH == build.feature_schema_hash()
 
 
-def test_heuristic_is_always_legal_and_follows_its_rules():
+def test_heuristics_are_always_legal_and_follow_their_rules():
     rng = np.random.default_rng(0)
     for hw_name in ("cpu", "mi300x-8", "h100-nvswitch", "l40s-pcie-8"):
         hw = load_hardware(hw_name)
         backend = "cpu" if hw_name == "cpu" else "sim"
         for _ in range(200):
             P = int(rng.choice([2, 3, 4, 8]))
-            op = str(rng.choice(["ag_gemm", "gemm_rs", "a2a_gemm"]))
+            op = str(rng.choice(["ag_gemm", "gemm_rs", "a2a_gemm", "gemm_ar", "gemm_a2a"]))
             s = Scenario(group="r", op=op, m=int(rng.integers(1, 512)) * P, n=int(rng.integers(1, 512)) * P,
                          k=int(rng.integers(1, 512)) * P, dtype="float32", world_size=P, hardware=hw_name,
-                         imbalance=float(rng.uniform(1, P)) if op == "a2a_gemm" else 1.0)
-            assert choose(s, hw) in candidates(s, backend)
+                         imbalance=float(rng.uniform(1, P)) if op in ("a2a_gemm", "gemm_a2a") else 1.0)
+            assert choose(s, hw) in candidates(s, backend) and choose_v1(s, hw) in candidates(s, backend)
     mi300x = load_hardware("mi300x-8")
     # nothing to overlap with: a GEMM of 8 rows and a huge transfer -> baseline
-    assert choose(Scenario(group="t", op="ag_gemm", m=8, n=8, k=65536, dtype="bfloat16", world_size=8,
-                           hardware="mi300x-8"), mi300x, HeuristicParams(min_ideal=1.1)).is_baseline
+    tiny = Scenario(group="t", op="ag_gemm", m=8, n=8, k=65536, dtype="bfloat16", world_size=8, hardware="mi300x-8")
+    assert choose(tiny, mi300x).is_baseline and choose_v1(tiny, mi300x, HeuristicV1Params(min_ideal=1.1)).is_baseline
     big = Scenario(group="t", op="ag_gemm", m=65536, n=16384, k=8192, dtype="bfloat16", world_size=8,
                    hardware="mi300x-8")
     # fully connected: finer pieces go over every link at once
-    assert choose(big, mi300x, HeuristicParams(max_dil=0.5)).pattern == "a2a"
+    assert choose_v1(big, mi300x, HeuristicV1Params(max_dil=0.5)).pattern == "a2a"
+    assert not choose(big, mi300x).is_baseline  # both sides large: overlap pays
+
+
+def test_the_heuristic_runs_the_fastest_estimate_that_saves_enough():
+    from ficco_select.heuristic import _estimated_times, _families
+
+    h100 = load_hardware("h100-nvswitch")
+    for m in (256, 4096, 65536):
+        s = Scenario(group="t", op="gemm_rs", m=m, n=8192, k=8192, dtype="bfloat16", world_size=8, hardware="h100-nvswitch")
+        est, families = estimates(s, h100), _families(s, h100, "sim")
+        times = _estimated_times(s, h100, est, families, fill=1.0)
+        legal = [i for i, c in enumerate(families.schedules) if c in candidates(s, "sim")]
+        fastest = min(legal, key=lambda i: times[i])
+        baseline = est["t_comp"] + est["t_comm"]
+        for gain in (0.0, 0.2):
+            want = families.schedules[fastest] if times[fastest] <= (1 - gain) * baseline else BASELINE
+            assert choose(s, h100, HeuristicParams(min_gain=gain)) == want
 
 
 @pytest.mark.parametrize("split", SPLITS)
@@ -162,8 +182,9 @@ def test_the_shipped_row_scores_the_runtime_policy_not_the_bare_model(small):
     shipped = ShippedPolicy(XGBRanker(n_estimators=40)).fit(train)
     assert set(shipped.predict(test)) == set(bare)
     assert {d.source for d in shipped.decisions_.values()} <= {"model", "heuristic", "fallback"}
-    shipped.runtime_.min_margin = 0.0  # trust every margin: then it is the bare model, scored by the runtime's trees
-    shipped.runtime_.clear_cache()
+    # Trust every margin (a margin given wins over the fitted rules): then it is the bare
+    # model, scored by the runtime's trees.
+    shipped.runtime_ = RuntimeSelector(shipped.model_, shipped.meta_, min_margin=0.0, layer_tables=False)
     chosen = shipped.predict(test)
     clear = [sid for sid, d in shipped.decisions_.items() if d.source == "model" and d.confidence > 1e-4]
     assert len(clear) > len(chosen) / 2  # (a float32 near-tie may go either way)
@@ -221,7 +242,7 @@ def test_the_shipped_policy_reuses_its_inner_fit_and_fits_the_unseen_hardware_ru
     assert {d.source for d in one.decisions_.values()} == {"heuristic"}
 
 
-def test_the_unseen_hardware_rule_holds_machines_out_of_the_fit_and_bounds_the_trained_specs(small):
+def test_the_unseen_hardware_rule_holds_machines_out_of_the_fit_and_bounds_the_trained_specs(small, monkeypatch):
     rows = usable_rows(small)
     fitted_on = []
 
@@ -238,7 +259,20 @@ def test_the_unseen_hardware_rule_holds_machines_out_of_the_fit_and_bounds_the_t
     ahead = (gpu["near_opt_2"]["model"] > gpu["near_opt_2"]["heuristic"]
              and gpu["slowdowns"]["model"] <= max(SLOWDOWN_CAP, gpu["slowdowns"]["heuristic"]))
     assert gpu["ahead"] == ahead and rule["decide"] == ("model" if ahead else "heuristic")
-    assert ahead, gpu  # with the whole schedule's physics as features, the model carries over
+    assert ("kinds" in rule) == ahead
+    # Wherever the model may not decide an unseen machine, the fallback that did best on the
+    # held-out machines: the most capture among the candidates within the tail guard.
+    for reason in ("spec_range", "unseen_machine"):
+        chosen = rule["by_reason_validation"][reason]["gpu"]
+        assert rule["by_reason"][reason]["gpu"] == chosen["fallback"] and chosen["scenarios"] == gpu["scenarios"]
+        allowed = [c["capture"] for c in chosen["candidates"].values() if c["slowdowns"] <= chosen["tail_guard"]]
+        assert chosen["capture"] == max(allowed) == chosen["candidates"][chosen["fallback"]]["capture"]
+        assert {"heuristic", "baseline"} < set(chosen["candidates"])  # and the fixed rules
+    # Against a rival a model trained on one machine beats (the first heuristic), the model
+    # decides unseen machines inside the trained specs, widened as far as validation tested.
+    monkeypatch.setattr(shipped_module, "Heuristic", HeuristicV1)
+    rule = fit_unseen_hardware(lambda: Spy(n_estimators=20), rows, abstention)
+    assert rule["validation"]["gpu"]["ahead"] and rule["decide"] == "model", rule["validation"]["gpu"]
     gpu = rule["kinds"]["gpu"]
     specs = [load_hardware(h) for h in ("mi300x-8", "h100-nvswitch")]
     assert gpu["topologies"] == sorted({s.topology for s in specs})

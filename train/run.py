@@ -32,7 +32,7 @@ from train.evaluate import choices_table, evaluate, tables
 from train.metrics import format_table
 from train.report import write_report
 from train.selectors import BaseSelector, XGBRanker, XGBTimeRegressor, clone, with_features
-from train.shipped import ShippedPolicy, fit_abstention, fit_unseen_hardware, runtime_meta
+from train.shipped import ShippedPolicy, fit_abstention, fit_unseen_hardware, runtime_meta, with_machine_fallbacks
 
 EXPERIMENT = "ficco-select"
 REGISTERED_MODEL = "ficco-selector"
@@ -234,8 +234,9 @@ def _log_model(model: BaseSelector, candidate: BaseSelector, df: pd.DataFrame, d
     name = candidate.name
     # The export ships the margin rule fitted on validation folds of this training data.
     abstention = fit_abstention(lambda: clone(candidate), df)
-    meta = {**runtime_meta(name, df), "abstention": abstention,
-            "unseen_hardware": fit_unseen_hardware(lambda: clone(candidate), df, abstention), "dataset_digest": digest,
+    unseen = fit_unseen_hardware(lambda: clone(candidate), df, abstention)
+    meta = {**runtime_meta(name, df), "abstention": with_machine_fallbacks(abstention, unseen),
+            "unseen_hardware": unseen, "dataset_digest": digest,
             "mlflow_run_id": run_id, "ficco_version": __version__}
     with tempfile.TemporaryDirectory() as tmp:
         meta_path = Path(tmp) / "selector.json"

@@ -7,6 +7,7 @@ from train.selectors import (
     AlwaysShard,
     BaseSelector,
     Heuristic,
+    HeuristicV1,
     HGBClassifier,
     Oracle,
     RandomForestTime,
@@ -25,7 +26,7 @@ def all_selectors() -> list[BaseSelector]:
     less than half the ranker's time (it is fitted five times per fold)."""
     regressor = XGBTimeRegressor()
     return [regressor, XGBRanker(), ShippedPolicy(regressor), HGBClassifier(), RandomForestTime(), Heuristic(),
-            SimulatorSelector(), AlwaysBaseline(), AlwaysShard(), Oracle()]
+            HeuristicV1(), SimulatorSelector(), AlwaysBaseline(), AlwaysShard(), Oracle()]
 
 
 def fast_selectors() -> list[BaseSelector]:
@@ -36,13 +37,13 @@ def fast_selectors() -> list[BaseSelector]:
     classifier of the best schedule (near-opt@2% 0.38 against the ranker's 0.84 on the
     family hold-out) and the random forest (below the ranker on every split and metric)."""
     regressor = XGBTimeRegressor(n_estimators=100, learning_rate=0.12)  # ficco evaluate: 300 at 0.08
-    return [regressor, ShippedPolicy(regressor), Heuristic(tune_scenarios=150), SimulatorSelector(),
-            AlwaysBaseline(), AlwaysShard(), Oracle()]
+    return [regressor, ShippedPolicy(regressor), Heuristic(tune_scenarios=150), HeuristicV1(tune_scenarios=150),
+            SimulatorSelector(), AlwaysBaseline(), AlwaysShard(), Oracle()]
 
 
 def debug_selectors() -> list[BaseSelector]:
     """Every kind the pipeline runs, tiny (20 trees, an untuned heuristic): ``ficco
     pipeline --debug`` checks that every stage runs, not how well."""
     regressor = XGBTimeRegressor(n_estimators=20, learning_rate=0.3)
-    return [regressor, ShippedPolicy(regressor), Heuristic(tune=False), SimulatorSelector(), AlwaysBaseline(),
-            AlwaysShard(), Oracle()]
+    return [regressor, ShippedPolicy(regressor), Heuristic(tune=False), HeuristicV1(tune=False), SimulatorSelector(),
+            AlwaysBaseline(), AlwaysShard(), Oracle()]

@@ -20,7 +20,7 @@ from data.calibrate import calibrate
 from data.simulate import simulate_rows
 from features import FEATURE_NAMES, pair_features
 from ficco_select.hardware import HardwareSpec, load_hardware
-from ficco_select.heuristic import HeuristicParams, choose, estimates
+from ficco_select.heuristic import HeuristicParams, HeuristicV1Params, choose, choose_v1, estimates
 from ficco_select.runtime.decision import pick_with_margin
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
 from ficco_select.schedule import BASELINE, SHARD
@@ -86,19 +86,20 @@ heuristic, tuned or not, decides the same scenarios again."""
 
 
 class Heuristic(BaseSelector):
-    """The hand heuristic; ``fit`` tunes its thresholds on the training data only."""
+    """The hand heuristic (``ficco_select.heuristic.choose``, the runtime's fallback);
+    ``fit`` tunes its parameters on the training data only (a grid search on capture)."""
 
     name = "heuristic"
-    GRID = {"min_ideal": (1.0, 1.05, 1.1, 1.2), "max_dil": (0.05, 0.15, 0.4, 1.0),
-            "min_piece_over_latency": (1.0, 4.0, 16.0), "dma_amortize": (1.0, 3.0)}
+    GRID = {"min_gain": (0.0, 0.01, 0.02, 0.05), "fill": (0.5, 0.75, 1.0, 1.5)}
+    PARAMS = HeuristicParams
 
-    def __init__(self, params: HeuristicParams | None = None, tune: bool = True, tune_scenarios: int = 800) -> None:
+    def __init__(self, params=None, tune: bool = True, tune_scenarios: int = 800) -> None:
         self.params = params
         self.tune = tune
         self.tune_scenarios = tune_scenarios
 
     def fit(self, df):
-        self.params_ = self.params or HeuristicParams()
+        self.params_ = self.params or self.PARAMS()
         if self.tune:
             ok = usable_rows(df)
             ids = sorted(set(ok["scenario_id"]), key=lambda s: zlib.crc32(s.encode()))[: self.tune_scenarios]
@@ -106,14 +107,14 @@ class Heuristic(BaseSelector):
             capture, prepared = capture_scorer(sample), self._prepare(sample)
             best = -1.0
             for values in itertools.product(*self.GRID.values()):
-                params = HeuristicParams(**dict(zip(self.GRID, values)))
+                params = self.PARAMS(**dict(zip(self.GRID, values)))
                 value = capture(self._choose(prepared, params))
                 if value > best:
                     best, self.params_ = value, params
         return self
 
     def predict(self, df):
-        return self._choose(self._prepare(df), getattr(self, "params_", self.params or HeuristicParams()))
+        return self._choose(self._prepare(df), getattr(self, "params_", self.params or self.PARAMS()))
 
     @staticmethod
     def _prepare(df: pd.DataFrame) -> list[tuple]:
@@ -136,13 +137,26 @@ class Heuristic(BaseSelector):
             out.append((sid, cached[1], spec, cached[2], legal[sid]))
         return out
 
-    @staticmethod
-    def _choose(prepared: list[tuple], params: HeuristicParams) -> dict[str, str]:
+    @classmethod
+    def _choose(cls, prepared: list[tuple], params) -> dict[str, str]:
         out = {}
         for sid, scenario, spec, est, legal in prepared:
-            name = choose(scenario, spec, params, est=est).name
+            name = cls._rules(scenario, spec, params, est=est).name
             out[sid] = name if name in legal else BASELINE.name
         return out
+
+    _rules = staticmethod(choose)
+
+
+class HeuristicV1(Heuristic):
+    """The first hand heuristic (``ficco_select.heuristic.choose_v1``), kept as a row of its own
+    so that the tables show what the current one changed; tuned the same way."""
+
+    name = "heuristic-v1"
+    GRID = {"min_ideal": (1.0, 1.05, 1.1, 1.2), "max_dil": (0.05, 0.15, 0.4, 1.0),
+            "min_piece_over_latency": (1.0, 4.0, 16.0), "dma_amortize": (1.0, 3.0)}
+    PARAMS = HeuristicV1Params
+    _rules = staticmethod(choose_v1)
 
 
 class SimulatorSelector(BaseSelector):

@@ -24,7 +24,14 @@ from data.machines import base_machine
 from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.runtime.decision import GATED, fixed_rule_pick, pick_with_margin
-from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, FALLBACKS, SPEC_RANGE_FIELDS, machine_kind, spec_value
+from ficco_select.runtime.scope import (
+    ANY_KIND,
+    DEFAULT_MIN_MARGIN,
+    FALLBACKS,
+    SPEC_RANGE_FIELDS,
+    machine_kind,
+    spec_value,
+)
 from ficco_select.runtime.selector import Selector as RuntimeSelector
 from ficco_select.runtime.trees import TreeEnsemble
 from ficco_select.scenario import DTYPES
@@ -119,7 +126,10 @@ def fit_abstention(make: Callable[[], BaseSelector], df: pd.DataFrame, folds: in
     by_op = {f"{kind}.{op}": _margin_rule(rows) for (kind, op), rows in v.groupby(["kind", "op"])
              if len(rows) >= MIN_OP_SCENARIOS}
     rule = {**_margin_rule(v), **({"by_kind": by_kind} if by_kind else {}), **({"by_op": by_op} if by_op else {})}
-    return {**rule, "range_slack": _range_slack(v, rule)}
+    slack = _range_slack(v, rule)
+    reasons = _range_fallbacks(v, slack, fixed)
+    return {**rule, "range_slack": slack, **({"by_reason": reasons["by_reason"]} if reasons["by_reason"] else {}),
+            "by_reason_validation": reasons["validation"]}
 
 
 SLACK_COLUMNS = ("m", "n", "k")
@@ -162,6 +172,64 @@ def _range_slack(v: pd.DataFrame, abstention: dict) -> dict:
         if _against_heuristic(outside, abstention)["ahead"]:
             out[kind] = dict.fromkeys(SLACK_COLUMNS, float(beyond.max()))
     return out
+
+
+def _range_fallbacks(v: pd.DataFrame, slack: dict, fixed: Sequence[str]) -> dict:
+    """``abstention.by_reason``'s ``m_range`` and ``shape_range``: per kind of machine, the
+    fallback (``_best_fallback``) with the most expected speed on the validation scenarios
+    that lay outside their fold's training ranges by more than `slack` lets the model decide
+    (m; else n or k), where the runtime abstains for that reason. A kind with fewer than
+    ``MIN_OUTSIDE_SCENARIOS`` of them takes the choice made on every kind's (``any``); with
+    fewer still, the heuristic. Returns {"by_reason": {reason: {kind: fallback}},
+    "validation": {reason: {kind: figures}}}."""
+    beyond_m = v["beyond_m"].to_numpy(float)
+    beyond_nk = np.maximum(v["beyond_n"].to_numpy(float), v["beyond_k"].to_numpy(float))
+    factor = v["kind"].map(lambda kind: slack.get(kind, {}).get("m", 1.0)).to_numpy(float)
+    outside = {"m_range": beyond_m > factor, "shape_range": (beyond_m <= factor) & (beyond_nk > factor)}
+    return _fallbacks_by_kind({reason: v[at] for reason, at in outside.items()}, fixed)
+
+
+def _fallbacks_by_kind(rows_of: dict[str, pd.DataFrame], fixed: Sequence[str]) -> dict:
+    """For each reason's validation outcomes in `rows_of`: the best fallback per kind of machine
+    with ``MIN_OUTSIDE_SCENARIOS`` or more, and over all of them (``any``)."""
+    by_reason, validation = {}, {}
+    for reason, rows in rows_of.items():
+        groups = [(kind, r) for kind, r in rows.groupby("kind") if len(r) >= MIN_OUTSIDE_SCENARIOS]
+        if len(rows) >= MIN_OUTSIDE_SCENARIOS:
+            groups.append((ANY_KIND, rows))
+        for kind, r in groups:
+            best = _best_fallback(r, fixed)
+            by_reason.setdefault(reason, {})[kind] = best["fallback"]
+            validation.setdefault(reason, {})[kind] = best
+    return {"by_reason": by_reason, "validation": validation}
+
+
+def _best_fallback(v: pd.DataFrame, fixed: Sequence[str]) -> dict:
+    """Among the heuristic, the baseline and the plain fixed rules (`fixed`), the fallback with
+    the most expected speed (capture of the best's speed, on the truth) on validation
+    outcomes `v` whose slowdowns stay within ``tail_guard(v)`` (the baseline always does);
+    ties to more scenarios within 2% of their best, then in that order of candidates. With
+    its figures and every candidate's."""
+    t_best, slow_at = v["t_best"].to_numpy(float), (1 + SLOWER_BY) * v["t_baseline"].to_numpy(float)
+    guard, best, candidates = tail_guard(v), None, {}
+    for preference, fallback in enumerate(["heuristic", "baseline", *fixed]):
+        t = _fallback_times(v, fallback)
+        capture, near, slow = float(np.mean(t_best / t)), float(np.mean(t <= NEAR_OPT * t_best)), float(np.mean(t > slow_at))
+        candidates[fallback] = {"capture": capture, "near_opt_2": near, "slowdowns": slow}
+        if slow <= guard and (best is None or (capture, near, -preference) > best[0]):
+            best = ((capture, near, -preference), fallback, near, slow)
+    (capture, _, _), fallback, near, slow = best
+    return {"fallback": fallback, "scenarios": len(v), "capture": capture, "near_opt_2": near, "slowdowns": slow,
+            "tail_guard": guard, "candidates": candidates}
+
+
+def with_machine_fallbacks(abstention: dict, unseen: dict) -> dict:
+    """`abstention` (``fit_abstention``'s) with the ``spec_range`` and ``unseen_machine``
+    fallbacks that ``fit_unseen_hardware`` chose on held-out machines in ``by_reason``."""
+    chosen = unseen.get("by_reason", {})
+    if not chosen:
+        return abstention
+    return {**abstention, "by_reason": {**abstention.get("by_reason", {}), **chosen}}
 
 
 def _against_heuristic(v: pd.DataFrame, abstention: dict) -> dict:
@@ -291,6 +359,8 @@ def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abst
     ok = usable_rows(df)
     specs = {h: load_hardware(h) for h in sorted(set(ok["hardware"]), key=lambda h: zlib.crc32(h.encode()))}
     rule: dict = {"decide": "heuristic", "kinds": {}, "validation": {}}
+    fixed = _fixed_rules(ok)
+    held_out = []  # every kind's validation outcomes on held-out machines
     for kind in sorted({machine_kind(hw) for hw in specs.values()}):
         mine = [h for h, hw in specs.items() if machine_kind(hw) == kind]
         # Halves of machines with the machines sampled around them (``data.machines``),
@@ -301,7 +371,9 @@ def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abst
             continue
         halves = [[h for h in mine if base_machine(h) in bases[i::2]] for i in (0, 1)]
         v = pd.concat([_validation_outcomes(make().fit(ok[~ok["hardware"].isin(half)]), ok[ok["hardware"].isin(half)],
-                                            _fixed_fallbacks(abstention)) for half in halves], ignore_index=True)
+                                            sorted({*fixed, *_fixed_fallbacks(abstention)})) for half in halves],
+                      ignore_index=True)
+        held_out.append(v)
         rule["validation"][kind] = _against_heuristic(v, abstention)
         if rule["validation"][kind]["ahead"]:
             trained = [specs[h] for h in mine]
@@ -323,6 +395,12 @@ def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abst
         rule["decide"] = "model"
     else:
         del rule["kinds"]
+    if held_out:
+        # Where the model may not decide a machine it never saw (outside the trained machines'
+        # ranges, or no rule lets it), the fallback that did best on the held-out machines.
+        v = pd.concat(held_out, ignore_index=True)
+        reasons = _fallbacks_by_kind({"spec_range": v, "unseen_machine": v}, fixed)
+        rule["by_reason"], rule["by_reason_validation"] = reasons["by_reason"], reasons["validation"]
     return rule
 
 
@@ -436,7 +514,8 @@ class ShippedPolicy(BaseSelector):
             # Computed when first needed (it fits two more models); decisions on trained
             # machines do not depend on it, so this equals fitting it eagerly.
             self.unseen_hardware_ = fit_unseen_hardware(self._fresh, self._train, self.abstention_)
-            self.meta_ = {**self.meta_, "unseen_hardware": self.unseen_hardware_}
+            self.meta_ = {**self.meta_, "unseen_hardware": self.unseen_hardware_,
+                          "abstention": with_machine_fallbacks(self.abstention_, self.unseen_hardware_)}
             self.runtime_ = RuntimeSelector(self.model_, self.meta_, layer_tables=False)
         legal = ok.groupby("scenario_id")["schedule"].agg(set)
         out, self.decisions_ = {}, {}

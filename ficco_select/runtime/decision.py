@@ -18,6 +18,17 @@ class Decision:
     """Model: predicted relative gap between the best and second-best candidate (0..1);
     heuristic and fallback: 0."""
     reason: str = ""
+    abstained: str = ""
+    """Why the model did not decide, as a key (``ABSTENTION_REASONS``), "" where it did."""
+
+
+ABSTENTION_REASONS = ("low_margin", "m_range", "shape_range", "spec_range", "unseen_machine", "other")
+"""Why a model abstains: its two best candidates too close (``low_margin``); m, or n, k or the
+world size, outside the training ranges (``m_range``, ``shape_range``); a machine not seen in
+training whose spec numbers or topology lie outside the trained machines' (``spec_range``), or
+one no validated rule lets the model decide (``unseen_machine``); or anything else (a dtype or
+operator not seen, no model, a failure: ``other``). The first five get the fallback that
+validation found best for them (``abstention.by_reason``); ``other`` the heuristic."""
 
 
 SINGLE_CANDIDATE_MARGIN = 1.0

@@ -12,7 +12,11 @@ and the baseline, the one the model predicts faster}: the rule fitted on validat
 training, ``train.shipped.fit_abstention``; null: the model never decides; an optional
 ``by_kind`` {"gpu" | "cpu": the same two fields} overrides it for that kind of machine, and
 an optional ``by_op`` {"<kind>.<op>", e.g. "cpu.gemm_ar": the same two fields} for one
-operator on that kind (it wins over ``by_kind``); an optional ``range_slack`` {"gpu" | "cpu": {"m" | "n" | "k": factor >= 1}} widens those training
+operator on that kind (it wins over ``by_kind``); an optional ``by_reason`` {"m_range" |
+"shape_range" | "spec_range" | "unseen_machine": {"gpu" | "cpu" | "any": "heuristic" |
+"baseline" | a schedule name}}: where the model abstains for that reason
+(``decision.ABSTENTION_REASONS``) on that kind of machine (``any``: every kind without its
+own), the fallback that validation found best (the heuristic without one); an optional ``range_slack`` {"gpu" | "cpu": {"m" | "n" | "k": factor >= 1}} widens those training
 ranges for that kind of machine, by what validation on held-out model families tested;
 without it, a margin below 0.01 goes to the heuristic), and optional ``unseen_hardware`` ({"decide":
 "model" | "heuristic", "kinds": {"gpu" | "cpu": {"topologies": [...], "any_topology":
@@ -39,7 +43,7 @@ from typing import Any
 
 from ficco_select.hardware import HardwareSpec, fields_of, spec_from_dict
 from ficco_select.heuristic import backend_for
-from ficco_select.runtime.decision import GATED
+from ficco_select.runtime.decision import ABSTENTION_REASONS, GATED
 from ficco_select.scenario import OPS
 from ficco_select.schedule import parse
 
@@ -62,6 +66,11 @@ SPEC_RANGE_FIELDS = ("compute_units", "copy_engines", *fields_of("rate", "latenc
 read, and the counts the features read."""
 MACHINE_KINDS = ("gpu", "cpu")
 """``unseen_hardware`` ranges are per kind of machine (``machine_kind``)."""
+ANY_KIND = "any"
+"""``abstention.by_reason``'s entry for every kind of machine without one of its own."""
+REASON_FALLBACKS = tuple(r for r in ABSTENTION_REASONS if r not in ("low_margin", "other"))
+"""The abstention reasons ``abstention.by_reason`` gives fallbacks for (a low margin has the
+margin rules; the other reasons go to the heuristic)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +98,9 @@ class Scope:
     """``unseen_hardware`` when its rule lets the model decide machines it never saw: per
     kind of machine (``machine_kind``), (topologies seen, or None for any, (spec field, low,
     high) ranges of the trained machines)."""
+    fallback_by_reason: Mapping[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+    """``abstention.by_reason``: {(reason, kind or ``ANY_KIND``): fallback}: what runs where
+    the model abstains for that reason, as validation at training found best."""
     range_slack: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
     """``abstention.range_slack``: per kind of machine, {column: factor >= 1} by which the
     training range of m, n or k widens (validated on held-out model families at training)."""
@@ -139,7 +151,7 @@ class Scope:
                 raise ValueError(f"{where}, hardware_specs[{key!r}]: field 'name' is {spec.name!r}, not the key")
             checked[key] = spec
         rule = meta.get("abstention")
-        abstention, by_kind, by_op, slack = None, {}, {}, {}
+        abstention, by_kind, by_op, slack, by_reason = None, {}, {}, {}, {}
         if rule is not None:
             abstention = _margin_rule(rule, f"{where}: field 'abstention")
             kinds = rule.get("by_kind", {})
@@ -157,8 +169,10 @@ class Scope:
             by_op = {tuple(key.split(".", 1)): _margin_rule(r, f"{where}: field 'abstention.by_op.{key}")
                      for key, r in ops.items()}
             slack = _range_slack(rule.get("range_slack", {}), f"{where}: field 'abstention.range_slack")
+            by_reason = _by_reason(rule.get("by_reason", {}), f"{where}: field 'abstention.by_reason")
         return cls(ranker=name == "xgb-ranker", seen=tuple(seen), ranges=tuple(bounds), specs=checked,
                    abstention=abstention, abstention_by_kind=by_kind, abstention_by_op=by_op, range_slack=slack,
+                   fallback_by_reason=by_reason,
                    unseen=_unseen_rule(meta.get("unseen_hardware"), where),
                    unseen_dtype=_dtype_ranges(meta.get("unseen_dtype"), where))
 
@@ -175,6 +189,27 @@ def _range_slack(slack: Any, at: str) -> dict:
             if not (_is_number(factor) and factor >= 1):
                 raise ValueError(f"{at}.{kind}.{col}' must be a finite number >= 1, got {factor!r}")
         out[kind] = {col: float(f) for col, f in factors.items()}
+    return out
+
+
+def _by_reason(rule: Any, at: str) -> dict:
+    """{(reason, kind): fallback}; ValueError naming the field (`at` + "...")."""
+    if not isinstance(rule, dict) or not set(rule) <= set(REASON_FALLBACKS):
+        bad = sorted(set(rule) - set(REASON_FALLBACKS)) if isinstance(rule, dict) else rule
+        raise ValueError(f"{at}' must be an object keyed by {', '.join(REASON_FALLBACKS)}, got {bad!r}")
+    out = {}
+    for reason, kinds in rule.items():
+        if not isinstance(kinds, dict) or not set(kinds) <= {*MACHINE_KINDS, ANY_KIND}:
+            raise ValueError(f"{at}.{reason}' must be an object keyed by {', '.join((*MACHINE_KINDS, ANY_KIND))}, "
+                             f"got {kinds!r}")
+        for kind, fallback in kinds.items():
+            if fallback not in FALLBACKS:
+                try:  # a fixed rule; not gated: the model's scores are what the abstention distrusts
+                    parse(fallback if isinstance(fallback, str) else "")
+                except ValueError:
+                    raise ValueError(f"{at}.{reason}.{kind}' must be one of {', '.join(FALLBACKS)} or a schedule "
+                                     f"name, got {fallback!r}") from None
+            out[(reason, kind)] = fallback
     return out
 
 

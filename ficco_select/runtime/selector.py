@@ -48,7 +48,7 @@ from ficco_select.hardware import HardwareError, HardwareSpec, hardware_name, is
 from ficco_select.heuristic import backend_for, choose
 from ficco_select.runtime.decision import GATED, Decision, fixed_rule_pick, pick_with_margin
 from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerTable, build_table, read_tables
-from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, Scope, machine_kind, spec_value
+from ficco_select.runtime.scope import ANY_KIND, DEFAULT_MIN_MARGIN, Scope, machine_kind, spec_value
 from ficco_select.runtime.trees import TreeEnsemble, read_json
 from ficco_select.scenario import DTYPES, LAYER_COLUMNS, SCENARIO_COLUMNS, Scenario, ScenarioError
 from ficco_select.schedule import BASELINE, Schedule, legal_candidates, parse
@@ -70,6 +70,7 @@ class Selector:
         self.margin_fallback = rule[1] if rule else "heuristic"
         self._margin_by_kind = dict(self._scope.abstention_by_kind) if min_margin is None else {}
         self._margin_by_op = dict(self._scope.abstention_by_op) if min_margin is None else {}
+        self._by_reason = dict(self._scope.fallback_by_reason) if min_margin is None else {}
         self._trained_hardware = dict(self._scope.seen).get("hardware")  # None: not recorded
         self._trained_dtypes = dict(self._scope.seen).get("dtype")
         self.layer_tables = layer_tables
@@ -212,7 +213,7 @@ class Selector:
         backend = backend_for(hw)
         by_candidates: dict[int, tuple[tuple, list[int]]] = {}  # id(candidate tuple): (the tuple, its points)
         for i, s in enumerate(points):
-            if not self._abstain_reason(s, hw):
+            if not self._abstain_reason(s, hw)[1]:
                 cands = legal_candidates(s, backend)  # shared tuples: one per legality key
                 if cands:
                     by_candidates.setdefault(id(cands), (cands, []))[1].append(i)
@@ -349,45 +350,65 @@ class Selector:
         return spec
 
     def _model_or_heuristic(self, s: Scenario, hw: HardwareSpec, scores: np.ndarray | None = None) -> Decision:
-        """The model's decision, or the heuristic's with why: the model abstained or failed.
+        """The model's decision, or its fallback's with why: the model abstained or failed.
         `scores`: the model's scores of the legal candidates, if already computed (layer tables)."""
         try:
-            why = self._abstain_reason(s, hw)
+            key, why = self._abstain_reason(s, hw)
         except Exception as e:  # noqa: BLE001 - the heuristic is still a better guess than the baseline
-            why = f"abstention check failed: {e!r}"
+            key, why = "other", f"abstention check failed: {e!r}"
             self._warn_once(("abstain", type(e).__name__), f"{why}; using the heuristic")
         if not why:
             try:
                 return self._model_decision(s, hw, scores)
             except Exception as e:  # noqa: BLE001
-                why = f"model failed: {e!r}"
+                key, why = "other", f"model failed: {e!r}"
                 self._warn_once(("model", type(e).__name__), f"{why}; using the heuristic")
-        return self._heuristic(s, hw, why)
+        return self._fallback(key, s, hw, why)
 
-    def _heuristic(self, s: Scenario, hw: HardwareSpec, why: str) -> Decision:
-        return Decision(choose(s, hw), "heuristic", 0.0, why)
+    def _fallback(self, key: str, s: Scenario, hw: HardwareSpec, why: str) -> Decision:
+        """What runs where the model abstained for reason `key` (``ABSTENTION_REASONS``): the
+        fallback the export's validation found best for that reason on this kind of machine
+        (``abstention.by_reason``), else the heuristic."""
+        kind = machine_kind(hw)
+        fallback = self._by_reason.get((key, kind), self._by_reason.get((key, ANY_KIND), "heuristic"))
+        if fallback == "heuristic":
+            return self._heuristic(s, hw, why, key)
+        if fallback == "baseline":
+            return Decision(BASELINE, "fallback", 0.0, f"{why}; the fitted fallback for {key} is the baseline", key)
+        cands = _candidates(s, backend_for(hw))  # a fixed rule: its schedule where legal, else the baseline
+        if fallback in _names_of(cands):
+            return Decision(parse(fallback), "fallback", 0.0, f"{why}; the fitted fallback for {key} is {fallback}", key)
+        return Decision(BASELINE, "fallback", 0.0,
+                        f"{why}; the fitted fallback for {key}, {fallback}, is not legal here, so the baseline", key)
 
-    def _abstain_reason(self, s: Scenario, hw: HardwareSpec) -> str:
-        """Why the model should not decide `s` (outside what it was trained on), or ""."""
+    def _heuristic(self, s: Scenario, hw: HardwareSpec, why: str, key: str = "other") -> Decision:
+        return Decision(choose(s, hw), "heuristic", 0.0, why, key)
+
+    def _abstain_reason(self, s: Scenario, hw: HardwareSpec) -> tuple[str, str]:
+        """Why the model should not decide `s` (outside what it was trained on): the reason's
+        key (``ABSTENTION_REASONS``) and its text; ("", "") where the model decides."""
         if self.model is None:
-            return "no model"
+            return "other", "no model"
         scope = self._scope
         for col, seen in scope.seen:  # hardware first: its message is the one users look for
             if getattr(s, col) not in seen:
-                if col == "hardware" and scope.unseen:
-                    why = self._unseen_hardware_problem(hw, s.dtype)
-                    if not why:
+                if col == "hardware":
+                    why = self._unseen_hardware_problem(hw, s.dtype) if scope.unseen else ""
+                    if scope.unseen and not why:
                         continue  # the model decides it (its decision says so)
-                    return f"hardware {s.hardware} not seen in training ({why})"
+                    # Outside the ranges of the trained machines of its kind, or no validated
+                    # rule (or no trained machine of its kind) lets the model decide it.
+                    key = "unseen_machine" if not why or why.startswith("no trained") else "spec_range"
+                    return key, f"hardware {s.hardware} not seen in training" + (f" ({why})" if why else "")
                 if col == "dtype":
                     why = self._unseen_dtype_problem(s.dtype, hw)
                     if not why:
                         continue  # the model decides it (its decision says so)
-                    return f"dtype {s.dtype} not seen in training ({why})"
-                return f"{col} {getattr(s, col)} not seen in training"
+                    return "other", f"dtype {s.dtype} not seen in training ({why})"
+                return "other", f"{col} {getattr(s, col)} not seen in training"
         trained = scope.specs.get(s.hardware)
         if trained is not None and trained != hw:
-            return f"hardware {s.hardware}: the spec given differs from the one seen in training"
+            return "unseen_machine", f"hardware {s.hardware}: the spec given differs from the one seen in training"
         slack = scope.range_slack.get(machine_kind(hw), _NO_SLACK) if scope.range_slack else _NO_SLACK
         for col, lo, hi in scope.ranges:
             value = getattr(s, col)
@@ -395,8 +416,9 @@ class Selector:
                 factor = slack.get(col, 1.0)
                 if not lo / factor <= value <= hi * factor:
                     widened = f", widened x{factor:.3g} by validation" if factor > 1 else ""
-                    return f"{col}={value} outside the training range [{lo}, {hi}]{widened}"
-        return ""
+                    return ("m_range" if col == "m" else "shape_range",
+                            f"{col}={value} outside the training range [{lo}, {hi}]{widened}")
+        return "", ""
 
     def _unseen_hardware_problem(self, hw: HardwareSpec, dtype: str) -> str:
         """Why the model may not decide a machine it never saw, or "" if its export's
@@ -452,7 +474,7 @@ class Selector:
         abstention its margin calls for."""
         if not np.isfinite(scores).all():  # checked trees cannot give one; a bug or a hand-edited model can
             self._warn_once(("non-finite",), "the model predicted a non-finite score; using the heuristic")
-            return self._heuristic(s, hw, "model predicted a non-finite score")
+            return self._heuristic(s, hw, "model predicted a non-finite score", "other")
         if self._scope.ranker:
             scores = -scores  # ranker: higher is better; we take the argmin below
         (at,), (margin,) = pick_with_margin(scores, _names_of(cands))
@@ -464,9 +486,9 @@ class Selector:
             why = (f"model margin {margin:.4f} below {min_margin}" if min_margin is not None
                    else "the export's abstention rule never trusts the model")
             if fallback == "heuristic":
-                return self._heuristic(s, hw, why)
+                return self._heuristic(s, hw, why, "low_margin")
             if fallback == "baseline":
-                return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback is the baseline")
+                return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback is the baseline", "low_margin")
             return self._fixed_rule(fallback, cands, scores, why)
         return Decision(best, "model", float(min(1.0, margin)), self._unseen_note(s))
 
@@ -477,10 +499,11 @@ class Selector:
         pick = fixed_rule_pick(fallback, names, scores, BASELINE.name)
         if fallback.removeprefix(GATED) not in names:
             return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback {fallback} is not legal here, "
-                                                       "so the baseline")
+                                                       "so the baseline", "low_margin")
         if pick != fallback.removeprefix(GATED):
-            return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback {fallback} predicts the baseline faster")
-        return Decision(parse(pick), "fallback", 0.0, f"{why}; its fitted fallback is {fallback}")
+            return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback {fallback} predicts the baseline faster",
+                            "low_margin")
+        return Decision(parse(pick), "fallback", 0.0, f"{why}; its fitted fallback is {fallback}", "low_margin")
 
     def _unseen_note(self, s: Scenario) -> str:
         """What a model decision lies outside of: a machine or a dtype not seen in training."""
