@@ -634,3 +634,60 @@ def test_a_validated_range_slack_lets_the_model_decide_just_outside_the_training
     for bad in ({"gpu": {"n": 0.5}}, {"gpu": {"dtype": 2}}, {"tpu": {"n": 2}}, ["n"]):
         folder = write_selector(tmp_path / "bad", training_ranges=ranges, abstention={**rule, "range_slack": bad})
         assert Selector.load(folder).model is None  # refused at load, naming the field
+
+
+def test_each_abstention_reason_runs_the_fallback_validation_chose_for_it(tmp_path):
+    # abstention.by_reason (train.shipped: fitted on validation folds and held-out machines):
+    # per reason and kind of machine (any: every kind without its own), what runs where the
+    # model may not decide. Hand-made: each reason sends to a different fallback.
+    import yaml
+
+    from ficco_select.heuristic import choose
+    from ficco_select.runtime.scope import SPEC_RANGE_FIELDS, spec_value
+
+    mi300x = load_hardware("mi300x-8")
+    ranges = {**FULL_RANGES, "m": [1024, 8192], "n": [1024, 16384], "hardware": ["h100-nvswitch"]}
+    within = {f: [spec_value(mi300x, f)] * 2 for f in SPEC_RANGE_FIELDS}
+    unseen = {"decide": "model", "kinds": {"gpu": {"topologies": [mi300x.topology], "spec_ranges": within}}}
+    by_reason = {"m_range": {"gpu": "baseline", "any": "heuristic"}, "shape_range": {"any": "shard.ring.sm"},
+                 "spec_range": {"gpu": "shard.ring.dma"}, "unseen_machine": {"any": "baseline"}}
+    rule = {"min_margin": 0.0, "fallback": "heuristic", "by_reason": by_reason}
+    sel = Selector.load(write_selector(tmp_path / "sel", training_ranges=ranges, abstention=rule, unseen_hardware=unseen))
+    h100 = {**RECORD, "hardware": "h100-nvswitch", "m": 4096, "n": 8192}
+    assert sel.select(h100).source == "model" and sel.select(h100).abstained == ""
+    d = sel.select({**h100, "m": 65536})  # m outside: the gpu's own choice, the baseline
+    assert (d.source, d.schedule, d.abstained) == ("fallback", BASELINE, "m_range")
+    assert "the fitted fallback for m_range is the baseline" in d.reason
+    d = sel.select({**h100, "n": 65536})  # n outside: every kind's choice, a fixed rule
+    assert (d.source, d.schedule, d.abstained) == ("fallback", SHARD, "shape_range")
+    faster = tmp_path / "faster.yaml"  # an unseen machine outside the trained spec ranges
+    faster.write_text(yaml.safe_dump(spec_dict("fast-one", link_bw_gbps=2 * mi300x.link_bw_gbps)))
+    d = sel.select({**h100, "hardware": str(faster)})
+    assert (d.source, d.schedule.name, d.abstained) == ("fallback", "shard.ring.dma", "spec_range")
+    cpu = {**RECORD, "m": 64, "n": 64, "k": 64, "dtype": "float32", "world_size": 2, "hardware": "cpu"}
+    d = sel.select({**cpu, "m": 2048, "n": 2048, "k": 2048})  # no trained cpu machine: unseen, any kind's choice
+    assert (d.source, d.schedule, d.abstained) == ("fallback", BASELINE, "unseen_machine")
+    # A fixed rule the scenario cannot run: the baseline, saying so (dma on the cpu backend).
+    only_dma = {**rule, "by_reason": {"unseen_machine": {"cpu": "shard.ring.dma"}}}
+    d = Selector.load(write_selector(tmp_path / "dma", training_ranges=ranges, abstention=only_dma)).select(
+        {**cpu, "m": 2048, "n": 2048, "k": 2048})
+    assert d.schedule == BASELINE and "shard.ring.dma, is not legal here, so the baseline" in d.reason
+    # A reason without an entry for its kind or any: the heuristic (here m outside on a cpu
+    # machine the model was trained on).
+    cpu_trained = Selector.load(write_selector(tmp_path / "cpu", abstention=rule,
+                                               training_ranges={**ranges, "hardware": ["cpu"], "m": [1, 64]}))
+    d = cpu_trained.select({**cpu, "m": 4096})
+    s = Scenario.from_record({**cpu, "m": 4096})
+    assert (d.source, d.schedule, d.abstained) == ("heuristic", choose(s, load_hardware("cpu")), "m_range")
+    # A low margin keeps its own rules; an op not seen in training is 'other': the heuristic.
+    never = Selector.load(write_selector(tmp_path / "never", training_ranges=ranges,
+                                         abstention={**rule, "min_margin": None, "fallback": "baseline"}))
+    assert never.select(h100).abstained == "low_margin"
+    d = sel.select({**h100, "op": "gemm_ar"})
+    assert (d.source, d.abstained) == ("heuristic", "other")
+    # Checked at load: an unknown reason, kind or fallback (gated fallbacks need the scores
+    # the abstention distrusts) refuses the model, naming the field.
+    for bad in ({"low_margin": {"any": "baseline"}}, {"m_range": {"tpu": "baseline"}},
+                {"m_range": {"gpu": "gated:shard.ring.sm"}}, {"m_range": {"gpu": "fastest"}}, {"m_range": "baseline"}):
+        folder = write_selector(tmp_path / "bad", training_ranges=ranges, abstention={**rule, "by_reason": bad})
+        assert Selector.load(folder).model is None
