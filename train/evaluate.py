@@ -82,6 +82,9 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
                 time.perf_counter() - t0
             chosen = selector.predict(test)
             per_fold[selector.name] = score(test, chosen)
+            if hasattr(selector, "decisions_"):  # the runtime policy: why each decision went where it did
+                results.setdefault("decisions", {}).setdefault(split, {}).update(
+                    {sid: (d.abstained or "model", _ran(d, chosen[sid])) for sid, d in selector.decisions_.items()})
             results.setdefault("choices", {}).setdefault(split, {}).setdefault(selector.name, {}).update(chosen)
             bar.update(1)
     bar.close()
@@ -92,6 +95,42 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
         per_op = _pooled_by(df, results["choices"][split], ["backend", "dtype", "op"])
         block["by_op"] = {name: scores for name, scores in per_op.items() if name.startswith(PER_OP_SETTINGS)}
     return results
+
+
+def _ran(decision, schedule: str) -> str:
+    """What a runtime decision ran, as the abstention report names it: the model, the
+    heuristic, the baseline or a fixed rule's schedule."""
+    if decision.source in ("model", "heuristic"):
+        return decision.source
+    return "baseline" if schedule.startswith("none.") else schedule
+
+
+def abstention_table(df: pd.DataFrame, results: dict) -> pd.DataFrame:
+    """Per split, setting (backend.dtype) and reason the shipped policy's model did not decide
+    (``model`` where it did; ``decision.ABSTENTION_REASONS``), per what then ran: how many
+    test scenarios, their share of the setting's, and what those decisions scored on the
+    truth (within 2% of the best, capture of the best's speed, worst regret), beside the
+    model's own pick on the same scenarios (the bare row of the same fit)."""
+    setting = df.groupby("scenario_id")[["backend", "dtype"]].first().agg(".".join, axis=1)
+    rows = []
+    for split, decided in results.get("decisions", {}).items():
+        shipped = results["choices"][split].get("shipped", {})
+        bare = results["choices"][split].get("xgb-regressor", {})
+        frame = pd.DataFrame([(sid, reason, ran) for sid, (reason, ran) in decided.items()],
+                             columns=["scenario_id", "reason", "ran"])
+        frame["setting"] = frame["scenario_id"].map(setting)
+        totals = frame.groupby("setting")["scenario_id"].size()
+        for (where, reason, ran), group in frame.groupby(["setting", "reason", "ran"]):
+            ids = set(group["scenario_id"])
+            test = df[df["scenario_id"].isin(ids)]
+            got = score(test, {sid: shipped[sid] for sid in ids})
+            model = score(test, {sid: bare[sid] for sid in ids if sid in bare}) if bare else {}
+            rows.append({"split": split, "setting": where, "reason": reason, "ran": ran, "n": len(ids),
+                         "share": len(ids) / totals[where], "near_opt_2": got["near_opt_2"],
+                         "capture": got["oracle_capture"], "worst_regret": got["worst_regret"],
+                         "model_near_opt_2": model.get("near_opt_2", np.nan)})
+    return pd.DataFrame(rows, columns=["split", "setting", "reason", "ran", "n", "share", "near_opt_2", "capture",
+                                       "worst_regret", "model_near_opt_2"])
 
 
 def _pooled_by(df: pd.DataFrame, choices: dict[str, dict[str, str]], columns: list[str]) -> dict:

@@ -211,6 +211,11 @@ def write_report(folder: str | Path, title: str = "ficco-select training", *,
         if split in set(choices["split"]):
             png = _png(regret_cdf(choices, split), folder / f"regret_cdf_{split}.png")
             parts.append(f'<img src="data:image/png;base64,{png}">')
+    if (folder / "abstention.csv").exists() and (folder / "abstention.csv").stat().st_size > 1:
+        abstentions = pd.read_csv(folder / "abstention.csv")
+        if not abstentions.empty:
+            parts.append("<h2>Where the shipped policy's model stepped aside, and what ran</h2>")
+            parts.append(abstentions.to_html(index=False, float_format=lambda x: f"{x:.3f}"))
     chosen = meta.get("chosen")
     grouped = [s for s in ("family", "hardware") if s in set(choices["split"])]
     if chosen and grouped:

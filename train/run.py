@@ -28,7 +28,7 @@ import pandas as pd
 from ficco_select import __version__
 from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from train.config import TrainConfig
-from train.evaluate import choices_table, evaluate, tables
+from train.evaluate import abstention_table, choices_table, evaluate, tables
 from train.metrics import format_table
 from train.report import write_report
 from train.selectors import BaseSelector, XGBRanker, XGBTimeRegressor, clone, with_features
@@ -100,6 +100,8 @@ class Scores:
     promotion rule read these."""
     text: str
     """The tables as ``comparison.txt`` holds them."""
+    abstentions: pd.DataFrame
+    """``train.evaluate.abstention_table``: where the shipped policy's model did not decide."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -143,8 +145,12 @@ def _evaluate(df: pd.DataFrame, config: TrainConfig) -> Scores:
     results = evaluate(df, splits=config.splits, make_selectors=config.make_selectors, progress=config.progress)
     by_split = tables(results)
     text = "\n\n".join(f"== {split} ==\n{format_table(t)}" for split, t in by_split.items())
+    abstentions = abstention_table(df, results)
+    if not abstentions.empty:  # where the shipped policy's model stepped aside, and what that scored
+        text += "\n\n== abstention (shipped: why the model did not decide, what ran) ==\n" + \
+            abstentions.set_index(["split", "setting", "reason", "ran"]).to_string(float_format=lambda x: f"{x:.3f}")
     grouped = [s for s in GROUPED_SPLITS if s in by_split] or list(by_split)
-    return Scores(results=results, by_split=by_split, grouped=grouped, text=text)
+    return Scores(results=results, by_split=by_split, grouped=grouped, text=text, abstentions=abstentions)
 
 
 def _record_scores(df: pd.DataFrame, scores: Scores, out_dir: Path) -> None:
@@ -160,8 +166,10 @@ def _record_scores(df: pd.DataFrame, scores: Scores, out_dir: Path) -> None:
                 mlflow.log_metrics({f"{split}_{metric}": float(value)
                                     for metric, value in table.loc[name].items() if np.isfinite(value)})
     (out_dir / "comparison.txt").write_text(scores.text + "\n")
-    (out_dir / "evaluation.json").write_text(json.dumps({k: v for k, v in results.items() if k != "choices"},
+    (out_dir / "evaluation.json").write_text(json.dumps({k: v for k, v in results.items()
+                                                         if k not in ("choices", "decisions")},
                                                         indent=2, default=float))
+    scores.abstentions.to_csv(out_dir / "abstention.csv", index=False)
     choices_table(df, results).to_parquet(out_dir / "choices.parquet", index=False)
     for split, table in by_split.items():
         table.to_csv(out_dir / f"comparison_{split}.csv")
