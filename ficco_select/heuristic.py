@@ -7,13 +7,14 @@ GEMMs over the whole GEMM, minus 1) and a piece's transfer time.
 ``choose`` (the runtime's fallback; ``heuristic`` in the tables) weighs what overlap hides
 against what decomposing costs, the paper's trade-off, for a handful of schedule families:
 
-1. **Candidates.** The shard-level ring and, at each finer degree d, the ring and (P >= 3)
-   the all-to-all pattern, with one GEMM per step and pieces along m, on each engine the
-   machine has. (GEMM per piece and pieces along n are the best schedule of under 1% of the
+1. **Candidates.** The shard-level ring and, at each finer degree d, the ring with one GEMM
+   per step and (P >= 3) the all-to-all pattern with one GEMM per step or per piece (an MoE
+   step's uneven chunks cannot be batched), pieces along m, on each engine the machine has.
+   (A ring's GEMM per piece and pieces along n are the best schedule of under 1% of the
    simulated bf16 scenarios: fewer, larger GEMMs win.)
 2. **A back-of-the-envelope time for each.**
    - GEMM: the whole GEMM with its decomposition loss (a ring's P shard GEMMs; all-to-all's
-     d batched steps), slowed while transfers run beside it (SM-driven transfers take
+     d batched steps, or its P x d piece GEMMs), slowed while transfers run beside it (SM-driven transfers take
      compute units, copy engines memory bandwidth: ``costs.contended``);
    - COMM: steps x one step's transfer (ring: one peer per step; all-to-all: every peer at
      once, an all-reduce's twice, the reduce-scatter then the all-gather of each piece); an
@@ -138,6 +139,7 @@ class _Families:
     schedules: tuple[Schedule, ...]
     degree: np.ndarray
     a2a: np.ndarray
+    per_piece: np.ndarray
     dma: np.ndarray
 
 
@@ -151,11 +153,15 @@ def _families(s: Scenario, hw: HardwareSpec, backend: str) -> _Families:
     if key not in _FAMILIES:
         out = [dataclasses.replace(SHARD, engine=e) for e in engines]
         for d in degrees(s.world_size):
-            for pattern in ("ring", "a2a") if s.world_size >= 3 else ("ring",):
-                out += [Schedule(granularity="ficco", degree=d, pattern=pattern, compute="gemm_per_step", split="m",
-                                 engine=e) for e in engines]
+            out += [Schedule(granularity="ficco", degree=d, pattern="ring", compute="gemm_per_step", split="m",
+                             engine=e) for e in engines]
+            if s.world_size >= 3:  # all-to-all; per piece too: an MoE step's uneven chunks cannot be batched
+                out += [Schedule(granularity="ficco", degree=d, pattern="a2a", compute=compute, split="m", engine=e)
+                        for compute in ("gemm_per_step", "gemm_per_piece") for e in engines]
         _FAMILIES[key] = _Families(tuple(out), np.array([1 if c.granularity == "shard" else c.degree for c in out], float),
-                                   np.array([c.pattern == "a2a" for c in out]), np.array([c.engine == "dma" for c in out]))
+                                   np.array([c.pattern == "a2a" for c in out]),
+                                   np.array([c.compute == "gemm_per_piece" for c in out]),
+                                   np.array([c.engine == "dma" for c in out]))
     return _FAMILIES[key]
 
 
@@ -166,10 +172,11 @@ def _estimated_times(s: Scenario, hw: HardwareSpec, est: dict[str, float], f: _F
     peak = hw.peak_of(s.dtype) * 1e12
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         # GEMM: a ring runs the P shard GEMMs (split over its d steps); all-to-all, d steps of
-        # one batched GEMM over every peer's piece.
+        # one batched GEMM over every peer's piece, or of P piece GEMMs.
         ring_gemm = est["t_comp"] * (1 + max(est["dil_1"], 0.0))
-        a2a_gemm = d * gemm_time(hw, est["M"] / d, est["N"], est["K"], s.dtype_bytes, peak)
-        gemm = np.where(f.a2a, a2a_gemm, ring_gemm)
+        a2a_step_gemm = d * gemm_time(hw, est["M"] / d, est["N"], est["K"], s.dtype_bytes, peak)
+        a2a_piece_gemm = est["t_comp"] * (1 + np.maximum([est.get(f"dil_{int(x)}", 0.0) for x in d], 0.0))
+        gemm = np.where(f.a2a, np.where(f.per_piece, a2a_piece_gemm, a2a_step_gemm), ring_gemm)
         steps = np.where(f.a2a, d, (P - 1) * d)
         step = transfer_time(hw, est["shard_bytes"] / d, np.where(f.a2a, P - 1, 1), f.dma, P)
         comm = steps * step * np.where(f.a2a & is_ar, 2.0, 1.0)

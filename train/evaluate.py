@@ -35,8 +35,8 @@ def folds(df: pd.DataFrame, split: str) -> list[Fold]:
 
     Machines sampled around a preset (``data.machines``) are training data only: no test
     side holds them, and holding a machine out holds out the machines sampled around it."""
-    base = df["hardware"].map({h: base_machine(h) for h in set(df["hardware"])})
-    scored = ~df["hardware"].map({h: is_sampled(h) for h in set(df["hardware"])}).astype(bool)
+    base = df["hardware"].map({h: base_machine(h) for h in set(df["hardware"].unique())})
+    scored = ~df["hardware"].map({h: is_sampled(h) for h in set(df["hardware"].unique())}).astype(bool)
     if split == "random":
         h = df["scenario_id"].map(lambda s: zlib.crc32(s.encode()) % 5)
         return [("random", h != 0, (h == 0) & scored)]
@@ -47,7 +47,7 @@ def folds(df: pd.DataFrame, split: str) -> list[Fold]:
             return []
         return [(f"{split}={v}", col != v, (col == v) & scored) for v in values]
     if split == "topology":
-        topology = df["hardware"].map({h: load_hardware(h).topology for h in set(df["hardware"])})
+        topology = df["hardware"].map({h: load_hardware(h).topology for h in set(df["hardware"].unique())})
         values = sorted(set(topology[scored]))
         if len(values) < 2:
             return []

@@ -30,7 +30,7 @@ SEED = 0
 
 
 def hardware_of(df: pd.DataFrame) -> dict[str, HardwareSpec]:
-    return {name: load_hardware(name) for name in sorted(set(df["hardware"]))}
+    return {name: load_hardware(name) for name in sorted(set(df["hardware"].unique()))}
 
 
 def scenario_records(df: pd.DataFrame) -> list[dict]:
@@ -83,6 +83,11 @@ class Oracle(BaseSelector):
 _ESTIMATES: dict[tuple[str, int], tuple] = {}
 """(scenario_id, id(spec)) -> (spec, scenario, its heuristic estimates): every fold's
 heuristic, tuned or not, decides the same scenarios again."""
+
+
+_CHOICES: dict[tuple, str] = {}
+"""(rules, scenario_id, id(spec), params) -> the schedule those rules pick (``_ESTIMATES``
+holds the spec, so that its id is not reused while the entry is)."""
 
 
 class Heuristic(BaseSelector):
@@ -139,9 +144,15 @@ class Heuristic(BaseSelector):
 
     @classmethod
     def _choose(cls, prepared: list[tuple], params) -> dict[str, str]:
+        if len(_CHOICES) > 1 << 18:
+            _CHOICES.clear()
         out = {}
         for sid, scenario, spec, est, legal in prepared:
-            name = cls._rules(scenario, spec, params, est=est).name
+            # Every fold's validation decides the same scenarios again with the same parameters.
+            key = (cls._rules, sid, id(spec), params)
+            name = _CHOICES.get(key)
+            if name is None or _ESTIMATES.get((sid, id(spec)), (None,))[0] is not spec:
+                name = _CHOICES[key] = cls._rules(scenario, spec, params, est=est).name
             out[sid] = name if name in legal else BASELINE.name
         return out
 

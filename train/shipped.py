@@ -55,8 +55,8 @@ def training_ranges(df: pd.DataFrame) -> dict:
     return {"m": [int(ok["m"].min()), int(ok["m"].max())], "n": [int(ok["n"].min()), int(ok["n"].max())],
             "k": [int(ok["k"].min()), int(ok["k"].max())],
             "world_size": [int(ok["world_size"].min()), int(ok["world_size"].max())],
-            "hardware": sorted(set(ok["hardware"])), "dtype": sorted(set(ok["dtype"])),
-            "op": sorted(set(ok["op"]))}
+            "hardware": sorted(set(ok["hardware"].unique())), "dtype": sorted(set(ok["dtype"].unique())),
+            "op": sorted(set(ok["op"].unique()))}
 
 
 def dtype_ranges(df: pd.DataFrame) -> dict:
@@ -127,7 +127,7 @@ def fit_abstention(make: Callable[[], BaseSelector], df: pd.DataFrame, folds: in
              if len(rows) >= MIN_OP_SCENARIOS}
     rule = {**_margin_rule(v), **({"by_kind": by_kind} if by_kind else {}), **({"by_op": by_op} if by_op else {})}
     slack = _range_slack(v, rule)
-    reasons = _range_fallbacks(v, slack, fixed)
+    reasons = _range_fallbacks(v, fixed)
     return {**rule, "range_slack": slack, **({"by_reason": reasons["by_reason"]} if reasons["by_reason"] else {}),
             "by_reason_validation": reasons["validation"]}
 
@@ -174,18 +174,18 @@ def _range_slack(v: pd.DataFrame, abstention: dict) -> dict:
     return out
 
 
-def _range_fallbacks(v: pd.DataFrame, slack: dict, fixed: Sequence[str]) -> dict:
+def _range_fallbacks(v: pd.DataFrame, fixed: Sequence[str]) -> dict:
     """``abstention.by_reason``'s ``m_range`` and ``shape_range``: per kind of machine, the
     fallback (``_best_fallback``) with the most expected speed on the validation scenarios
-    that lay outside their fold's training ranges by more than `slack` lets the model decide
-    (m; else n or k), where the runtime abstains for that reason. A kind with fewer than
+    that lay outside their fold's training ranges (m; else n or k). The runtime abstains
+    only beyond `slack`, which is as far as these scenarios reach: they are the nearest
+    evidence of what does well outside the ranges. A kind with fewer than
     ``MIN_OUTSIDE_SCENARIOS`` of them takes the choice made on every kind's (``any``); with
     fewer still, the heuristic. Returns {"by_reason": {reason: {kind: fallback}},
     "validation": {reason: {kind: figures}}}."""
     beyond_m = v["beyond_m"].to_numpy(float)
     beyond_nk = np.maximum(v["beyond_n"].to_numpy(float), v["beyond_k"].to_numpy(float))
-    factor = v["kind"].map(lambda kind: slack.get(kind, {}).get("m", 1.0)).to_numpy(float)
-    outside = {"m_range": beyond_m > factor, "shape_range": (beyond_m <= factor) & (beyond_nk > factor)}
+    outside = {"m_range": beyond_m > 1, "shape_range": (beyond_m <= 1) & (beyond_nk > 1)}
     return _fallbacks_by_kind({reason: v[at] for reason, at in outside.items()}, fixed)
 
 
@@ -357,7 +357,7 @@ def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abst
     topology was new to its training half.
     """
     ok = usable_rows(df)
-    specs = {h: load_hardware(h) for h in sorted(set(ok["hardware"]), key=lambda h: zlib.crc32(h.encode()))}
+    specs = {h: load_hardware(h) for h in sorted(set(ok["hardware"].unique()), key=lambda h: zlib.crc32(h.encode()))}
     rule: dict = {"decide": "heuristic", "kinds": {}, "validation": {}}
     fixed = _fixed_rules(ok)
     held_out = []  # every kind's validation outcomes on held-out machines
@@ -428,7 +428,7 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame, fixed: Sequence
     raw = model.model_.predict(X)
     lower_is_better = -raw if isinstance(model, XGBRanker) else raw
     truth = true_times(ok).to_numpy(float)
-    sid, names = ok["scenario_id"].to_numpy(), ok["schedule"].to_numpy(str)
+    sid, names = ok["scenario_id"].to_numpy(object), ok["schedule"].to_numpy(str)
     at, margin = pick_with_margin(lower_is_better, names, sid)
     first = pd.DataFrame({"t": truth[at], "margin": margin}, index=pd.Index(sid[at], name="sid")).sort_index()
     t_of = dict(zip(zip(sid, names), truth))
@@ -439,11 +439,12 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame, fixed: Sequence
     t_oracle = pd.Series(truth[labelled], index=sid[labelled])
     heuristic = Heuristic(tune=False).predict(val)
     baseline = AlwaysBaseline().predict(val)
-    t_baseline = [t_of[(sid, baseline[sid])] for sid in first.index]
+    ids = first.index.tolist()  # plain strings: iterating an Arrow-backed index is slow
+    t_baseline = [t_of[(sid, baseline[sid])] for sid in ids]
     by_sid = np.argsort(sid, kind="stable")  # each scenario's candidates: names and scores, for fixed_rule_pick
     rows_of = np.split(by_sid, np.flatnonzero(sid[by_sid][1:] != sid[by_sid][:-1]) + 1)
     scored = {sid[rows[0]]: (names[rows].tolist(), lower_is_better[rows]) for rows in rows_of if len(rows)}
-    kind_of = {h: machine_kind(load_hardware(h)) for h in set(ok["hardware"])}
+    kind_of = {h: machine_kind(load_hardware(h)) for h in set(ok["hardware"].unique())}
     columns = ok.groupby("scenario_id", sort=False)[["hardware", "op", *SLACK_COLUMNS]].first().reindex(first.index)
     return pd.DataFrame({
         "kind": columns["hardware"].map(kind_of).to_numpy(),
@@ -451,13 +452,13 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame, fixed: Sequence
         **{c: columns[c].to_numpy(float) for c in SLACK_COLUMNS},
         "margin": first["margin"].to_numpy(float),
         "t_model": first["t"].to_numpy(float),
-        "t_heuristic": [t_of[(sid, heuristic[sid])] for sid in first.index],
+        "t_heuristic": [t_of[(sid, heuristic[sid])] for sid in ids],
         "t_baseline": t_baseline,
         "t_best": t_best.reindex(first.index).to_numpy(float),
         "t_oracle": t_oracle.reindex(first.index).to_numpy(float),
         # Each fixed rule: its schedule where the scenario has it, else the baseline; and
         # gated, the one of the two the model predicts faster.
-        **{f"{FIXED_PREFIX}{rule}": [t_of[(s, fixed_rule_pick(rule, *scored[s], baseline[s]))] for s in first.index]
+        **{f"{FIXED_PREFIX}{rule}": [t_of[(s, fixed_rule_pick(rule, *scored[s], baseline[s]))] for s in ids]
            for rule in (*fixed, *(f"{GATED}{name}" for name in fixed))},
     })
 
@@ -510,7 +511,7 @@ class ShippedPolicy(BaseSelector):
 
     def predict(self, df):
         ok = usable_rows(df)
-        if "unseen_hardware" not in self.meta_ and not set(ok["hardware"]) <= set(self._train["hardware"]):
+        if "unseen_hardware" not in self.meta_ and not set(ok["hardware"].unique()) <= set(self._train["hardware"]):
             # Computed when first needed (it fits two more models); decisions on trained
             # machines do not depend on it, so this equals fitting it eagerly.
             self.unseen_hardware_ = fit_unseen_hardware(self._fresh, self._train, self.abstention_)
