@@ -115,3 +115,32 @@ def test_the_rule_scored_all_thresholds_at_once_is_the_brute_force_rule():
         assert rule["min_margin"] == threshold
         assert column.endswith(rule["fallback"])
         assert rule["validation_capture"] == pytest.approx(rank[0], rel=1e-12)
+
+
+def test_each_range_reason_gets_the_fallback_that_did_best_outside_the_ranges_per_kind():
+    from train.shipped import MIN_OUTSIDE_SCENARIOS, _range_fallbacks
+
+    n = MIN_OUTSIDE_SCENARIOS
+    # gpu: m outside (beyond_m > 1) on n scenarios, where the heuristic is 2x slow and the ring
+    # is best; n, k outside on n more, where the heuristic is best. cpu: too few outside.
+    ring = FIXED_PREFIX + "shard.ring.sm"
+    gpu_m = pd.DataFrame({"kind": "gpu", "beyond_m": 4.0, "beyond_n": 1.0, "beyond_k": 1.0, "t_heuristic": 2.0,
+                          ring: 1.0, "t_baseline": 1.5}, index=range(n))
+    gpu_nk = pd.DataFrame({"kind": "gpu", "beyond_m": 1.0, "beyond_n": 2.0, "beyond_k": 1.0, "t_heuristic": 1.0,
+                           ring: 1.4, "t_baseline": 1.5}, index=range(n))
+    cpu = pd.DataFrame({"kind": "cpu", "beyond_m": 2.0, "beyond_n": 1.0, "beyond_k": 1.0, "t_heuristic": 1.0,
+                        ring: 3.0, "t_baseline": 1.2}, index=range(3))
+    inside = pd.DataFrame({"kind": "gpu", "beyond_m": 1.0, "beyond_n": 1.0, "beyond_k": 1.0, "t_heuristic": 9.0,
+                           ring: 9.0, "t_baseline": 1.0}, index=range(50))
+    v = pd.concat([gpu_m, gpu_nk, cpu, inside], ignore_index=True)
+    v = v.assign(t_best=v[["t_heuristic", ring, "t_baseline"]].min(axis=1), t_oracle=v["t_baseline"])
+    got = _range_fallbacks(v, ["shard.ring.sm"])
+    # cpu: 3 < n scenarios, no rule of its own; pooled (any), the ring slows 3 of 23 down: the baseline
+    assert got["by_reason"]["m_range"] == {"gpu": "shard.ring.sm", "any": "baseline"}
+    assert got["by_reason"]["shape_range"] == {"gpu": "heuristic", "any": "heuristic"}
+    assert got["validation"]["m_range"]["gpu"]["scenarios"] == n  # only the scenarios outside: not the 50 inside
+    assert got["validation"]["shape_range"]["gpu"]["candidates"]["baseline"]["capture"] == pytest.approx(1 / 1.5)
+    # A fallback that slows down more than the tail guard allows is never chosen, however fast elsewhere.
+    risky = gpu_m.assign(**{ring: np.where(np.arange(n) < n // 2, 0.5, 1.6)})
+    risky = risky.assign(t_best=risky[["t_heuristic", ring, "t_baseline"]].min(axis=1), t_oracle=risky["t_baseline"])
+    assert _range_fallbacks(risky, ["shard.ring.sm"])["by_reason"]["m_range"]["gpu"] == "baseline"
