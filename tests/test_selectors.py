@@ -351,3 +351,21 @@ def test_the_headline_table_is_the_family_hold_out_in_bfloat16_and_comes_first()
     assert names[0] == "family.sim.bfloat16"
     assert set(names) == {f"{s}{v}" for s in ("hardware", "family")
                           for v in ("", ".sim", ".cpu", ".sim.bfloat16", ".sim.float16")}
+
+
+def test_the_best_schedule_classifier_fits_a_best_schedule_that_one_scenario_has_among_many():
+    # Over 10,000 scenarios scikit-learn's early stopping holds out a stratified split, which
+    # fails on a class of one; the classifier must fit all the same.
+    from train.selectors import FEATURE_COLUMNS, HGBClassifier
+
+    rng = np.random.default_rng(0)
+    n = 10_050
+    names = np.where(np.arange(n) == 0, "ficco.d4.ring.gemm_per_step.m.sm", "shard.ring.sm")
+    frame = pd.DataFrame({"scenario_id": np.repeat([f"s{i}" for i in range(n)], 2),
+                          "schedule": np.ravel(np.column_stack([np.full(n, "none.sm"), names])),
+                          "time_s": np.ravel(np.column_stack([np.ones(n), np.full(n, 0.5)])),
+                          "status": "ok", "verified": True})
+    frame = pd.concat([frame, pd.DataFrame(rng.random((2 * n, len(FEATURE_COLUMNS))), columns=list(FEATURE_COLUMNS))],
+                      axis=1)
+    model = HGBClassifier(max_iter=5).fit(frame)
+    assert set(model.model_.classes_) == {"shard.ring.sm", "ficco.d4.ring.gemm_per_step.m.sm"}

@@ -349,7 +349,10 @@ class HGBClassifier(BaseSelector):
         first = ~ok["scenario_id"].duplicated()
         Xs = X[first.to_numpy()][:, : self._n_scenario_features()]
         y = ok.loc[first, "scenario_id"].map(best).to_numpy()
-        self.model_ = HistGradientBoostingClassifier(max_iter=self.max_iter, random_state=SEED).fit(Xs, y)
+        # No early stopping: above 10,000 scenarios it would hold out a stratified split, which
+        # fails on a best schedule that only one scenario has.
+        self.model_ = HistGradientBoostingClassifier(max_iter=self.max_iter, early_stopping=False,
+                                                     random_state=SEED).fit(Xs, y)
         return self
 
     @staticmethod
