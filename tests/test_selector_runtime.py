@@ -691,3 +691,31 @@ def test_each_abstention_reason_runs_the_fallback_validation_chose_for_it(tmp_pa
                 {"m_range": {"gpu": "gated:shard.ring.sm"}}, {"m_range": {"gpu": "fastest"}}, {"m_range": "baseline"}):
         folder = write_selector(tmp_path / "bad", training_ranges=ranges, abstention={**rule, "by_reason": bad})
         assert Selector.load(folder).model is None
+
+
+@pytest.mark.parametrize("hostile", ["fifo", "device", "huge"])
+def test_a_hostile_selector_json_gives_a_heuristic_only_selector_without_blocking_or_flooding(hostile, tmp_path):
+    # A FIFO would block an open-and-read forever; /dev/zero never ends; a sparse file of
+    # 600 MiB would be read whole. Each is refused before a byte is read.
+    import os
+    import threading
+
+    folder = write_selector(tmp_path / "sel")
+    meta = folder / "selector.json"
+    meta.unlink()
+    if hostile == "fifo":
+        os.mkfifo(meta)
+    elif hostile == "device":
+        meta.symlink_to("/dev/zero")
+    else:
+        with open(meta, "wb") as f:
+            f.truncate(600 << 20)
+    got = []
+    worker = threading.Thread(target=lambda: got.append(Selector.load(folder)), daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "Selector.load blocked"
+    assert got[0].model is None
+    from ficco_select.runtime.trees import read_json
+    with pytest.raises(ValueError, match="not a regular file|over the"):
+        read_json(meta, "selector")

@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from ficco_select.runtime.decision import Decision
+from ficco_select.runtime.trees import read_json
 from ficco_select.scenario import LAYER_COLUMNS, Scenario
 from ficco_select.schedule import legal_candidates, parse
 
@@ -173,7 +174,7 @@ def read_tables(folder: str | Path, backend_of: Callable[[str], str | None] = la
     path = Path(folder, TABLES_FILE)
     if not path.exists():
         return {}
-    doc = json.loads(path.read_text())
+    doc = read_json(path, "layer tables")
     if doc.get("model_digest") != export_digest(folder):
         raise ValueError(f"{path}: field 'model_digest' is {doc.get('model_digest')!r}, not this export's "
                          f"{export_digest(folder)}: built from another model; re-run ficco export --layers")

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -154,21 +156,49 @@ class TreeEnsemble:
         return start
 
 
+MAX_JSON_BYTES = 512 << 20
+"""The largest export file ``read_json`` reads (a 300-tree model is a few MB; layer tables of
+a thousand layers a few hundred)."""
+
+
 def read_json(path: str | Path, what: str = "JSON") -> Any:
-    """A JSON file's contents; ValueError naming the file: missing, not text, not JSON."""
+    """A JSON file's contents; ValueError naming the file: missing, not a regular file (a
+    FIFO would block the caller, a device such as /dev/zero never ends), over
+    ``MAX_JSON_BYTES``, not text, not JSON. Never blocks: opened non-blocking, checked
+    before a byte is read."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise ValueError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise ValueError(f"{path}: a folder, not a file ({what})") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise ValueError(f"{path}: a folder, not a file ({what})")
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: not a regular file (a pipe, socket or device; expected {what})")
+        if info.st_size > MAX_JSON_BYTES:
+            raise ValueError(f"{path}: {info.st_size} bytes, over the {MAX_JSON_BYTES} an export file may have "
+                             f"(expected {what})")
+        with os.fdopen(fd, "rb") as f:
+            fd = None
+            data = f.read(MAX_JSON_BYTES + 1)  # a file that grew since: never more than the limit
+        if len(data) > MAX_JSON_BYTES:
+            raise ValueError(f"{path}: over the {MAX_JSON_BYTES} bytes an export file may have (expected {what})")
+        return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise ValueError(f"{path}: not a text file (expected {what})") from None
     except (json.JSONDecodeError, RecursionError) as e:  # nesting deeper than Python's stack: not ours
         raise ValueError(f"{path}: not valid JSON ({e})") from None
     except OSError as e:
         raise ValueError(f"{path}: cannot be read ({e.strerror or e})") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 # -- checking the file ---------------------------------------------------------------------
