@@ -131,7 +131,7 @@ def _record_inputs(data: TrainingData, splits: Sequence[str]) -> None:
 
     df, digest = data.df, data.digest
     mlflow.log_params({"dataset_digest": digest, "rows": len(df), "scenarios": df["scenario_id"].nunique(),
-                       "hardware": ",".join(sorted(set(df["hardware"].unique()))), "splits": ",".join(splits),
+                       "hardware": ",".join(sorted(df["hardware"].unique())), "splits": ",".join(splits),
                        "feature_schema_version": FEATURE_SCHEMA_VERSION,
                        "feature_schema_hash": FEATURE_SCHEMA_HASH, "ficco_version": __version__,
                        "extra_rows": len(data.fit_df) - len(df)})

@@ -30,7 +30,7 @@ SEED = 0
 
 
 def hardware_of(df: pd.DataFrame) -> dict[str, HardwareSpec]:
-    return {name: load_hardware(name) for name in sorted(set(df["hardware"].unique()))}
+    return {name: load_hardware(name) for name in sorted(df["hardware"].unique())}
 
 
 def scenario_records(df: pd.DataFrame) -> list[dict]:

@@ -55,8 +55,8 @@ def training_ranges(df: pd.DataFrame) -> dict:
     return {"m": [int(ok["m"].min()), int(ok["m"].max())], "n": [int(ok["n"].min()), int(ok["n"].max())],
             "k": [int(ok["k"].min()), int(ok["k"].max())],
             "world_size": [int(ok["world_size"].min()), int(ok["world_size"].max())],
-            "hardware": sorted(set(ok["hardware"].unique())), "dtype": sorted(set(ok["dtype"].unique())),
-            "op": sorted(set(ok["op"].unique()))}
+            "hardware": sorted(ok["hardware"].unique()), "dtype": sorted(ok["dtype"].unique()),
+            "op": sorted(ok["op"].unique())}
 
 
 def dtype_ranges(df: pd.DataFrame) -> dict:
@@ -177,8 +177,7 @@ def _range_slack(v: pd.DataFrame, abstention: dict) -> dict:
 def _range_fallbacks(v: pd.DataFrame, fixed: Sequence[str]) -> dict:
     """``abstention.by_reason``'s ``m_range`` and ``shape_range``: per kind of machine, the
     fallback (``_best_fallback``) with the most expected speed on the validation scenarios
-    that lay outside their fold's training ranges (m; else n or k). The runtime abstains
-    only beyond `slack`, which is as far as these scenarios reach: they are the nearest
+    that lay outside their fold's training ranges (m; else n or k): they are the nearest
     evidence of what does well outside the ranges. A kind with fewer than
     ``MIN_OUTSIDE_SCENARIOS`` of them takes the choice made on every kind's (``any``); with
     fewer still, the heuristic. Returns {"by_reason": {reason: {kind: fallback}},
@@ -357,7 +356,7 @@ def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abst
     topology was new to its training half.
     """
     ok = usable_rows(df)
-    specs = {h: load_hardware(h) for h in sorted(set(ok["hardware"].unique()), key=lambda h: zlib.crc32(h.encode()))}
+    specs = {h: load_hardware(h) for h in sorted(ok["hardware"].unique(), key=lambda h: zlib.crc32(h.encode()))}
     rule: dict = {"decide": "heuristic", "kinds": {}, "validation": {}}
     fixed = _fixed_rules(ok)
     held_out = []  # every kind's validation outcomes on held-out machines
