@@ -1,0 +1,108 @@
+"""A quick profile of the loopback this process runs on: two gloo ranks send messages of a few
+sizes back and forth, and a line through (bytes, one-way time) gives the link's bandwidth
+(slope) and per-message latency (intercept). Inside a shaped fabric (``fabric.py``) it
+measures what the token bucket lets through; a few seconds.
+
+``fabric_spec`` turns a profile into the fabric's spec: the host's ``cpu`` spec (the same
+cores, so the same GEMM numbers and gloo's per-transfer cost) with the shaped link's
+profiled bandwidth. The profiled latencies are recorded, not used: a token bucket delays
+bytes, not messages, and on a shared host the intercept of four sizes is mostly noise
+(it moved by milliseconds between runs here, while the bandwidth held within 6%).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import statistics
+import subprocess
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from data.measure.fabric import Fabric, FabricError, inside, shaping
+from ficco_select.hardware import HardwareSpec, load_hardware
+
+SIZES = (16 << 10, 256 << 10, 1 << 20, 4 << 20)
+"""Message sizes, bytes: from latency-bound to bandwidth-bound at 100 Mbit/s .. 10 Gbit/s."""
+ROUND_TRIPS = 9
+
+
+def _rank(rank: int, port: int, results) -> None:
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
+    peer = 1 - rank
+
+    def one_way(size: int) -> float:
+        buf = torch.zeros(size // 4)
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(buf, peer)
+            dist.recv(buf, peer)
+        else:
+            dist.recv(buf, peer)
+            dist.send(buf, peer)
+        return (time.perf_counter() - t0) / 2
+
+    for size in SIZES:  # warm up: connections, TCP windows, allocator
+        one_way(size)
+    times = {size: statistics.median(one_way(size) for _ in range(ROUND_TRIPS)) for size in SIZES}
+    if rank == 0:
+        results.put(times)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def profile_fabric(fabric: Fabric, timeout_s: float = 300.0) -> dict:
+    """Inside `fabric`'s namespace (``fabric.inside()``): the loopback profiled unshaped, then
+    shaped again to `fabric`, as {"link_bw_gbps", "latency_us", "unshaped": {...},
+    "shaping": tc's line}, each profile {"link_bw_gbps", "latency_us", "points": [[bytes,
+    one-way s], ...]}. The unshaped one tells what the shaping adds to gloo's own costs."""
+    if inside() != fabric:
+        raise FabricError(f"--fabric {fabric.rate}: profile_fabric runs inside that fabric's namespace only")
+    _run(["tc", "qdisc", "del", "dev", "lo", "root"])  # our namespace: its loopback only
+    unshaped = _profile(timeout_s)
+    _run(fabric.tc_command())
+    return {**_profile(timeout_s), "unshaped": unshaped, "shaping": shaping()}
+
+
+def _run(command: list[str]) -> None:
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise FabricError(f"{' '.join(command)}: {done.stderr.strip()}")
+
+
+def _profile(timeout_s: float) -> dict:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    ctx = torch.multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
+    procs = [ctx.Process(target=_rank, args=(r, store.port, results), daemon=True) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        one_way = results.get(timeout=timeout_s)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    sizes = np.array(sorted(one_way), dtype=float)
+    seconds = np.array([one_way[s] for s in sorted(one_way)])
+    slope, intercept = np.polyfit(sizes, seconds, 1)
+    return {"link_bw_gbps": float(1 / slope / 1e9), "latency_us": float(max(intercept, 0.0) * 1e6),
+            "points": [[int(s), float(t)] for s, t in zip(sizes, seconds)]}
+
+
+def fabric_spec(fabric: Fabric, profile: dict, base: HardwareSpec | None = None) -> HardwareSpec:
+    """The fabric's spec from its profile (see the module docstring)."""
+    base = base or load_hardware("cpu")
+    return dataclasses.replace(
+        base, name=fabric.name,
+        description=(f"{fabric.describe()}; profiled link {profile['link_bw_gbps']:.4g} GB/s; "
+                     f"the rest as {base.name}"),
+        link_bw_gbps=profile["link_bw_gbps"])

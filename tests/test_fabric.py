@@ -1,0 +1,79 @@
+"""Shaped fabrics: the rate parser, the permission probe, and a real token bucket measured by
+the fabric profile inside a private network namespace (skipped, with the probe's reason,
+where namespaces or tc are not permitted)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from data.measure.fabric import FabricError, check_permitted, parse_fabric
+
+
+def _permitted() -> str | None:
+    try:
+        check_permitted()
+    except FabricError as e:
+        return str(e)
+    return None
+
+
+NOT_PERMITTED = _permitted()
+needs_namespaces = pytest.mark.skipif(NOT_PERMITTED is not None, reason=NOT_PERMITTED or "")
+
+
+@pytest.mark.parametrize("text, rate, bits", [("500mbit", "500mbit", 5e8), ("2gbit", "2gbit", 2e9),
+                                              (" 1.5GBIT ", "1.5gbit", 1.5e9), ("5000kbit", "5000kbit", 5e6)])
+def test_a_rate_as_tc_writes_it_names_the_machine(text, rate, bits):
+    fabric = parse_fabric(text)
+    assert (fabric.rate, fabric.name, fabric.bits_per_s) == (rate, f"cpu-{rate}", bits)
+
+
+@pytest.mark.parametrize("text, needle", [("fast", "expected a rate"), ("500", "expected a rate"),
+                                          ("500mbps", "expected a rate"), ("-5mbit", "expected a rate"),
+                                          ("800kbit", "outside 1 Mbit/s"), ("200gbit", "outside 1 Mbit/s")])
+def test_a_bad_rate_is_refused_naming_the_option(text, needle):
+    with pytest.raises(FabricError, match=needle) as e:
+        parse_fabric(text)
+    assert str(e.value).startswith(f"--fabric {text!r}")
+
+
+def _tc_lo(*prefix: str) -> str:
+    return subprocess.run([*prefix, "tc", "qdisc", "show", "dev", "lo"], capture_output=True, text=True).stdout
+
+
+PROFILE = """
+import json
+from data.measure.fabric import inside
+from data.measure.fabric_profile import fabric_spec, profile_fabric
+if __name__ == "__main__":
+    fabric = inside()
+    profile = profile_fabric(fabric)
+    print(json.dumps({"profile": profile, "spec_bw": fabric_spec(fabric, profile).link_bw_gbps,
+                      "name": fabric_spec(fabric, profile).name}))
+"""
+
+
+@needs_namespaces
+def test_the_profile_inside_a_shaped_namespace_measures_the_token_bucket_and_the_host_is_untouched(tmp_path):
+    script = tmp_path / "profile.py"
+    script.write_text(PROFILE)
+    host_before = _tc_lo()
+    done = subprocess.run([sys.executable, "-m", "data.measure.fabric", "200mbit", "--", sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    shaped, unshaped = result["profile"]["link_bw_gbps"], result["profile"]["unshaped"]["link_bw_gbps"]
+    assert 0.6 * 0.025 < shaped < 1.2 * 0.025  # 200 Mbit/s = 0.025 GB/s: what tbf lets through, less what a busy host loses
+    assert unshaped > 4 * shaped  # the namespace's own loopback, unshaped, is far faster
+    assert "tbf" in result["profile"]["shaping"] and "200Mbit" in result["profile"]["shaping"]
+    assert (result["name"], result["spec_bw"]) == ("cpu-200mbit", shaped)
+    assert _tc_lo() == host_before  # the host's loopback was never shaped
+
+
+def test_the_profile_refuses_to_run_outside_its_fabric():
+    from data.measure.fabric_profile import profile_fabric
+
+    with pytest.raises(FabricError, match="inside that fabric's namespace"):
+        profile_fabric(parse_fabric("1gbit"))
