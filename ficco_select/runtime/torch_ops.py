@@ -31,6 +31,14 @@ Choices a caller should know:
   on CUDA, gloo point-to-point on CPU); ``dma`` runs over ``executor.peer.PeerCopyComm``:
   copy engines through symmetric-memory staging slots on CUDA (built once per group, at
   the first dma call, on every rank), shared-memory slots on CPU (tests).
+- Every rank must pass the same call: each call first all-gathers every rank's description
+  of it (shapes, dtype, dims, reduce op; one tiny collective on the host where the group
+  has a CPU backend), and a call the ranks disagree on raises ValueError on every rank,
+  naming the op, the rank and both shapes (PyTorch's fallbacks check nothing: gloo aborts
+  one rank and hands another garbage rows). Per call, not per shape: a rank repeating a
+  shape it has seen while another passes a new one is refused too. The MoE ops check in the
+  exchange of token counts they make anyway: the same k, n and dtype on every rank, and each
+  rank's ``output_split_sizes`` what the others' ``input_split_sizes`` send it.
 - ``matmul_all_reduce`` with a row count the world size does not divide runs PyTorch's
   plain form (the executor's all-reduce schedules split the rows into P blocks).
 - Several ``Bs`` are concatenated into one weight (one gathered A, one GEMM per piece).
@@ -47,6 +55,8 @@ when PyTorch's implementation ran), ``pinned`` (``configure(schedule=...)``) or
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
 from collections.abc import Sequence
 
@@ -100,6 +110,9 @@ def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A):
     group = resolve_group(group_name)
     P = dist.get_world_size(group)
     gather_dim = gather_dim % A_shard.ndim
+    _same_call_on_every_rank("all_gather_matmul", group, A_shard.device,
+                             f"A_shard {_shape(A_shard)} {_dtype(A_shard)} gathered along dim {gather_dim} "
+                             f"@ Bs {', '.join(map(_shape, Bs))}")
     if gather_dim == A_shard.ndim - 1 or not Bs:
         fall_back("gather along the contraction dim: PyTorch's implementation")
         return symm_mem._fused_all_gather_matmul_fallback(A_shard, list(Bs), gather_dim, group.group_name,
@@ -144,6 +157,9 @@ def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     group = resolve_group(group_name)
     P = dist.get_world_size(group)
     scatter_dim = scatter_dim % A.ndim
+    _same_call_on_every_rank("matmul_reduce_scatter", group, A.device,
+                             f"A {_shape(A)} {_dtype(A)} @ B {_shape(B)}, {reduce_op} "
+                             f"scattered along dim {scatter_dim}")
     extent = B.shape[-1] if scatter_dim == A.ndim - 1 else A.shape[scatter_dim]
     if reduce_op not in ("sum", "avg") or extent % P:
         fall_back(f"reduce_op {reduce_op!r} / scatter extent {extent} over {P} ranks: PyTorch's implementation")
@@ -192,6 +208,8 @@ def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, reduce_op: str = "sum", 
 def _matmul_all_reduce(A, B, reduce_op, group_name):
     group = resolve_group(group_name)
     P = dist.get_world_size(group)
+    _same_call_on_every_rank("matmul_all_reduce", group, A.device,
+                             f"A {_shape(A)} {_dtype(A)} @ B {_shape(B)}, {reduce_op}")
     lead, A2 = A.shape[:-1], _rows(A)
     rows, n = A2.shape[0], B.shape[-1]
 
@@ -215,6 +233,51 @@ def _matmul_all_reduce(A, B, reduce_op, group_name):
     if reduce_op == "avg":
         out = out / P
     return out.reshape(*lead, n)
+
+
+# -- every rank passes the same call --------------------------------------------------------
+CALL_BYTES = 256
+"""Room for one rank's description of its call in the per-call check (any real call fits)."""
+
+
+def _shape(t: torch.Tensor) -> str:
+    return str(tuple(t.shape))
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _same_call_on_every_rank(op: str, group: dist.ProcessGroup, device: torch.device, call: str) -> None:
+    """ValueError on every rank of `group` where a rank describes its call otherwise than
+    rank 0 (the ranks' shapes must match for the collective to mean anything)."""
+    every = _gathered(group, device, call, CALL_BYTES)
+    if every[0, 0] and bool((every == every[0]).all()):  # the common case: one comparison, nothing decoded
+        return
+    calls = _texts(every)
+    odd = next(r for r, c in enumerate(calls) if c != calls[0] or c is None)
+    raise ValueError(f"{op}: rank {odd} passed {calls[odd] or 'a call too long to compare'}, rank 0 passed "
+                     f"{calls[0] or 'a call too long to compare'}; every rank of the group must pass the same "
+                     "shapes, dtype and dims")
+
+
+def _gathered(group: dist.ProcessGroup, device: torch.device, mine: str, size: int) -> torch.Tensor:
+    """Every rank's `mine` as a (ranks, 1 + size) uint8 CPU tensor in group rank order, from
+    one all-gather: a row is a flag (0: the text did not fit, so that every rank sees the
+    same and raises alike), then the text's bytes, zero-padded. On the host where the group
+    has a CPU backend: no CUDA stream waits for it."""
+    data = mine.encode()
+    row = b"\1" + data.ljust(size, b"\0") if len(data) <= size else bytes(1 + size)
+    where = torch.device("cpu") if torch.device("cpu") in group._device_types else device
+    every = torch.empty(dist.get_world_size(group) * (1 + size), dtype=torch.uint8, device=where)
+    dist.all_gather_into_tensor(every, torch.frombuffer(bytearray(row), dtype=torch.uint8).to(where), group=group)
+    return every.view(-1, 1 + size).cpu()
+
+
+def _texts(every: torch.Tensor) -> list[str | None]:
+    """The texts of ``_gathered``'s rows (None where one did not fit)."""
+    return [row[1:].rstrip(b"\0").decode() if row[0] else None
+            for row in map(bytes, every.numpy())]
 
 
 # -- layers: a call's shape without its token count -----------------------------------------
@@ -366,19 +429,49 @@ def matmul_all_to_all(X: torch.Tensor, W: torch.Tensor, output_split_sizes: Sequ
     return _matmul_all_to_all(X, W, splits, group_name)
 
 
-def _expert_load(expert_rows: int, group: dist.ProcessGroup, device: torch.device) -> tuple[int, float]:
-    """(m, imbalance) of a MoE call from every expert's token count (one small all-gather).
+def _routing(op: str, X: torch.Tensor, W: torch.Tensor, splits, group: dist.ProcessGroup) -> list[dict]:
+    """Every rank's side of a MoE call (X's rows and shapes, its splits), from one small
+    all-gather, in group rank order. ValueError on every rank where the ranks disagree:
+    another k, n or dtype, a split list that is not one entry per rank, a rank whose
+    ``input_split_sizes`` do not add up to X's rows, or a rank expecting rows
+    (``output_split_sizes``) that another does not send it (its ``input_split_sizes``)."""
+    output_split_sizes, input_split_sizes = splits
+    P = dist.get_world_size(group)
+    mine = {"call": f"X {_shape(X)} @ W {_shape(W)} {_dtype(X)}", "same": [X.shape[-1], *W.shape, _dtype(X)],
+            "rows": X.shape[0], "recv": list(map(int, output_split_sizes)), "send": list(map(int, input_split_sizes))}
+    texts = _texts(_gathered(group, X.device, json.dumps(mine), CALL_BYTES + 48 * P))
+    if None in texts:
+        raise ValueError(f"{op}: rank {texts.index(None)} passed a call too long to compare "
+                         "(split lists of one entry per rank expected)")
+    every = [json.loads(t) for t in texts]
+    for r, side in enumerate(every):
+        if side["same"] != every[0]["same"]:
+            raise ValueError(f"{op}: rank {r} passed {side['call']}, rank 0 passed {every[0]['call']}; every rank "
+                             "of the group must pass the same k, n and dtype (X's rows may differ)")
+        if len(side["recv"]) != P or len(side["send"]) != P:
+            raise ValueError(f"{op}: rank {r} passed {len(side['recv'])} output and {len(side['send'])} input split "
+                             f"sizes; one per rank of the group ({P})")
+        if sum(side["send"]) != side["rows"]:
+            raise ValueError(f"{op}: rank {r}'s input_split_sizes {side['send']} add up to {sum(side['send'])}, "
+                             f"its X has {side['rows']} rows")
+    for r, q in itertools.product(range(P), range(P)):
+        if every[r]["recv"][q] != every[q]["send"][r]:
+            raise ValueError(f"{op}: rank {r} expects {every[r]['recv'][q]} rows from rank {q} (output_split_sizes), "
+                             f"rank {q} sends it {every[q]['send'][r]} (input_split_sizes)")
+    return every
+
+
+def _expert_load(loads: Sequence[int]) -> tuple[int, float]:
+    """(m, imbalance) of a MoE call from every expert's token count.
 
     Token counts differ per rank and per step: m = mean tokens per expert, rounded up to a
     quarter-octave so that a drifting load reuses its decision, and imbalance = max load /
     mean load, in steps of 1/8.
     """
-    P = dist.get_world_size(group)
-    loads = torch.zeros(P, dtype=torch.int64, device=device)
-    dist.all_gather_single(loads, torch.tensor([expert_rows], dtype=torch.int64, device=device), group=group)
-    mean = loads.double().mean().item()
+    P = len(loads)
+    mean = sum(loads) / P
     m = math.ceil(2 ** (math.ceil(4 * math.log2(mean)) / 4)) if mean >= 1 else 0
-    imbalance = min(float(P), math.ceil(8 * loads.max().item() / mean) / 8) if mean > 0 else 1.0
+    imbalance = min(float(P), math.ceil(8 * max(loads) / mean) / 8) if mean > 0 else 1.0
     return m, imbalance
 
 
@@ -387,7 +480,8 @@ def _all_to_all_matmul(X, W, splits, group_name) -> tuple[torch.Tensor, torch.Te
     output_split_sizes, input_split_sizes = splits
     group = resolve_group(group_name)
     P = dist.get_world_size(group)
-    m, imbalance = _expert_load(sum(output_split_sizes), group, X.device)
+    every = _routing("all_to_all_matmul", X, W, splits, group)
+    m, imbalance = _expert_load([sum(side["recv"]) for side in every])
     key = ("a2a", m, imbalance, X.shape[1], W.shape[1], X.dtype, X.device.type)
     scenario, decision = decide(key, group, lambda: scenario_for(
         "a2a_gemm", m, W.shape[1], X.shape[1], X.dtype, P, X.device, imbalance=imbalance),
@@ -412,7 +506,8 @@ def _matmul_all_to_all(X, W, splits, group_name) -> torch.Tensor:
     output_split_sizes, input_split_sizes = splits
     group = resolve_group(group_name)
     P = dist.get_world_size(group)
-    m, imbalance = _expert_load(X.shape[0], group, X.device)
+    every = _routing("matmul_all_to_all", X, W, splits, group)
+    m, imbalance = _expert_load([side["rows"] for side in every])
     key = ("combine", m, imbalance, X.shape[1], W.shape[1], X.dtype, X.device.type)
     scenario, decision = decide(key, group, lambda: scenario_for(
         "gemm_a2a", m, W.shape[1], X.shape[1], X.dtype, P, X.device, imbalance=imbalance),

@@ -1,0 +1,91 @@
+"""Hostile calls and inputs of the runtime ops, the selector and the training commands:
+every rank refuses a call its ranks disagree on, a score refuses a truth that lacks
+schedules, a cpu scenario never gets a copy-engine schedule, a resumed adaptation measures
+what an uninterrupted one does, and the pipeline validates its datasets before any work.
+"""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ficco_select import Scenario, candidates
+from ficco_select.hardware import load_hardware
+from ficco_select.runtime import torch_ops
+from ficco_select.runtime.selector import Selector
+from test_selector_runtime import FULL_RANGES, spec_dict, warnings_of, write_selector
+from torch_ranks import rand, spawn
+
+
+# -- ranks that disagree on a call's shapes ------------------------------------------------
+def _raises_on_this_rank(call, *needles: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        call()
+    for needle in needles:
+        assert needle in str(caught.value), str(caught.value)
+
+
+def check_disagreeing_ranks(rank: int, P: int, tmp: Path) -> None:
+    gen = torch.Generator().manual_seed(rank)
+    g = dist.group.WORLD.group_name
+    m = 4 if rank == 0 else 6  # rows of this rank's shard
+    B = rand(gen, 8, 6)
+    ag = lambda rows: torch_ops.all_gather_matmul(rand(gen, rows, 8), [B], 0, g)  # noqa: E731
+    _raises_on_this_rank(lambda: ag(m), "all_gather_matmul", "rank 1", "(6, 8)", "(4, 8)")
+    # A shape every rank has passed before, then one rank's new one: still refused on both.
+    ag(4)
+    _raises_on_this_rank(lambda: ag(m), "all_gather_matmul", "rank 1", "(6, 8)", "(4, 8)")
+    _raises_on_this_rank(lambda: torch_ops.matmul_reduce_scatter(rand(gen, 2 * m, 8), B, "sum", 0, g),
+                         "matmul_reduce_scatter", "rank 1", "(12, 8)", "(8, 8)")
+    _raises_on_this_rank(lambda: torch_ops.matmul_all_reduce(rand(gen, 2 * m, 8), B, "sum", g),
+                         "matmul_all_reduce", "rank 1", "(12, 8)", "(8, 8)")
+    k = 8 if rank == 0 else 6  # the experts' contraction dim
+    _raises_on_this_rank(lambda: torch_ops.all_to_all_matmul(rand(gen, 6, k), rand(gen, k, 5), [3, 3], [3, 3], g),
+                         "all_to_all_matmul", "rank 1", "(6, 6)", "(6, 8)")
+    # Rank 1 expects 4 rows from rank 0, which sends it 3.
+    expects = [3, 3] if rank == 0 else [4, 3]
+    _raises_on_this_rank(lambda: torch_ops.all_to_all_matmul(rand(gen, 6, 8), rand(gen, 8, 5), expects, [3, 3], g),
+                         "all_to_all_matmul", "rank 1 expects 4 rows from rank 0", "sends it 3")
+    _raises_on_this_rank(lambda: torch_ops.matmul_all_to_all(rand(gen, 6, 8), rand(gen, 8, 5), expects, [3, 3], g),
+                         "matmul_all_to_all", "rank 1 expects 4 rows from rank 0", "sends it 3")
+    n = 5 if rank == 0 else 7
+    _raises_on_this_rank(lambda: torch_ops.matmul_all_to_all(rand(gen, 6, 8), rand(gen, 8, n), [3, 3], [3, 3], g),
+                         "matmul_all_to_all", "rank 1", "(8, 7)", "(8, 5)")
+    # The group is still in step: a call the ranks agree on runs.
+    A_shard = rand(gen, 4, 8)
+    _, [got] = torch_ops.all_gather_matmul(A_shard, [B], 0, g)
+    full = torch.empty(P * 4, 8)
+    dist.all_gather_into_tensor(full, A_shard)
+    torch.testing.assert_close(got, full @ B)
+
+
+@pytest.mark.gloo
+def test_ranks_passing_different_shapes_raise_on_every_rank(tmp_path):
+    spawn(check_disagreeing_ranks, 2, tmp_path)
+
+
+# -- an export that redefines a preset machine -----------------------------------------------
+CPU_SCENARIOS = [{"group": "t", "op": op, "m": 256, "n": 256, "k": 256, "dtype": "float32", "world_size": 2,
+                  "hardware": "cpu", "imbalance": 1.0}
+                 for op in ("ag_gemm", "gemm_rs", "gemm_ar", "a2a_gemm", "gemm_a2a")]
+
+
+def test_an_export_giving_the_cpu_preset_gpu_numbers_never_makes_select_pick_a_gpu_schedule(tmp_path, caplog):
+    ranges = {**FULL_RANGES, "hardware": ["cpu"], "op": sorted({r["op"] for r in CPU_SCENARIOS})}
+    folder = write_selector(tmp_path / "sel", training_ranges=ranges,
+                            hardware_specs={"cpu": spec_dict("cpu")})  # mi300x-8's numbers, dma engines and all
+    sel = Selector.load(folder)
+    for record in CPU_SCENARIOS:
+        d = sel.select(record)
+        legal = candidates(Scenario.from_record(record), "cpu")
+        assert d.schedule in legal and d.schedule.engine != "dma", (record["op"], d)
+    assert sel.model is None, "the export was used"
+    [warning] = warnings_of(caplog)
+    assert "hardware_specs['cpu']" in warning and "preset" in warning, warning
+    # The preset's own numbers under its name are no contradiction: that export is used.
+    same = write_selector(tmp_path / "same", training_ranges=ranges,
+                          hardware_specs={"cpu": dataclasses.asdict(load_hardware("cpu"))})
+    assert Selector.load(same).model is not None
+
