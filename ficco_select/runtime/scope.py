@@ -41,7 +41,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ficco_select.hardware import HardwareSpec, fields_of, spec_from_dict
+from ficco_select.hardware import HardwareSpec, fields_of, load_hardware, preset_names, spec_from_dict
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime.decision import ABSTENTION_REASONS, GATED
 from ficco_select.scenario import OPS
@@ -144,11 +144,16 @@ class Scope:
         if not isinstance(specs, dict):
             raise ValueError(f"{where}: field 'hardware_specs' must be an object (name -> spec), "
                              f"got {type(specs).__name__}")
-        checked = {}
+        checked, presets = {}, set(preset_names())
         for key, fields in specs.items():
             spec = spec_from_dict(fields, f"{where}, hardware_specs[{key!r}]")
             if spec.name != key:
                 raise ValueError(f"{where}, hardware_specs[{key!r}]: field 'name' is {spec.name!r}, not the key")
+            # A preset means one machine everywhere (as ``register_hardware`` holds): other
+            # numbers under its name would decide, say, cpu scenarios as a GPU's, copy engines and all.
+            if key in presets and load_hardware(key) != spec:
+                raise ValueError(f"{where}, hardware_specs[{key!r}]: name {key!r} is a preset's, with other numbers; "
+                                 "an export carries only machines of their own names")
             checked[key] = spec
         rule = meta.get("abstention")
         abstention, by_kind, by_op, slack, by_reason = None, {}, {}, {}, {}

@@ -19,7 +19,9 @@ again, or a mapping, is found by value. A miss scores every candidate schedule w
 model (one feature row each, ``features.candidate_features``).
 
 Hardware: a scenario names a machine (a preset, a spec the model carries in
-``hardware_specs``, or one registered in this process) or a spec file by path. A path is
+``hardware_specs``, or one registered in this process) or a spec file by path. An export
+whose ``hardware_specs`` gives a preset's name other numbers is refused at load (a preset
+means one machine everywhere: ``cpu`` with a GPU's copy engines would get dma schedules). A path is
 decided under the spec's ``name``, as training saw the machine; the model's own specs are
 looked up first and never registered process-wide (a selector is self-contained).
 
