@@ -14,7 +14,8 @@ Kinds of point (``Point.kind``):
 - ``collective``: a plain collective of a stated message size: its time.
 - ``gemm``: one device's matmul: its time.
 - ``bandwidth``: a reported bus or copy-engine bandwidth, no time: compared in GB/s.
-Errors name the file, the row (1-based, header excluded) and the column.
+Errors name the file, the row (1-based, header excluded) and the column; a number past its
+physical bound (``LIMITS``) is one, and a table of more than ``MAX_ROWS`` rows is refused whole.
 """
 
 from __future__ import annotations
@@ -47,6 +48,18 @@ COLLECTIVES = {"all_gather": "ag_gemm", "reduce_scatter": "gemm_rs", "all_reduce
 PEAK_MESSAGE_BYTES = 1 << 30
 """Message size at which a bandwidth reported without one ("peak busbw") is predicted."""
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+MAX_ROWS = 10_000
+"""The most rows a published table may hold. The record is hand-curated (tens of rows) and
+every row is simulated (10,000 rows take about 20 s): a longer file is not such a record,
+and is refused before its rows are read."""
+LIMITS = {**dict.fromkeys(("m", "n", "k"), (2**31, "2**31")),
+          **dict.fromkeys(("world_size", "gpus"), (2**16, "65536")),
+          **dict.fromkeys(("baseline_time_us", "method_time_us"), (3.6e9, "3.6e9 us (an hour)")),
+          "message": (float(1 << 40), "1 TiB"), "bandwidth": (1e5, "100000 GB/s")}
+"""The largest value of each number a row holds (GEMM dimensions, GPUs, times, and a message
+size and bandwidth in the notes), as an error says it. No GPU measurement comes near them
+(the committed rows stay within 2**17, 8 GPUs, 8 ms, 4 GiB and 400 GB/s): a value beyond is
+a typo or a unit slip, and would wreck a fit."""
 
 
 class PublishedError(ValueError):
@@ -103,11 +116,14 @@ def read_published(path: str | Path | None = None) -> list[Point]:
     the file, the row and the column of the first unusable cell."""
     path = Path(path) if path is not None else packaged()
     try:
-        table = pd.read_csv(path, dtype=str, keep_default_na=False)
+        table = pd.read_csv(path, dtype=str, keep_default_na=False, nrows=MAX_ROWS + 1)
     except FileNotFoundError:
         raise PublishedError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise PublishedError(f"{path}: not a readable CSV table ({type(e).__name__})") from None
+    if len(table) > MAX_ROWS:
+        raise PublishedError(f"{path}: more than {MAX_ROWS} rows, the most a table of published "
+                             "measurements holds (a hand-curated record: tens of rows)")
     missing = [c for c in COLUMNS if c not in table.columns]
     if missing:
         raise PublishedError(f"{path}: column '{missing[0]}' is missing (columns: {', '.join(COLUMNS)})")
@@ -152,7 +168,7 @@ def _point(row: int, r: dict[str, str]) -> Point:
         if size is None:
             raise PublishedError("column 'notes': a timed collective states its message (message = ... MiB)")
         return Point(**common, kind="collective", op=what, world_size=P, dtype=_dtype(r),
-                     message_bytes=float(size.group(1)) * _UNITS[size.group(2)],
+                     message_bytes=_noted(float(size.group(1)) * _UNITS[size.group(2)], "message", size.group(0)),
                      baseline_us=_number(r, "baseline_time_us"))
     rate = (re.search(r"busbw[^\d]{0,12}(\d+(?:\.\d+)?)\s*GB/s", r["notes"])
             or re.search(r"(\d+(?:\.\d+)?)\s*GB/s busbw", r["notes"])
@@ -161,8 +177,9 @@ def _point(row: int, r: dict[str, str]) -> Point:
         raise PublishedError("column 'notes': a collective or copy without a time states its bandwidth (GB/s)")
     size = re.search(r"(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB) payload", r["notes"])
     return Point(**common, kind="bandwidth", op="copy" if what == "p2p copy" else what, world_size=P,
-                 bandwidth_gbps=float(rate.group(1)),
-                 message_bytes=float(size.group(1)) * _UNITS[size.group(2)] if size else float(PEAK_MESSAGE_BYTES))
+                 bandwidth_gbps=_noted(float(rate.group(1)), "bandwidth", rate.group(0)),
+                 message_bytes=(_noted(float(size.group(1)) * _UNITS[size.group(2)], "message", size.group(0))
+                                if size else float(PEAK_MESSAGE_BYTES)))
 
 
 def _number(r: dict[str, str], column: str) -> float:
@@ -172,6 +189,17 @@ def _number(r: dict[str, str], column: str) -> float:
         raise PublishedError(f"column '{column}': a number is needed, got {r[column]!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise PublishedError(f"column '{column}': must be positive, got {r[column]!r}")
+    limit, words = LIMITS.get(column, (math.inf, ""))
+    if value > limit:
+        raise PublishedError(f"column '{column}': {r[column]!r} is beyond {words}; no measured value is that large")
+    return value
+
+
+def _noted(value: float, what: str, text: str) -> float:
+    """A message size or bandwidth read from the notes, checked as a column's number is."""
+    limit, words = LIMITS[what]
+    if not 0 < value <= limit:
+        raise PublishedError(f"column 'notes': {text!r}: a {what} must be positive and at most {words}")
     return value
 
 
