@@ -81,6 +81,7 @@ esac
 if [ -f "$OUT_DIR/profile.json" ]; then
     base="${FICCO_BASE_PRESET:-$(timeout 5 "$PY" -c "import json,sys; print(json.load(open(sys.argv[1])).get('preset') or 'h200-nvswitch')" "$OUT_DIR/profile.json" 2>/dev/null || echo h200-nvswitch)}"
     say "spec from profile (base $base)"
+    rm -f "$OUT_DIR/spec.yaml"  # an earlier run's, of the profile just rewritten (from-profile keeps any --out)
     timeout 30 "$PY" -m ficco_cli.main hardware from-profile "$OUT_DIR/profile.json" \
         --base "$base" --out "$OUT_DIR/spec.yaml" 2>&1 | tee "$OUT_DIR/spec.log" \
         || say "could not write spec.yaml (see spec.log); run 'ficco hardware from-profile' later"
