@@ -23,9 +23,10 @@ These rows are not a complete dataset: a job runs one or two schedules per scena
 every candidate, and often fewer than five calls. ``data.dataset.validate`` reports both;
 training uses them only as extra rows (``train.training_data.telemetry_training_rows``).
 
-Malformed lines (not JSON, a truncated last line of a killed job, a missing field, an
-invalid scenario or schedule) are skipped with one warning per file naming the lines; a
-file with no usable line is an error. Two jobs appending to one file both count calls
+Malformed lines (not JSON, a truncated last line of a killed job, a missing field, a field
+of the wrong type, an invalid scenario or schedule, a rank outside the job's world size)
+are skipped with one warning per file naming the lines and fields; a file with no usable
+line is an error naming its first such line. Two jobs appending to one file both count calls
 from 0: the n-th repeat of a (scenario, schedule, call, rank) is taken as the n-th job.
 """
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import reprlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -51,6 +53,15 @@ log = logging.getLogger("data.telemetry")
 LINE_FIELDS = (*REQUIRED_COLUMNS, "scenario_id", "schedule", "source", "rank", "call", "time_s",
                "verified", "rel_error", "backend", "ts")
 """Fields every line must have (``imbalance`` may be omitted: 1.0)."""
+FIELD_TYPES = {
+    **dict.fromkeys(("group", "op", "dtype", "hardware", "scenario_id", "schedule", "source", "backend", "ts"),
+                    "a string"),
+    **dict.fromkeys(("m", "n", "k", "world_size", "rank", "call"), "an integer"),
+    **dict.fromkeys(("imbalance", "time_s"), "a number"),
+    "verified": "true, false or null", "rel_error": "a number or null",
+}
+"""The JSON type of each field, as the runtime's writer writes it: a line with another is
+skipped, naming the field (read as text, a list or a number would pass for another value)."""
 POLICY = TimingPolicy()
 """The harness's noise and tie thresholds, so telemetry rows are labeled like measured ones."""
 SHOWN_PROBLEMS = 5
@@ -124,6 +135,9 @@ def _parse(text: str, path: Path, number: int) -> dict:
     missing = [f for f in LINE_FIELDS if f not in raw]
     if missing:
         raise _BadLine(f"missing field '{missing[0]}'")
+    for field, kind in FIELD_TYPES.items():
+        if field in raw and not _IS[kind](raw[field]):
+            raise _BadLine(f"field '{field}': must be {kind}, got {reprlib.repr(raw[field])}")
     try:
         scenario = Scenario.from_record(raw)
     except ScenarioError as e:
@@ -144,16 +158,14 @@ def _parse(text: str, path: Path, number: int) -> dict:
     if not is_legal(schedule, scenario, backend):
         raise _BadLine(f"field 'schedule': {schedule.name} is not a legal schedule of this scenario on the "
                        f"{backend} backend")
-    for field in ("rank", "call"):
-        if not _is_int(raw[field]) or raw[field] < 0:
-            raise _BadLine(f"field '{field}': must be a non-negative integer, got {raw[field]!r}")
+    if not 0 <= raw["rank"] < scenario.world_size:  # another job's line: its time is no rank's of this one
+        raise _BadLine(f"field 'rank': {raw['rank']} is not a rank of this job (world_size {scenario.world_size}: "
+                       f"ranks 0 to {scenario.world_size - 1})")
+    if raw["call"] < 0:
+        raise _BadLine(f"field 'call': must be a non-negative integer, got {raw['call']!r}")
     t = raw["time_s"]
-    if not _is_number(t) or not math.isfinite(t) or t <= 0:
+    if not math.isfinite(t) or t <= 0:
         raise _BadLine(f"field 'time_s': must be a positive number of seconds, got {t!r}")
-    if raw["verified"] not in (True, False, None):
-        raise _BadLine(f"field 'verified': must be true, false or null, got {raw['verified']!r}")
-    if raw["rel_error"] is not None and not _is_number(raw["rel_error"]):
-        raise _BadLine(f"field 'rel_error': must be a number or null, got {raw['rel_error']!r}")
     return {**scenario.as_record(), "scenario_id": scenario.scenario_id, "schedule": schedule.name,
             "rank": raw["rank"], "call": raw["call"], "time_s": float(t), "verified": raw["verified"],
             "rel_error": math.nan if raw["rel_error"] is None else float(raw["rel_error"]),
@@ -166,6 +178,12 @@ def _is_int(v) -> bool:
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_IS = {"a string": lambda v: isinstance(v, str), "an integer": _is_int, "a number": _is_number,
+       "true, false or null": lambda v: v is None or isinstance(v, bool),
+       "a number or null": lambda v: v is None or _is_number(v)}
+"""Each kind of ``FIELD_TYPES``: whether a JSON value is one."""
 
 
 # -- aggregating -------------------------------------------------------------------------
