@@ -20,7 +20,9 @@ A file's schema version is also in its Parquet metadata; reading another version
 error, never a silent mix. So are the hardware specs of its machines that are not presets
 (``ficco_hardware``: name -> every spec field): a dataset simulated on a user's spec file
 is read back, trained on and validated by name, in any process
-(``ficco_select.hardware``'s registry).
+(``ficco_select.hardware``'s registry); and, in a measured file, the timing settings its
+rows were taken with (``ficco_timing``: ``data.measure.config.TimingPolicy``'s fields), so
+that rows timed otherwise are never joined to them (``merge``, a resumed ``ficco measure``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ COLUMNS = (*SCENARIO_COLUMNS, *LABEL_COLUMNS, *SIGNATURE_COLUMNS, "threads_per_r
 METADATA_KEY = b"ficco_schema_version"
 HARDWARE_KEY = b"ficco_hardware"
 """Parquet metadata: JSON {name: spec fields} of the file's machines that are not presets."""
+TIMING_KEY = b"ficco_timing"
+"""Parquet metadata of a measured file: JSON {setting: value} of the timing policy its rows
+were taken with (reps, min_rep_s, ...). Files written before it was recorded lack it."""
 
 
 def dataset_row(scenario: Scenario, schedule: str, label: dict, *, signature: dict | None = None,
@@ -109,15 +114,19 @@ def _fingerprint(backend: str) -> str:
     return host
 
 
-def write_parquet_atomic(df: pd.DataFrame, path: str | Path) -> None:
-    """Write `df` with the schema version in its metadata; readers never see a partial file."""
-    path = Path(path)
+def write_parquet_atomic(df: pd.DataFrame, path: str | Path, *, timing: dict | None = None) -> None:
+    """Write `df` with the schema version (and, for measured rows, the `timing` settings they
+    were taken with) in its metadata; readers never see a partial file. A symlink at `path`
+    is followed: the file it names is the one replaced."""
+    path = Path(path).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pandas(df, preserve_index=False)
     meta = {**(table.schema.metadata or {}), METADATA_KEY: str(SCHEMA_VERSION).encode()}
     specs = user_specs(df)
     if specs:
         meta[HARDWARE_KEY] = json.dumps(specs, sort_keys=True).encode()
+    if timing is not None:
+        meta[TIMING_KEY] = json.dumps(timing, sort_keys=True).encode()
     table = table.replace_schema_metadata(meta)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -172,8 +181,13 @@ def read_dataset(path: str | Path) -> pd.DataFrame:
     version = meta.get(METADATA_KEY)
     if version is None:
         raise DatasetError(f"{path}: no ficco schema version in its metadata; not a ficco dataset")
-    if int(version) != SCHEMA_VERSION:
-        raise DatasetError(f"{path}: schema version {int(version)}, this ficco-select reads version "
+    try:
+        version = int(version)
+    except ValueError:
+        raise DatasetError(f"{path}: metadata {METADATA_KEY.decode()} is {version.decode(errors='replace')!r}, "
+                           "not a schema version number; not a ficco dataset") from None
+    if version != SCHEMA_VERSION:
+        raise DatasetError(f"{path}: schema version {version}, this ficco-select reads version "
                            f"{SCHEMA_VERSION}; re-measure or convert it")
     try:
         specs = json.loads(meta.get(HARDWARE_KEY, b"{}"))
@@ -189,6 +203,51 @@ def read_dataset(path: str | Path) -> pd.DataFrame:
         raise DatasetError(f"{path}: unreadable Parquet file ({e})") from None
 
 
+def read_valid_dataset(path: str | Path) -> pd.DataFrame:
+    """``read_dataset``, refusing a file in which ``validate`` finds a problem: the first one,
+    naming the file, row and column."""
+    df = read_dataset(path)
+    problems = validate(df, max_problems=1)
+    if problems:
+        raise DatasetError(f"{path}: {problems[0]}; `ficco dataset validate {path}` lists every problem")
+    return df
+
+
+def read_timing(path: str | Path) -> dict | None:
+    """The timing settings a measured file records (``TIMING_KEY``), or None if it records none."""
+    try:
+        raw = (pq.read_schema(path).metadata or {}).get(TIMING_KEY)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DatasetError(f"{path}: not a Parquet file ({e})") from None
+    if raw is None:
+        return None
+    try:
+        timing = json.loads(raw)
+    except ValueError as e:
+        raise DatasetError(f"{path}: metadata {TIMING_KEY.decode()} is not JSON ({e})") from None
+    if not isinstance(timing, dict):
+        raise DatasetError(f"{path}: metadata {TIMING_KEY.decode()} is not a mapping of settings to values")
+    return timing
+
+
+def unlike_timing(timing: dict | None, other: dict | None, other_name: str) -> str | None:
+    """Why rows timed with `timing` are not timed like `other_name`'s (timed with `other`):
+    the settings that differ, or that only one of them records its settings (unknown
+    settings are never taken to be equal). None if they are alike, or if neither records
+    any (files written before the settings were recorded: nothing to compare)."""
+    if timing is None and other is None:
+        return None
+    if timing is None or other is None:
+        lacking = "it records" if timing is None else f"{other_name} records"
+        return (f"{lacking} no timing settings (written before ficco recorded them), so their rows cannot be "
+                "shown to be timed alike")
+    differ = [k for k in sorted(timing.keys() | other.keys()) if timing.get(k) != other.get(k)]
+    if not differ:
+        return None
+    return (f"measured with {', '.join(f'{k} {timing.get(k)}' for k in differ)}, {other_name} with "
+            f"{', '.join(f'{k} {other.get(k)}' for k in differ)}")
+
+
 MERGE_KEYS = ("backend", "hardware_fingerprint")
 """What every input of a merge must share: one backend, one kind of machine."""
 
@@ -197,21 +256,31 @@ def merge(paths: Sequence[str | Path]) -> pd.DataFrame:
     """The datasets `paths` as one (``ficco dataset merge``): the shards of one sweep, each
     measured on its own node or process (``ficco measure --shard i/N``).
 
-    Refuses inputs of different backends or machines (``MERGE_KEYS``), naming the files. A
+    Refuses an input that is not a valid dataset (``read_valid_dataset``: what training
+    needs), and inputs of different backends or machines (``MERGE_KEYS``) or timed with
+    different settings (``unlike_timing``; inputs that all record none merge as before, and
+    their merge records none), naming the files. A
     scenario in two inputs is kept once if both hold the same measurement (the same
     schedules, statuses and times), and refused otherwise, naming it and both files: two
     different measurements of one scenario are not one sweep's. Rows keep the inputs' order.
+    The inputs' common timing settings are ``read_timing(paths[0])``.
     """
     if not paths:
         raise DatasetError("nothing to merge: give the datasets")
-    frames = [read_dataset(p) for p in paths]
+    frames = [read_valid_dataset(p) for p in paths]
     first = frames[0]
     for key in MERGE_KEYS:
-        values = [sorted(set(f[key].astype(str))) if key in f.columns else ["?"] for f in frames]
+        values = [sorted(set(f[key].astype(str))) for f in frames]
         for path, got in zip(paths, values):
             if len(got) != 1 or got != values[0]:
                 raise DatasetError(f"{path}: {key} {', '.join(got)}, {paths[0]} has {', '.join(values[0])}; "
                                    "a merge joins the shards of one machine's sweep")
+    timings = [read_timing(p) for p in paths]
+    for path, timing in zip(paths[1:], timings[1:]):
+        why = unlike_timing(timing, timings[0], str(paths[0]))
+        if why:
+            raise DatasetError(f"{path}: {why}; a merge joins the shards of one sweep, timed alike: measure them "
+                               "with the same settings")
     kept: list[pd.DataFrame] = [first]
     owner = {sid: paths[0] for sid in first["scenario_id"].unique()}
     measured = {sid: _measurement(g) for sid, g in first.groupby("scenario_id", sort=False)}

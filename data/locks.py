@@ -1,11 +1,12 @@
 """One writer per output: a lock held for the whole run of a command that writes a file or
 folder (``ficco measure``, ``ficco adapt``, ``ficco export``).
 
-The lock is ``flock`` on a hidden file beside the output (``.<name>.lock``), so the kernel
-releases it when its holder exits, however it exits (``kill -9`` included): no stale lock
-to clear by hand. The file holds who took it (command, process, host, time), and a second
-writer refuses at once with one line that names the holder; nothing of the first writer's
-is touched."""
+The lock is ``flock`` on a hidden file beside the output (``.<name>.lock``), keyed by the
+output's real path (symlinks resolved, the output's or a folder's above it): one output
+named two ways has one lock. The kernel releases it when its holder exits, however it
+exits (``kill -9`` included): no stale lock to clear by hand. The file holds who took it
+(command, process, host, time), and a second writer refuses at once with one line that
+names the holder; nothing of the first writer's is touched."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ class OutputLocked(ValueError):
 
 
 def lock_path(out: str | Path) -> Path:
-    out = Path(out)
-    return out.parent / f".{out.name}.lock"
+    real = Path(out).resolve()  # the output may not exist yet: resolves what does
+    return real.parent / f".{real.name}.lock"
 
 
 @contextlib.contextmanager

@@ -135,6 +135,8 @@ def simulate(scenarios: Sequence[Scenario], hw: HardwareSpec, *, noise: float = 
 
     noise > 0 draws `reps` log-normal repetitions (sigma = noise) around each prediction.
     """
+    if not (np.isfinite(noise) and noise >= 0):
+        raise ValueError(f"noise (--noise {noise}): the log-normal sigma must be a finite number >= 0")
     out = simulate_rows(scenarios, hw)
     rng = np.random.default_rng(seed)
     base = out["time_s"].to_numpy()

@@ -6,6 +6,7 @@ Heavy imports (pandas, torch, `data`) stay inside the commands: `ficco --help` s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -52,6 +53,7 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeou
     from ficco_select.scenario import ScenarioError
 
     path = scenarios_path or packaged(DEFAULT_SCENARIOS)
+    refuse_input_as_out(out, scenarios=path)
     given = {"reps": reps, "min_rep_s": min_rep_s}  # None: MeasureConfig's default
     with reported(ScenarioError, ValueError, MeasureError, message=naming_rows_of(path)):
         config = MeasureConfig(warmup=warmup, timeout_s=timeout_s, **{k: v for k, v in given.items() if v is not None})
@@ -64,6 +66,25 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeou
     # A failed scenario exits 1: the dataset is written, failures and all; a script must still notice.
     show(as_json, sweep_summary(df, table, out), lambda: _sweep_lines(df, table, sweep, out),
          exit_code=1 if sweep.get("failed") else 0)
+
+
+def refuse_input_as_out(out, **inputs) -> None:
+    """Refuse, before any work, an --out that is one of the command's input files (`inputs`:
+    option name -> path), however either is spelled (resolved paths: symlinks, ``./``)."""
+    real = Path(out).resolve()
+    for option, path in inputs.items():
+        if path is not None and Path(path).resolve() == real:
+            raise click.ClickException(f"--out {out}: is the --{option} input; writing it would replace "
+                                       "what it reads: choose another --out")
+
+
+def refuse_existing_out(out, **inputs) -> None:
+    """Refuse, before any work, an --out that is an input or exists already: a command that
+    cannot resume writes a new file and replaces nothing that is there."""
+    refuse_input_as_out(out, **inputs)
+    if os.path.lexists(out):
+        raise click.ClickException(f"--out {out}: exists; nothing is overwritten: choose another --out (or "
+                                   "delete it first)")
 
 
 def _sweep_lines(df, table, sweep: dict, out) -> list[str]:
@@ -84,7 +105,8 @@ def _sweep_lines(df, table, sweep: dict, out) -> list[str]:
 @click.command("catalog")
 @click.option("--scale", type=click.Choice(["cpu", "full"]), default="cpu", show_default=True,
               help="cpu: shapes scaled down for the 2-core gloo backend; full: published shapes.")
-@click.option("--out", type=click.Path(dir_okay=False), required=True, help="Scenario table (.csv or .parquet).")
+@click.option("--out", type=click.Path(dir_okay=False), required=True,
+              help="Scenario table to write (.csv or .parquet); an existing file is refused.")
 @click.option("--world-sizes", default=None, help="Comma-separated world sizes (default: 2,3,4 cpu; 2,4,8 full).")
 @click.option("--models", default=None, help="Comma-separated model names (default: all).")
 @click.option("--dtype", default=None,
@@ -97,6 +119,7 @@ def catalog_cmd(scale, out, world_sizes, models, dtype, hardware, as_json) -> No
     from data.catalog import catalog_to_file
     from ficco_select.scenario import ScenarioError
 
+    refuse_existing_out(out)
     with reported(ValueError, ScenarioError):
         summary = catalog_to_file(scale, out, dtype=dtype, hardware=hardware,
                                   world_sizes=tuple(int(x) for x in world_sizes.split(",")) if world_sizes else None,
@@ -112,7 +135,8 @@ def catalog_cmd(scale, out, world_sizes, models, dtype, hardware, as_json) -> No
               help="Scenario table (CSV or Parquet).")
 @click.option("--hardware", default=None,
               help="Preset name or spec file; default: each row's hardware column.")
-@click.option("--out", type=click.Path(dir_okay=False), required=True, help="Parquet dataset to write.")
+@click.option("--out", type=click.Path(dir_okay=False), required=True,
+              help="Parquet dataset to write; an existing file is refused.")
 @click.option("--noise", type=float, default=0.0, show_default=True,
               help="Log-normal sigma of simulated measurement noise (0: exact predictions).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -124,6 +148,7 @@ def simulate(scenarios_path, hardware, out, noise, seed, as_json) -> None:
     from ficco_select.hardware import HardwareError
     from ficco_select.scenario import ScenarioError
 
+    refuse_existing_out(out, scenarios=scenarios_path, hardware=hardware)
     with reported(ScenarioError, HardwareError, ValueError):
         df, names = simulate_table(scenarios_path, hardware=hardware, noise=noise, seed=seed)
     write_parquet_atomic(df, out)
@@ -182,8 +207,10 @@ def _nested_lines(summary: dict) -> list[str]:
 @json_option("Print the summary as JSON.")
 def merge_cmd(paths, out, as_json) -> None:
     """Join the shards of one sweep (`ficco measure --shard i/N`) into one dataset; refuses
-    other backends or machines, and a scenario measured twice with different results."""
-    from data.dataset import DatasetError, merge, write_parquet_atomic
+    an invalid input (as `ficco dataset validate` finds it), other backends, machines or
+    timing settings (--reps, --min-rep-s, --warmup), and a scenario measured twice with
+    different results."""
+    from data.dataset import DatasetError, merge, read_timing, write_parquet_atomic
     from data.locks import OutputLocked, output_lock
 
     resolved = {str(Path(p).resolve()) for p in paths}
@@ -193,7 +220,7 @@ def merge_cmd(paths, out, as_json) -> None:
     with reported(DatasetError, OutputLocked):
         with output_lock(out, "ficco dataset merge"):
             df = merge(list(paths))
-            write_parquet_atomic(df, out)
+            write_parquet_atomic(df, out, timing=read_timing(paths[0]))  # every input's: merge refuses others
     summary = {"out": out, "inputs": len(paths), "scenarios": int(df["scenario_id"].nunique()), "rows": len(df)}
     show(as_json, summary, lambda: f"{out}: {summary['scenarios']} scenarios, {summary['rows']} rows "
                                    f"from {len(paths)} datasets")
@@ -211,10 +238,10 @@ def compare_cmd(a, b, as_json) -> None:
     spreads, and whether the best speedup exceeds the ideal beyond its spread.
     """
     from data.compare import compare
-    from data.dataset import DatasetError, read_dataset
+    from data.dataset import DatasetError, read_valid_dataset
 
     with reported(DatasetError, ValueError):
-        summary, per = compare(read_dataset(a), read_dataset(b))
+        summary, per = compare(read_valid_dataset(a), read_valid_dataset(b))
     show(as_json, {"a": a, "b": b, **summary, "per_scenario": per.to_dict("records")}, lambda: [
         *(f"{key}: {value}" for key, value in summary.items() if key != "by_world_size"),
         *(f"P={P}: " + ", ".join(f"{k} {v}" for k, v in block.items())

@@ -12,6 +12,8 @@ import pytest
 from data.dataset import DatasetError, merge, read_dataset, write_parquet_atomic
 from data.measure.sweep import parse_shard, shard_of
 from data.scenarios import packaged, read_scenarios
+from data.simulate import simulate
+from ficco_select.hardware import load_hardware
 
 FICCO = [sys.executable, "-m", "ficco_cli.main"]
 MEASURED = "data/measured/cpu_catalog.parquet"
@@ -61,12 +63,15 @@ def test_a_merge_refuses_other_machines_backends_and_disagreeing_duplicates(tmp_
     with pytest.raises(DatasetError, match="other.parquet: hardware_fingerprint x86_64-other-64cores"):
         merge([a, other_machine])
     simulated = tmp_path / "sim.parquet"
-    write_parquet_atomic(read_dataset(b).assign(backend="sim"), simulated)
+    write_parquet_atomic(simulate(read_scenarios(packaged("catalog_cpu.csv"), backend="sim")[:3],
+                                  load_hardware("cpu")), simulated)
     with pytest.raises(DatasetError, match="sim.parquet: backend sim"):
         merge([a, simulated])
     remeasured = read_dataset(a)
     sid = remeasured["scenario_id"].iloc[0]
-    remeasured.loc[remeasured.index[0], "time_s"] *= 1.5
+    slower = remeasured["scenario_id"] == sid  # a valid file: every time of the scenario 1.5x
+    remeasured.loc[slower, "time_s"] *= 1.5
+    remeasured.loc[slower, "times_s"] = remeasured.loc[slower, "times_s"].map(lambda t: t * 1.5)
     again = tmp_path / "again.parquet"
     write_parquet_atomic(remeasured, again)
     with pytest.raises(DatasetError, match=f"again.parquet: scenario {sid} is also in .*shard0.parquet"):

@@ -7,6 +7,7 @@ executor (``loopback_scenario.loopback_rows``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 from ficco_select.schedule import TIE
@@ -41,6 +42,10 @@ class TimingPolicy:
     max_runs: int = 64
     """At most this many runs per repetition."""
 
+    def timing(self) -> dict:
+        """This policy's settings, as a measured dataset records them (``data.dataset.TIMING_KEY``):
+        rows timed with other settings are never joined to its rows."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(TimingPolicy)}
 
 
 class MeasureError(RuntimeError):
@@ -68,14 +73,16 @@ class MeasureConfig(TimingPolicy):
     ``corrupt@SCHEDULE`` (that schedule's output is altered before verification)."""
 
     def __post_init__(self) -> None:
+        # Refused before any rank starts: nan or inf seconds would fail every scenario, and a
+        # rerun would skip them as done. Messages name the `ficco measure` option too.
         if self.reps < 5:
-            raise ValueError(f"reps: at least 5 timed repetitions are needed, got {self.reps}")
+            raise ValueError(f"reps (--reps): at least 5 timed repetitions are needed, got {self.reps}")
         if self.warmup < 0:
-            raise ValueError(f"warmup: must be >= 0, got {self.warmup}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s: must be > 0, got {self.timeout_s}")
-        if not self.min_rep_s >= 0:
-            raise ValueError(f"min_rep_s: must be >= 0 seconds, got {self.min_rep_s}")
+            raise ValueError(f"warmup (--warmup): must be >= 0, got {self.warmup}")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ValueError(f"timeout_s (--timeout {self.timeout_s}): must be a finite number of seconds > 0")
+        if not (math.isfinite(self.min_rep_s) and self.min_rep_s >= 0):
+            raise ValueError(f"min_rep_s (--min-rep-s {self.min_rep_s}): must be a finite number of seconds >= 0")
 
     def threads(self, world_size: int) -> int:
         if self.threads_per_rank is not None:

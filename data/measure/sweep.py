@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from data.dataset import DatasetError, provenance, read_dataset, write_parquet_atomic
+from data.dataset import DatasetError, provenance, read_dataset, read_timing, unlike_timing, write_parquet_atomic
 from data.locks import output_lock
 from data.measure.config import MeasureConfig, MeasureError
 from data.measure.gloo import init_from_env, measure_in_group, measure_spawned, under_torchrun
@@ -43,8 +43,10 @@ from ficco_select.schedule import candidates, hardware_problem
 
 
 def parts_dir(out: str | Path) -> Path:
-    """Where finished scenarios are committed, one file each, until the dataset is complete."""
-    out = Path(out)
+    """Where finished scenarios are committed, one file each, until the dataset is complete:
+    beside `out`'s real path (symlinks resolved), as its lock is, so that a rerun through
+    another name for it resumes."""
+    out = Path(out).resolve()
     return out.with_name(out.name + ".parts")
 
 
@@ -69,9 +71,10 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     ``<out>.parts/<scenario_id>.parquet`` before the next one starts; rerunning the same
     command after a kill skips the committed ones, so every scenario ends up exactly once.
 
-    Nothing measured is lost: an existing `out` (the same backend and machine, else it is
-    refused) keeps its scenarios, which count as done; `out` is rewritten (atomically) as
-    those plus this run's, only when this run added any. Only the parts of `scenarios`
+    Nothing measured is lost: an existing `out` (the same backend, machine and timing
+    settings, else it is refused; so are committed parts timed otherwise) keeps its
+    scenarios, which count as done; `out` is rewritten (atomically) as those plus this
+    run's, only when this run added any. Only the parts of `scenarios`
     are removed once in `out`; parts of other scenarios (an interrupted sweep of another
     table into the same `out`) stay where they are.
     Two runs into one `out` at once: the second refuses at once, naming the first
@@ -109,6 +112,9 @@ class SweepPlan:
     """``parts_dir(out)``, or None without `out`."""
     earlier: pd.DataFrame | None
     """The rows already in `out` (rank 0 only), or None."""
+    timing: dict
+    """The timing settings the rows are taken with (``TimingPolicy.timing``), recorded in
+    every file written."""
 
 
 # -- the stages, in order ------------------------------------------------------------------
@@ -131,10 +137,13 @@ def _plan(scenarios: Sequence[Scenario], *, backend: str, config: MeasureConfig,
                   local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if distributed else None)
     parts = parts_dir(out) if out is not None else None
     wanted = {s.scenario_id for s in scenarios}
-    earlier = _earlier_rows(out, backend, mode) if out is not None and is_rank0 else None
+    timing = config.timing()
+    earlier = _earlier_rows(out, backend, mode, timing) if out is not None and is_rank0 else None
     done = set(earlier["scenario_id"]) if earlier is not None else set()
-    if parts is not None and parts.is_dir():
-        done |= {p.stem for p in parts.glob("*.parquet")} & wanted
+    if parts is not None and parts.is_dir() and is_rank0:
+        committed = [p for p in sorted(parts.glob("*.parquet")) if p.stem in wanted]
+        _check_parts_timing(committed, timing)
+        done |= {p.stem for p in committed}
     if distributed:
         init_from_env(config.timeout_s * 2)
         # Only rank 0's disk holds the parts (ranks may be on other nodes): it decides what is left.
@@ -143,7 +152,7 @@ def _plan(scenarios: Sequence[Scenario], *, backend: str, config: MeasureConfig,
         done = set(box[0])
     return SweepPlan(scenarios=scenarios, todo=[s for s in scenarios if s.scenario_id not in done], backend=backend,
                      mode=mode, device=device, node=node, distributed=distributed, is_rank0=is_rank0, out=out,
-                     parts=parts, earlier=earlier)
+                     parts=parts, earlier=earlier, timing=timing)
 
 
 def _run(plan: SweepPlan, config: MeasureConfig, progress: bool) -> tuple[list[dict], list[str]]:
@@ -189,7 +198,7 @@ def _commit(plan: SweepPlan, scenario_rows: list[dict]) -> None:
     atomically, before the next one starts (no `out`: nothing to write)."""
     if plan.parts is not None:
         part = pd.DataFrame(scenario_rows).assign(**provenance(plan.backend, plan.mode))
-        write_parquet_atomic(part, plan.parts / f"{scenario_rows[0]['scenario_id']}.parquet")
+        write_parquet_atomic(part, plan.parts / f"{scenario_rows[0]['scenario_id']}.parquet", timing=plan.timing)
 
 
 def _assemble(plan: SweepPlan, rows: list[dict], failed: list[str]) -> pd.DataFrame:
@@ -199,7 +208,8 @@ def _assemble(plan: SweepPlan, rows: list[dict], failed: list[str]) -> pd.DataFr
     if plan.parts is None:
         df = pd.DataFrame(rows).assign(**provenance(plan.backend, plan.mode))
     else:
-        df, kept_parts = _merge_parts(plan.out, plan.parts, plan.earlier, [s.scenario_id for s in plan.scenarios])
+        df, kept_parts = _merge_parts(plan.out, plan.parts, plan.earlier, [s.scenario_id for s in plan.scenarios],
+                                      plan.timing)
     ok = df[df["status"] == "ok"]
     df.attrs["sweep"] = {
         "scenarios": len(plan.scenarios),
@@ -216,10 +226,11 @@ def _assemble(plan: SweepPlan, rows: list[dict], failed: list[str]) -> pd.DataFr
 
 
 # -- helpers of the stages -----------------------------------------------------------------
-def _earlier_rows(out: str | Path, backend: str, mode: str | None) -> pd.DataFrame | None:
+def _earlier_rows(out: str | Path, backend: str, mode: str | None, timing: dict) -> pd.DataFrame | None:
     """The rows already in `out`, or None if there is no `out` yet. Refuses an `out` that
-    is not a dataset, or was measured by another backend or on another machine: appending
-    would mix labels, replacing would destroy them."""
+    is not a dataset, or was measured by another backend, on another machine or with other
+    timing settings (``unlike_timing``): appending would mix labels, replacing would destroy
+    them."""
     out = Path(out)
     if not out.exists():
         return None
@@ -234,11 +245,25 @@ def _earlier_rows(out: str | Path, backend: str, mode: str | None) -> pd.DataFra
         if theirs != [str(here[col])]:
             raise ValueError(f"--out {out}: holds rows with {col} {', '.join(theirs)}, this run measures "
                              f"{here[col]}; one dataset holds one machine's measurements: choose another --out")
+    why = unlike_timing(read_timing(out), timing, "this run")
+    if why:
+        raise ValueError(f"--out {out}: {why}; one dataset is timed alike: rerun with its settings, or choose "
+                         "another --out")
     return df
 
 
+def _check_parts_timing(committed: list[Path], timing: dict) -> None:
+    """Refuse committed parts (an interrupted run's) timed with other settings than this run's:
+    counted as done, they would join this run's rows in one dataset."""
+    for part in committed:
+        why = unlike_timing(read_timing(part), timing, "this run")
+        if why:
+            raise ValueError(f"{part}: a committed part of an earlier run, {why}; rerun with its settings, or "
+                             f"remove {part.parent} to measure those scenarios again")
+
+
 def _merge_parts(out: str | Path, parts: Path, earlier: pd.DataFrame | None,
-                 ids: list[str]) -> tuple[pd.DataFrame, int]:
+                 ids: list[str], timing: dict) -> tuple[pd.DataFrame, int]:
     """`out` = its earlier rows + this table's committed parts, written atomically only if
     there are new parts; then those parts (only) are removed. Returns (rows, parts of other
     scenarios left in `parts`)."""
@@ -248,7 +273,7 @@ def _merge_parts(out: str | Path, parts: Path, earlier: pd.DataFrame | None,
     frames = ([earlier] if earlier is not None else []) + [pd.read_parquet(by_id[sid]) for sid in new]
     df = pd.concat(frames, ignore_index=True)
     if new or earlier is None:
-        write_parquet_atomic(df, out)
+        write_parquet_atomic(df, out, timing=timing)
     for sid in ids:  # ours only, and only once `out` holds them
         if sid in by_id:
             by_id[sid].unlink()
