@@ -6,12 +6,19 @@ Heavy imports (pandas, torch, `data`) stay inside the commands: `ficco --help` s
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
 
-from ficco_cli.output import json_option, naming, naming_rows_of, reported, show
+from ficco_cli.output import (
+    json_option,
+    naming,
+    naming_rows_of,
+    refuse_existing_out,
+    refuse_input_as_out,
+    reported,
+    show,
+)
 
 
 @click.command()
@@ -53,7 +60,7 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeou
     from ficco_select.scenario import ScenarioError
 
     path = scenarios_path or packaged(DEFAULT_SCENARIOS)
-    refuse_input_as_out(out, scenarios=path)
+    refuse_input_as_out(out, {"--scenarios": [path]})
     given = {"reps": reps, "min_rep_s": min_rep_s}  # None: MeasureConfig's default
     with reported(ScenarioError, ValueError, MeasureError, message=naming_rows_of(path)):
         config = MeasureConfig(warmup=warmup, timeout_s=timeout_s, **{k: v for k, v in given.items() if v is not None})
@@ -66,25 +73,6 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeou
     # A failed scenario exits 1: the dataset is written, failures and all; a script must still notice.
     show(as_json, sweep_summary(df, table, out), lambda: _sweep_lines(df, table, sweep, out),
          exit_code=1 if sweep.get("failed") else 0)
-
-
-def refuse_input_as_out(out, **inputs) -> None:
-    """Refuse, before any work, an --out that is one of the command's input files (`inputs`:
-    option name -> path), however either is spelled (resolved paths: symlinks, ``./``)."""
-    real = Path(out).resolve()
-    for option, path in inputs.items():
-        if path is not None and Path(path).resolve() == real:
-            raise click.ClickException(f"--out {out}: is the --{option} input; writing it would replace "
-                                       "what it reads: choose another --out")
-
-
-def refuse_existing_out(out, **inputs) -> None:
-    """Refuse, before any work, an --out that is an input or exists already: a command that
-    cannot resume writes a new file and replaces nothing that is there."""
-    refuse_input_as_out(out, **inputs)
-    if os.path.lexists(out):
-        raise click.ClickException(f"--out {out}: exists; nothing is overwritten: choose another --out (or "
-                                   "delete it first)")
 
 
 def _sweep_lines(df, table, sweep: dict, out) -> list[str]:
@@ -119,7 +107,7 @@ def catalog_cmd(scale, out, world_sizes, models, dtype, hardware, as_json) -> No
     from data.catalog import catalog_to_file
     from ficco_select.scenario import ScenarioError
 
-    refuse_existing_out(out)
+    refuse_existing_out(out, {})
     with reported(ValueError, ScenarioError):
         summary = catalog_to_file(scale, out, dtype=dtype, hardware=hardware,
                                   world_sizes=tuple(int(x) for x in world_sizes.split(",")) if world_sizes else None,
@@ -148,7 +136,7 @@ def simulate(scenarios_path, hardware, out, noise, seed, as_json) -> None:
     from ficco_select.hardware import HardwareError
     from ficco_select.scenario import ScenarioError
 
-    refuse_existing_out(out, scenarios=scenarios_path, hardware=hardware)
+    refuse_existing_out(out, {"--scenarios": [scenarios_path], "--hardware": [hardware]})
     with reported(ScenarioError, HardwareError, ValueError):
         df, names = simulate_table(scenarios_path, hardware=hardware, noise=noise, seed=seed)
     write_parquet_atomic(df, out)

@@ -6,12 +6,11 @@ Heavy imports stay inside the commands: `ficco --help` stays fast.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
 
-from ficco_cli.output import json_option, reported, show
+from ficco_cli.output import json_option, refuse_existing_out, reported, show
 
 
 @click.group()
@@ -56,7 +55,7 @@ def hardware_from_profile(profile_path, base, out, name, as_json) -> None:
 
     if Path(out).suffix not in (".yaml", ".yml"):
         raise click.ClickException(f"--out {out!r}: a spec file name ends in .yaml")
-    _refuse_existing_out(out, {"PROFILE": [profile_path], "--base": [base]})
+    refuse_existing_out(out, {"PROFILE": [profile_path], "--base": [base]})
     with reported(ProfileError, HardwareError):
         report, preset, base_name = write_profiled_spec(profile_path, base=base, out=out, name=name)
     show(as_json, report, lambda: _profiled_lines(report, preset, base_name))
@@ -256,7 +255,7 @@ def sim_calibrate(dataset_paths, name, devices, out) -> None:
     from data.calibrate import calibrate, pool_sweeps, write_spec
     from data.dataset import DatasetError, read_dataset
 
-    _refuse_existing_out(out, {"--dataset": dataset_paths})
+    refuse_existing_out(out, {"--dataset": dataset_paths})
     sources = " and ".join(dataset_paths)
     with reported(DatasetError, ValueError):
         spec = calibrate(pool_sweeps([read_dataset(p) for p in dataset_paths]), name=name, devices=devices,
@@ -264,20 +263,6 @@ def sim_calibrate(dataset_paths, name, devices, out) -> None:
     datasets = " ".join(f"--dataset {p}" for p in dataset_paths)
     write_spec(spec, out, f"ficco sim calibrate {datasets} --name {name} --devices {devices} --out {out}")
     click.echo(f"{name} -> {out}")
-
-
-def _refuse_existing_out(out, inputs: dict) -> None:
-    """Refuse, before any work, an --out that is one of the inputs (`inputs`: the option or
-    argument -> its paths; compared resolved: symlinks, ``..``) or exists already: a spec is
-    written new, never over a file."""
-    real = Path(out).resolve()
-    for name, paths in inputs.items():
-        if any(p is not None and Path(p).resolve() == real for p in paths):
-            raise click.ClickException(f"--out {out}: is the {name} input; writing it would replace what it "
-                                       "reads: choose another --out")
-    if os.path.lexists(out):
-        raise click.ClickException(f"--out {out}: exists; nothing is overwritten: choose another --out (or "
-                                   "delete it first)")
 
 
 COMMANDS = [hardware, sim]

@@ -13,6 +13,7 @@ Light on purpose (click and the standard library): every command module imports 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -46,6 +47,25 @@ def naming_rows_of(path: str | Path) -> Message:
     def message(e: Exception) -> str:
         return f"{path}: {e}" if str(e).startswith("row ") else str(e)
     return message
+
+
+def refuse_input_as_out(out, inputs: dict[str, list]) -> None:
+    """Refuse, before any work, an --out that is one of the command's inputs (`inputs`: the
+    option or argument -> its paths), however either is spelled (resolved: symlinks, ``./``)."""
+    real = Path(out).resolve()
+    for name, paths in inputs.items():
+        if any(p is not None and Path(p).resolve() == real for p in paths):
+            raise click.ClickException(f"--out {out}: is the {name} input; writing it would replace what it "
+                                       "reads: choose another --out")
+
+
+def refuse_existing_out(out, inputs: dict[str, list]) -> None:
+    """Refuse, before any work, an --out that is an input or exists already: a command that
+    cannot resume writes a new file and replaces nothing that is there."""
+    refuse_input_as_out(out, inputs)
+    if os.path.lexists(out):
+        raise click.ClickException(f"--out {out}: exists; nothing is overwritten: choose another --out (or "
+                                   "delete it first)")
 
 
 def json_option(help: str | None = None):
