@@ -28,19 +28,22 @@ a multiple of P, as frameworks pad the sequence for sequence parallelism. For Mo
 expert-rank receives; the experts of a rank are treated as one GEMM, and the load
 imbalance takes the values of ``IMBALANCES``, clipped to [1, P].
 
-Two scales:
+Three scales:
 
 - ``scale="full"``: the published numbers, for a GPU preset (default hardware
   ``h100-nvswitch``, world sizes 2, 4, 8). A (layer, P) pair whose sharded dim is not
   divisible by P is skipped.
-- ``scale="cpu"``: the same shapes shrunk for the 2-core gloo backend. GEMM dims are
-  divided by ``CPU_DIM_FACTOR`` and tokens by ``CPU_TOKEN_FACTOR``; dims are rounded to
+- ``scale="cpu"``: the same shapes shrunk for the 2-core gloo backend (``SHRINK``). GEMM
+  dims are divided by 32 and tokens by 16; dims are rounded to
   multiples of 8, and the sharded dim to a multiple of lcm(8, P), so the shape ratios of
   each model survive up to that rounding. Rows whose busiest rank does more than
-  ``CPU_MAX_GFLOP_PER_RANK`` GFLOP are dropped, so a full sweep stays affordable on two
+  0.4 GFLOP are dropped, so a full sweep stays affordable on two
   cores (at the defaults: 32 of 972 rows, nearly all training rows of the largest models
   such as bloom-176b and llama3.1-405b). World sizes 2, 3, 4 (3 tests a
   non-power-of-two ring).
+- ``scale="fabric"``: shrunk likewise for the cpu backend on a shaped fabric
+  (``ficco measure --fabric``): dims divided by 4 and tokens by 64, rows above 1 GFLOP
+  per rank dropped, so that a slower network still meets GEMMs it can hide behind.
 
 Dtypes (``dtype_shares``): what jobs run on each machine. On a GPU every layer shape comes
 in bfloat16 (what LLM training and serving run), and a deterministic share of them again
@@ -57,8 +60,8 @@ which ``Scenario.from_record`` ignores.
 from __future__ import annotations
 
 import csv
-import itertools
 import dataclasses
+import itertools
 import math
 import os
 import tempfile
@@ -159,12 +162,30 @@ Clipped to [1, P] and deduplicated."""
 LAYERS: tuple[str, ...] = ("qkv", "attn_out", "mlp_up", "mlp_down", "moe_expert", "attn_out_ar", "mlp_down_ar",
                            "moe_combine")
 
-CPU_DIM_FACTOR = 32
-"""cpu scale: GEMM dims (hidden, intermediate, head-derived) are divided by this."""
-CPU_TOKEN_FACTOR = 16
-"""cpu scale: token counts are divided by this."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shrink:
+    """How a scale for the cpu backend shrinks the published shapes."""
+    dims: int
+    """GEMM dims (hidden, intermediate, head-derived) are divided by this."""
+    tokens: int
+    """Token counts are divided by this."""
+    max_gflop_per_rank: float
+    """Rows whose busiest rank's GEMM exceeds this many GFLOP are dropped."""
+
+
 CPU_MAX_GFLOP_PER_RANK = 0.4
-"""cpu scale: rows whose busiest rank's GEMM exceeds this many GFLOP are dropped."""
+SHRINK: dict[str, Shrink] = {
+    "cpu": Shrink(dims=32, tokens=16, max_gflop_per_rank=CPU_MAX_GFLOP_PER_RANK),
+    # A shaped fabric moves bytes 4-16x slower than this host's loopback. Its GEMM must
+    # grow to match, and a GEMM's work per byte moved grows with its unsharded dim (n for
+    # an all-gather, k for a reduce-scatter), not with m: dims shrink less, tokens more.
+    # On cpu-500mbit .. cpu-2gbit specs the simulator puts compute and communication within
+    # 10x of each other in 70-82% of these rows (against 19-36% for the cpu scale's).
+    "fabric": Shrink(dims=4, tokens=64, max_gflop_per_rank=1.0),
+}
+"""The scales shrunk for the cpu backend: ``cpu`` (this host's loopback) and ``fabric``."""
 DIM_MULTIPLE = 8
 
 GPU_DTYPE_SHARES: dict[str, float] = {"bfloat16": 1.0, "float16": 0.2, "float8_e4m3fn": 0.25, "float32": 0.1}
@@ -189,8 +210,8 @@ def _drawn(scenario: Scenario, share: float) -> bool:
     scenario is drawn in every file, order and process."""
     return share >= 1 or zlib.crc32(scenario.scenario_id.encode()) < share * 2**32
 
-DEFAULT_WORLD_SIZES = {"full": (2, 4, 8), "cpu": (2, 3, 4)}
-DEFAULT_HARDWARE = {"full": "h100-nvswitch", "cpu": "cpu"}
+DEFAULT_WORLD_SIZES = {"full": (2, 4, 8), "cpu": (2, 3, 4), "fabric": (2, 3, 4)}
+DEFAULT_HARDWARE = {"full": "h100-nvswitch", "cpu": "cpu", "fabric": "cpu"}
 EXTRA_COLUMNS: tuple[str, ...] = ("model", "layer", "phase", "tokens")
 COLUMNS: tuple[str, ...] = SCENARIO_COLUMNS + EXTRA_COLUMNS
 
@@ -232,12 +253,12 @@ def _sharded_dim(op: str) -> str | None:
     return {"ag_gemm": "n", "gemm_rs": "k", "gemm_ar": "k"}.get(op)
 
 
-def _scale_dims(op: str, k: int, n: int, P: int) -> tuple[int, int]:
-    """cpu scale: shrink (k, n), keeping the sharded dim divisible by P."""
+def _scale_dims(op: str, k: int, n: int, P: int, factor: int) -> tuple[int, int]:
+    """A shrunk scale: (k, n) divided by `factor`, keeping the sharded dim divisible by P."""
     sharded_step = DIM_MULTIPLE * P // math.gcd(DIM_MULTIPLE, P)
     k_step = sharded_step if _sharded_dim(op) == "k" else DIM_MULTIPLE
     n_step = sharded_step if _sharded_dim(op) == "n" else DIM_MULTIPLE
-    return _round_to(k / CPU_DIM_FACTOR, k_step), _round_to(n / CPU_DIM_FACTOR, n_step)
+    return _round_to(k / factor, k_step), _round_to(n / factor, n_step)
 
 
 def catalog(
@@ -254,14 +275,15 @@ def catalog(
     (e.g. two decode sizes that pad to the same token count at cpu scale) keep the first row.
     """
     if scale not in DEFAULT_WORLD_SIZES:
-        raise ValueError(f"unknown scale {scale!r}; expected 'full' or 'cpu'")
+        raise ValueError(f"unknown scale {scale!r}; expected one of {', '.join(DEFAULT_WORLD_SIZES)}")
+    shrink = SHRINK.get(scale)
     world_sizes = tuple(world_sizes or DEFAULT_WORLD_SIZES[scale])
     hardware = hardware or DEFAULT_HARDWARE[scale]
     names = list(models) if models is not None else list(MODELS)
     unknown = [name for name in names if name not in MODELS]
     if unknown:
         raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
-    if scale == "cpu" and dtype is not None and dtype not in BACKENDS["cpu"].dtypes:
+    if shrink and dtype is not None and dtype not in BACKENDS["cpu"].dtypes:
         raise ValueError(f"the cpu backend does not run {dtype}; use one of {', '.join(BACKENDS['cpu'].dtypes)}")
     shares = {dtype: 1.0} if dtype is not None else dtype_shares(load_hardware(hardware))
 
@@ -272,13 +294,13 @@ def catalog(
         for phase, token_counts in PHASES.items():
             for full_tokens in token_counts:
                 base_tokens = full_tokens
-                if scale == "cpu":
-                    base_tokens = max(1, round(full_tokens / CPU_TOKEN_FACTOR))
+                if shrink:
+                    base_tokens = max(1, round(full_tokens / shrink.tokens))
                 for P in world_sizes:
                     tokens = _pad_to(base_tokens, P)
                     for layer, op, k, n in layer_shapes(cfg):
-                        if scale == "cpu":
-                            k, n = _scale_dims(op, k, n, P)
+                        if shrink:
+                            k, n = _scale_dims(op, k, n, P, shrink.dims)
                         sharded = _sharded_dim(op)
                         if sharded and {"k": k, "n": n}[sharded] % P:
                             continue  # full scale: this layer cannot be split evenly over P
@@ -300,8 +322,8 @@ def catalog(
                             scenario = Scenario.from_record(record)
                             if not _drawn(scenario, share):
                                 continue
-                            if scale == "cpu":
-                                if scenario.busiest_rank_gflop() > CPU_MAX_GFLOP_PER_RANK:
+                            if shrink:
+                                if scenario.busiest_rank_gflop() > shrink.max_gflop_per_rank:
                                     continue  # too slow to sweep on two cores
                                 if len(candidates(scenario, "cpu")) < 2:
                                     continue  # nothing to choose between

@@ -43,13 +43,16 @@ from ficco_select.signatures import SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES, 
 
 
 @functools.lru_cache(maxsize=4096)
-def _schedule_table(op: str, P: int, extent_m: int, extent_n: int, dtype: str, dma: bool) -> tuple:
+def _schedule_table(op: str, P: int, extent_m: int, extent_n: int, dtype: str, dma: bool, m_below_P: int = 0
+                    ) -> tuple:
     """Legal schedules of every scenario sharing (op, P, extents, dtype), as column arrays.
 
     Legality depends on the shape only through the shard extents compared with the
-    degrees (at most max(4, P)), so extents are capped and the answer cached.
+    degrees (at most max(4, P)), so extents are capped and the answer cached. An MoE
+    scenario may route fewer rows than ranks to an expert (`m_below_P`: its m, else 0): its
+    shard extent is 0, and its own m decides.
     """
-    m = extent_m * P
+    m = m_below_P or extent_m * P
     n = extent_n if op in ("gemm_rs", "gemm_ar") else extent_n * P
     probe = Scenario(group="probe", op=op, m=m, n=n, k=P, dtype=dtype, world_size=P, hardware="sim",
                      imbalance=1.0)
@@ -69,7 +72,7 @@ def build_rows(scenarios: Sequence[Scenario], hw: HardwareSpec) -> dict[str, np.
     cap = lambda x, P: min(x, max(4, P) + 1)  # noqa: E731 - extents beyond the largest degree are alike
     tables = [_schedule_table(s.op, s.world_size, cap(s.m // s.world_size, s.world_size),
                               cap(s.n // (1 if s.op in ("gemm_rs", "gemm_ar") else s.world_size), s.world_size),
-                              s.dtype, hw.copy_engines > 0) for s in scenarios]
+                              s.dtype, hw.copy_engines > 0, s.m if s.m < s.world_size else 0) for s in scenarios]
     counts = np.array([len(t[0]) for t in tables])
     cols: dict[str, np.ndarray] = {}
     for col in ("group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "imbalance"):

@@ -6,6 +6,7 @@ Heavy imports (pandas, torch, `data`) stay inside the commands: `ficco --help` s
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -43,8 +44,11 @@ from ficco_cli.output import (
 @click.option("--shard", default=None, metavar="i/N",
               help="Measure only shard i of N (0 <= i < N; by scenario id): one node's part of a cluster sweep, "
                    "resumable on its own; `ficco dataset merge` joins the shards.")
+@click.option("--fabric", default=None, metavar="RATE",
+              help="cpu only: run the ranks in a private network namespace whose loopback tc shapes to RATE "
+                   "(e.g. 500mbit, 2gbit); rows are on the machine cpu-RATE, profiled once per --out.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeout_s, shard, as_json,
+def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeout_s, shard, fabric, as_json,
             no_progress) -> None:
     """Time every legal schedule of every scenario on real ranks and verify each result.
 
@@ -62,10 +66,11 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeou
     path = scenarios_path or packaged(DEFAULT_SCENARIOS)
     refuse_input_as_out(out, {"--scenarios": [path]})
     given = {"reps": reps, "min_rep_s": min_rep_s}  # None: MeasureConfig's default
+    on = _fabric(fabric, backend) if fabric is not None else None  # re-executes inside it, once
     with reported(ScenarioError, ValueError, MeasureError, message=naming_rows_of(path)):
         config = MeasureConfig(warmup=warmup, timeout_s=timeout_s, **{k: v for k, v in given.items() if v is not None})
         df = measure_table(path, backend=backend, ranks=ranks, config=config, out=out, progress=not no_progress,
-                           shard=parse_shard(shard) if shard is not None else None)
+                           shard=parse_shard(shard) if shard is not None else None, fabric=on)
     if df is None:  # a non-zero torchrun rank
         return
     table = summary_table(df)
@@ -73,6 +78,25 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeou
     # A failed scenario exits 1: the dataset is written, failures and all; a script must still notice.
     show(as_json, sweep_summary(df, table, out), lambda: _sweep_lines(df, table, sweep, out),
          exit_code=1 if sweep.get("failed") else 0)
+
+
+def _fabric(rate: str, backend: str):
+    """The fabric this process measures on: outside it, refuse what cannot run there, then
+    become this same command inside a namespace shaped to it (``data.measure.fabric``)."""
+    from data.measure.fabric import FabricError, exec_inside, inside, parse_fabric
+    from data.measure.gloo import under_torchrun
+
+    with reported(FabricError):
+        fabric = parse_fabric(rate)
+        if inside() == fabric:
+            return fabric
+        if backend != "cpu" or under_torchrun():
+            raise FabricError(f"--fabric {rate}: a shaped fabric carries the cpu backend's spawned gloo ranks "
+                              "(not --backend cuda, nor a torchrun job)")
+        if "--fabric" not in " ".join(sys.argv):
+            raise FabricError(f"--fabric {rate}: re-running this command inside the fabric needs its command "
+                              "line (run `ficco measure ... --fabric RATE`)")
+        exec_inside(fabric, [sys.executable, "-m", "ficco_cli.main", *sys.argv[1:]])
 
 
 def _sweep_lines(df, table, sweep: dict, out) -> list[str]:
@@ -91,8 +115,10 @@ def _sweep_lines(df, table, sweep: dict, out) -> list[str]:
 
 
 @click.command("catalog")
-@click.option("--scale", type=click.Choice(["cpu", "full"]), default="cpu", show_default=True,
-              help="cpu: shapes scaled down for the 2-core gloo backend; full: published shapes.")
+@click.option("--scale", type=click.Choice(["cpu", "fabric", "full"]), default="cpu", show_default=True,
+              help="cpu: shapes scaled down for the 2-core gloo backend; fabric: scaled down less in the dims "
+                   "and more in the tokens, for gloo ranks on a shaped fabric (measure --fabric); full: "
+                   "published shapes.")
 @click.option("--out", type=click.Path(dir_okay=False), required=True,
               help="Scenario table to write (.csv or .parquet); an existing file is refused.")
 @click.option("--world-sizes", default=None, help="Comma-separated world sizes (default: 2,3,4 cpu; 2,4,8 full).")

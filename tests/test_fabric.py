@@ -77,3 +77,50 @@ def test_the_profile_refuses_to_run_outside_its_fabric():
 
     with pytest.raises(FabricError, match="inside that fabric's namespace"):
         profile_fabric(parse_fabric("1gbit"))
+
+
+def _scenario_table(tmp_path):
+    path = tmp_path / "fabric.csv"
+    path.write_text("group,op,m,n,k,dtype,world_size,hardware,imbalance\n"
+                    "llama3,gemm_rs,16,512,1024,float32,2,cpu,1.0\n")
+    return path
+
+
+@pytest.mark.parametrize("args, needle", [(["--fabric", "fast"], "expected a rate"),
+                                          (["--fabric", "1gbit", "--backend", "cuda"], "cpu backend"),
+                                          (["--fabric", "1gbit"], "needs its command line")])
+def test_measure_refuses_a_fabric_it_cannot_make_before_any_work(tmp_path, args, needle):
+    from test_bad_inputs import refused
+
+    out = tmp_path / "out.parquet"
+    # In-process (CliRunner): the last case is refused because this is not ficco's own command line.
+    refused(["measure", "--scenarios", _scenario_table(tmp_path), "--out", out, *args], needle, written=out)
+
+
+@needs_namespaces
+def test_measure_on_a_fabric_names_the_machine_keeps_its_profile_and_resumes_on_it(tmp_path):
+    from data.dataset import read_dataset
+    from data.measure.fabric_profile import profile_path
+
+    out = tmp_path / "fab.parquet"
+    command = [sys.executable, "-m", "ficco_cli.main", "measure", "--scenarios", str(_scenario_table(tmp_path)),
+               "--out", str(out), "--reps", "5", "--min-rep-s", "0", "--no-progress", "--json"]
+    host_before = _tc_lo()
+    done = subprocess.run([*command, "--fabric", "1gbit"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    df = read_dataset(out)
+    assert set(df["hardware"]) == {"cpu-1gbit"} and df["verified"].all()
+    assert set(df["hardware_fingerprint"]) == {f"{df['hardware_fingerprint'].iloc[0].rsplit('-fabric-', 1)[0]}"
+                                               "-fabric-1gbit"}
+    kept = json.loads(profile_path(out).read_text())
+    assert kept["fabric"] == "1gbit" and "rate 1Gbit" in kept["profile"]["shaping"]
+    assert 0.6 * 0.125 < kept["spec"]["link_bw_gbps"] < 1.2 * 0.125  # 1 Gbit/s = 0.125 GB/s
+    # A rerun is a resume on the same machine: nothing re-measured, the profile untouched.
+    again = subprocess.run([*command, "--fabric", "1gbit"], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["skipped"] == 1 and json.loads(profile_path(out).read_text()) == kept
+    # Another fabric into the same --out is another machine: refused, nothing touched.
+    other = subprocess.run([*command, "--fabric", "2gbit"], capture_output=True, text=True, timeout=600)
+    assert other.returncode != 0 and "one --out holds one fabric" in other.stderr
+    assert read_dataset(out).equals(df)
+    assert _tc_lo() == host_before

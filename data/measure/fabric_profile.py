@@ -14,17 +14,22 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import os
 import statistics
 import subprocess
+import sys
 import time
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from data.measure.fabric import Fabric, FabricError, inside, shaping
-from ficco_select.hardware import HardwareSpec, load_hardware
+from ficco_select.hardware import HardwareSpec, load_hardware, register_hardware, spec_as_dict, spec_from_dict
+from ficco_select.scenario import Scenario
 
 SIZES = (16 << 10, 256 << 10, 1 << 20, 4 << 20)
 """Message sizes, bytes: from latency-bound to bandwidth-bound at 100 Mbit/s .. 10 Gbit/s."""
@@ -106,3 +111,55 @@ def fabric_spec(fabric: Fabric, profile: dict, base: HardwareSpec | None = None)
         description=(f"{fabric.describe()}; profiled link {profile['link_bw_gbps']:.4g} GB/s; "
                      f"the rest as {base.name}"),
         link_bw_gbps=profile["link_bw_gbps"])
+
+
+def profile_path(out: str | Path) -> Path:
+    """Where a sweep's fabric profile and spec are kept: beside `out`'s real path."""
+    out = Path(out).resolve()
+    return out.with_name(out.name + ".fabric.json")
+
+
+def on_fabric(scenarios: Sequence[Scenario], fabric: Fabric, out: str | Path | None) -> list[Scenario]:
+    """`scenarios` (each on this host's ``cpu``) moved onto the fabric's machine, its spec
+    registered. A sweep with `out` profiles the fabric once and keeps the profile and spec in
+    ``profile_path(out)`` before it measures anything: a resumed sweep, and every part of
+    it, reads the same spec back instead of profiling again (a new profile would be a
+    slightly different machine under the same name)."""
+    elsewhere = next((s for s in scenarios if s.hardware != "cpu"), None)
+    if elsewhere is not None:
+        raise FabricError(f"--fabric {fabric.rate}: scenario {elsewhere.scenario_id}: column 'hardware' is "
+                          f"{elsewhere.hardware!r}; a fabric shapes this host's network, so every row's "
+                          "hardware must be cpu")
+    kept = profile_path(out) if out is not None else None
+    if kept is not None and kept.exists():
+        spec = _kept_spec(kept, fabric)
+    else:
+        profile = profile_fabric(fabric)
+        spec = fabric_spec(fabric, profile)
+        if kept is not None:
+            _write_json_atomic(kept, {"fabric": fabric.rate, "made_by": " ".join(sys.argv), "profile": profile,
+                                      "spec": spec_as_dict(spec)})
+    register_hardware(spec, str(kept or "fabric profile"))
+    return [dataclasses.replace(s, hardware=spec.name) for s in scenarios]
+
+
+def _kept_spec(path: Path, fabric: Fabric) -> HardwareSpec:
+    try:
+        kept = json.loads(path.read_text())
+        spec = spec_from_dict(kept["spec"], f"{path}: field 'spec'")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise FabricError(f"{path}: not a fabric profile this sweep can resume from ({type(e).__name__}: {e}); "
+                          "remove it (and the sweep's --out) to profile again") from None
+    if kept.get("fabric") != fabric.rate or spec.name != fabric.name:
+        raise FabricError(f"{path}: profiles fabric {kept.get('fabric')!r}, this run measures {fabric.rate!r}; "
+                          "one --out holds one fabric: choose another --out")
+    return spec
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(obj, indent=1) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

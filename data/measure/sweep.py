@@ -30,6 +30,8 @@ from tqdm import tqdm
 from data.dataset import DatasetError, provenance, read_dataset, read_timing, unlike_timing, write_parquet_atomic
 from data.locks import output_lock
 from data.measure.config import MeasureConfig, MeasureError
+from data.measure.fabric import Fabric, inside
+from data.measure.fabric_profile import on_fabric
 from data.measure.gloo import init_from_env, measure_in_group, measure_spawned, under_torchrun
 from data.measure.harness import failed_rows
 from data.measure.loopback import LoopbackError
@@ -52,7 +54,7 @@ def parts_dir(out: str | Path) -> Path:
 
 def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: MeasureConfig,
             out: str | Path | None = None, progress: bool = True,
-            device: str | None = None, ranks: str = "loopback") -> pd.DataFrame | None:
+            device: str | None = None, ranks: str = "loopback", fabric: Fabric | None = None) -> pd.DataFrame | None:
     """Measure `scenarios`; write `out` if given; return the rows (None on non-zero ranks).
 
     backend ``cpu``: spawns the gloo ranks itself, one job per world size, unless running
@@ -66,6 +68,11 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
 
     device: None for the backend's own executor; ``cpu`` with backend ``cpu`` runs the
     loopback executor on CPU threads instead of gloo ranks (tests of the cuda path).
+
+    fabric: the cpu backend's ranks on a shaped loopback (``fabric.py``; this process must
+    run inside it). The scenarios' ``cpu`` becomes the fabric's machine (``cpu-500mbit``),
+    profiled once per `out` (``fabric_profile.on_fabric``), and the fingerprint ends with
+    ``-fabric-<rate>``.
 
     Crash-safe with `out`: each finished scenario is committed atomically to
     ``<out>.parts/<scenario_id>.parquet`` before the next one starts; rerunning the same
@@ -82,7 +89,10 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     """
     writes = out is not None and not (under_torchrun() and int(os.environ.get("RANK", "0")) != 0)  # only rank 0 writes
     with output_lock(out, "ficco measure") if writes else contextlib.nullcontext():
-        plan = _plan(scenarios, backend=backend, config=config, out=out, device=device, ranks=ranks)
+        if fabric is not None:
+            scenarios = _on_fabric(scenarios, fabric, backend=backend, out=out, device=device)
+        plan = _plan(scenarios, backend=backend, config=config, out=out, device=device, ranks=ranks,
+                     fabric=fabric)
         rows, failed = _run(plan, config, progress)
         return _assemble(plan, rows, failed) if plan.is_rank0 else None
 
@@ -98,7 +108,8 @@ class SweepPlan:
     """The scenarios neither in `out` nor committed to its parts, in table order."""
     backend: str
     mode: str | None
-    """The cuda backend's ranks mode (in the fingerprint: the modes label differently), else None."""
+    """The cuda backend's ranks mode, or ``fabric-<rate>`` on a shaped fabric, else None (the
+    fingerprint ends with it: each labels differently)."""
     device: str | None
     """The loopback executor's device; None: gloo ranks, or a process per GPU (`node`)."""
     node: NodeOptions | None
@@ -118,8 +129,19 @@ class SweepPlan:
 
 
 # -- the stages, in order ------------------------------------------------------------------
+def _on_fabric(scenarios: Sequence[Scenario], fabric: Fabric, *, backend: str, out: str | Path | None,
+               device: str | None) -> list[Scenario]:
+    if backend != "cpu" or device is not None or under_torchrun():
+        raise ValueError(f"--fabric {fabric.rate}: a shaped fabric carries the cpu backend's spawned gloo ranks "
+                         "(not the cuda backend, the loopback executor or a torchrun job)")
+    if inside() != fabric:
+        raise ValueError(f"--fabric {fabric.rate}: this process is not inside that fabric's network namespace "
+                         "(`ficco measure --fabric` makes one)")
+    return on_fabric(scenarios, fabric, out)
+
+
 def _plan(scenarios: Sequence[Scenario], *, backend: str, config: MeasureConfig, out: str | Path | None,
-          device: str | None, ranks: str) -> SweepPlan:
+          device: str | None, ranks: str, fabric: Fabric | None = None) -> SweepPlan:
     """Refuse, before any work starts, what cannot run here (ranks mode, machines, device,
     memory); then what is left to measure: `scenarios` less those already in `out` or
     committed to its parts. Under torchrun rank 0 decides, the process group initialized."""
@@ -129,7 +151,8 @@ def _plan(scenarios: Sequence[Scenario], *, backend: str, config: MeasureConfig,
         raise ValueError(f"ranks 'node': a process per GPU is the cuda backend's mode, not {backend!r}'s")
     _check_machines(scenarios, backend)
     node = _node_options(scenarios, backend, device) if ranks == "node" else None
-    mode = ranks if backend == "cuda" else None  # in the fingerprint: the modes label differently
+    # In the fingerprint: the cuda modes label differently, and a fabric is another network.
+    mode = ranks if backend == "cuda" else (f"fabric-{fabric.rate}" if fabric is not None else None)
     device = None if node else _loopback_device(scenarios, backend, device)
     distributed = device is None and under_torchrun()
     is_rank0 = not distributed or int(os.environ.get("RANK", "0")) == 0
@@ -518,7 +541,7 @@ def shard_of(scenarios: Sequence[Scenario], index: int, count: int) -> list[Scen
 
 
 def measure_table(path, *, backend: str, ranks: str, config: MeasureConfig, out, progress: bool,
-                  shard: tuple[int, int] | None = None) -> pd.DataFrame | None:
+                  shard: tuple[int, int] | None = None, fabric: Fabric | None = None) -> pd.DataFrame | None:
     """``ficco measure``: measure the scenario table `path` (only its shard ``(i, N)`` if
     given: ``shard_of``); the rows, or None on a non-zero torchrun rank. Raises
     ScenarioError, ValueError, MeasureError."""
@@ -530,7 +553,8 @@ def measure_table(path, *, backend: str, ranks: str, config: MeasureConfig, out,
                              "use fewer shards")
     if ranks == "node" and backend != "cuda":
         raise ValueError("--ranks node: a process per GPU is the cuda backend's mode; add --backend cuda")
-    return measure(scenarios, backend=backend, config=config, out=out, progress=progress, ranks=ranks)
+    return measure(scenarios, backend=backend, config=config, out=out, progress=progress, ranks=ranks,
+                   fabric=fabric)
 
 
 def sweep_summary(df: pd.DataFrame, table: pd.DataFrame, out) -> dict:
