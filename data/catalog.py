@@ -267,10 +267,13 @@ def catalog(
     dtype: str | None = None,
     hardware: str | None = None,
     models: list[str] | None = None,
+    sample: float | None = None,
 ) -> list[dict[str, Any]]:
     """Scenario records (dicts, columns ``COLUMNS``) for the chosen models, in a fixed order.
 
     `dtype`: every row in that dtype; None: the machine's mix (``dtype_shares``).
+    `sample`: keep only this share of the rows, drawn by scenario id (``_drawn``: a larger
+    share keeps every row a smaller one kept, so a sweep of it can grow by resuming).
     Order: model, phase, tokens, world size, layer, imbalance, dtype. Duplicate scenarios
     (e.g. two decode sizes that pad to the same token count at cpu scale) keep the first row.
     """
@@ -283,6 +286,8 @@ def catalog(
     unknown = [name for name in names if name not in MODELS]
     if unknown:
         raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+    if sample is not None and not 0 < sample <= 1:
+        raise ValueError(f"--sample {sample}: a share of the rows, in (0, 1]")
     if shrink and dtype is not None and dtype not in BACKENDS["cpu"].dtypes:
         raise ValueError(f"the cpu backend does not run {dtype}; use one of {', '.join(BACKENDS['cpu'].dtypes)}")
     shares = {dtype: 1.0} if dtype is not None else dtype_shares(load_hardware(hardware))
@@ -320,7 +325,7 @@ def catalog(
                                 "model": cfg.name, "layer": layer, "phase": phase, "tokens": tokens,
                             }
                             scenario = Scenario.from_record(record)
-                            if not _drawn(scenario, share):
+                            if not _drawn(scenario, share) or (sample is not None and not _drawn(scenario, sample)):
                                 continue
                             if shrink:
                                 if scenario.busiest_rank_gflop() > shrink.max_gflop_per_rank:
@@ -361,10 +366,10 @@ def write_catalog(path: str | Path, records: list[dict[str, Any]]) -> Path:
 
 
 def catalog_to_file(scale: str, out, *, world_sizes: tuple[int, ...] | None, models: list[str] | None,
-                    dtype: str | None, hardware: str | None) -> dict[str, Any]:
+                    dtype: str | None, hardware: str | None, sample: float | None = None) -> dict[str, Any]:
     """``ficco catalog``: write the catalog's scenario table to `out`; its summary (counts by
     op, families, models). Raises ValueError, ScenarioError."""
-    records = catalog(scale, world_sizes=world_sizes, dtype=dtype, hardware=hardware, models=models)
+    records = catalog(scale, world_sizes=world_sizes, dtype=dtype, hardware=hardware, models=models, sample=sample)
     write_catalog(out, records)
     counts: dict[str, int] = {}
     dtypes: dict[str, int] = {}

@@ -127,8 +127,11 @@ def _sweep_lines(df, table, sweep: dict, out) -> list[str]:
               help="Every row in this dtype (default: what jobs run on the machine: float32 on cpu; on GPUs "
                    "bfloat16 for every shape plus shares in float16, fp8 where the GPU has it, and float32).")
 @click.option("--hardware", default=None, help="Hardware column (default: cpu / h100-nvswitch).")
+@click.option("--sample", type=float, default=None,
+              help="Keep this share of the rows (0 < share <= 1), drawn by scenario id: a larger share keeps every "
+                   "row of a smaller one.")
 @json_option("Print a JSON summary.")
-def catalog_cmd(scale, out, world_sizes, models, dtype, hardware, as_json) -> None:
+def catalog_cmd(scale, out, world_sizes, models, dtype, hardware, sample, as_json) -> None:
     """Write a scenario table from real layer shapes of public model families."""
     from data.catalog import catalog_to_file
     from ficco_select.scenario import ScenarioError
@@ -137,7 +140,7 @@ def catalog_cmd(scale, out, world_sizes, models, dtype, hardware, as_json) -> No
     with reported(ValueError, ScenarioError):
         summary = catalog_to_file(scale, out, dtype=dtype, hardware=hardware,
                                   world_sizes=tuple(int(x) for x in world_sizes.split(",")) if world_sizes else None,
-                                  models=models.split(",") if models else None)
+                                  models=models.split(",") if models else None, sample=sample)
     show(as_json, summary, lambda: f"{summary['scenarios']} scenarios "
          f"({', '.join(f'{k}: {v}' for k, v in summary['by_op'].items())}; "
          f"{', '.join(f'{k}: {v}' for k, v in summary['by_dtype'].items())}) "

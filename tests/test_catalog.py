@@ -166,3 +166,20 @@ def test_the_model_table_is_read_with_its_types_and_a_bad_cell_is_named(tmp_path
     bad.write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError, match=r"row 3, column '(heads|head_dim)': cannot read '12B' as int"):
         read_models(bad)
+
+
+def test_a_sample_keeps_a_share_of_the_rows_and_a_larger_one_keeps_them_all():
+    every = catalog("fabric")
+    small, large = catalog("fabric", sample=0.1), catalog("fabric", sample=0.3)
+    assert 0.05 * len(every) < len(small) < 0.15 * len(every)
+    assert {r["model"] + str(r) for r in small} <= {r["model"] + str(r) for r in large}
+    with pytest.raises(ValueError, match="--sample 0"):
+        catalog("fabric", sample=0)
+
+
+def test_the_fabric_scale_grows_the_dims_and_shrinks_the_tokens():
+    cpu = catalog("cpu", models=["llama3-8b"])
+    fabric = catalog("fabric", models=["llama3-8b"])
+    assert max(r["n"] for r in fabric) / max(r["n"] for r in cpu) == pytest.approx(8, rel=0.02)  # dims /4, not /32
+    assert max(r["m"] for r in fabric if r["op"] == "ag_gemm") < max(r["m"] for r in cpu if r["op"] == "ag_gemm")
+    assert {r["hardware"] for r in fabric} == {"cpu"}
