@@ -19,7 +19,8 @@ COLUMNS = ("row", "scenario_id", "op", "m,n,k", "P", "hardware", "schedule", "so
                    "the baseline (source fallback) and a null scenario_id. Default with --truth: its scenarios.")
 @click.option("--truth", "truth_path", type=click.Path(dir_okay=False), default=None,
               help="A labeled dataset of these scenarios (`ficco simulate`, `ficco measure`): score the decisions "
-                   "on it beside the heuristic's and the ceiling, over all rows and per dtype.")
+                   "on it beside the heuristic's and the ceiling, over all rows and per dtype. Refused if a "
+                   "scenario lacks some of its candidate schedules (its best would be unknown).")
 @click.option("--model", "model_path", type=click.Path(file_okay=False), default=None,
               help="An exported selector folder (`ficco export`). Default: the exported champion "
                    "($FICCO_SELECTOR or ~/.cache/ficco-select/selector) if there is one, else the heuristic.")
@@ -63,10 +64,16 @@ def select_cmd(scenarios_path, truth_path, model_path, heuristic_only, as_json) 
 
 
 def _truth(path):
+    """The labeled dataset at `path`, refused before any decision if a scenario lacks some of
+    its candidates: its best would be unknown."""
     from data.dataset import DatasetError, read_dataset
+    from train.metrics import require_every_candidate
 
     with reported(DatasetError):
-        return read_dataset(path)
+        truth = read_dataset(path)
+    with reported(ValueError, message=lambda e: f"--truth {path}: {e}"):
+        require_every_candidate(truth)
+    return truth
 
 
 def _scenario_records(truth) -> list[dict]:

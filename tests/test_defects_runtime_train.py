@@ -89,3 +89,71 @@ def test_an_export_giving_the_cpu_preset_gpu_numbers_never_makes_select_pick_a_g
                           hardware_specs={"cpu": dataclasses.asdict(load_hardware("cpu"))})
     assert Selector.load(same).model is not None
 
+
+
+# -- a truth that lacks schedules ------------------------------------------------------------
+def _catalog_slice(tmp_path: Path, scenarios: int = 40):
+    from data.dataset import read_dataset
+
+    df = read_dataset(Path(__file__).parents[1] / "data" / "measured" / "cpu_catalog.parquet")
+    keep = list(dict.fromkeys(df["scenario_id"]))[:scenarios]
+    return df[df["scenario_id"].isin(keep)].reset_index(drop=True)
+
+
+def _thinned(tmp_path: Path) -> Path:
+    """The slice with every schedule but the baseline and shard.ring.sm dropped from all but 4 scenarios."""
+    from data.dataset import write_parquet_atomic
+
+    df = _catalog_slice(tmp_path)
+    whole = set(list(dict.fromkeys(df["scenario_id"]))[:4])
+    kept = df[df["scenario_id"].isin(whole) | df["schedule"].isin(["none.sm", "shard.ring.sm"])]
+    path = tmp_path / "thin.parquet"
+    write_parquet_atomic(kept.reset_index(drop=True), path)
+    return path
+
+
+def test_select_truth_refuses_a_dataset_lacking_most_schedules(tmp_path):
+    from click.testing import CliRunner
+
+    from data.dataset import write_parquet_atomic
+    from ficco_cli.main import main
+    from test_bad_inputs import refused
+
+    thin = _thinned(tmp_path)
+    refused(["select", "--truth", thin, "--heuristic-only"], "--truth", "thin.parquet", "36 of 40 scenarios lack",
+            "ficco.d2.ring.gemm_per_piece.m.sm")
+    # The same scenarios with every schedule are scored.
+    whole = tmp_path / "whole.parquet"
+    write_parquet_atomic(_catalog_slice(tmp_path), whole)
+    res = CliRunner().invoke(main, ["select", "--truth", str(whole), "--heuristic-only"])
+    assert res.exit_code == 0, res.output
+    assert "== all" in res.output
+
+
+def test_train_refuses_a_dataset_lacking_most_schedules(tmp_path, monkeypatch):
+    from test_bad_inputs import refused
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    out = tmp_path / "train"
+    refused(["train", "--dataset", _thinned(tmp_path), "--selectors", "debug", "--splits", "random",
+             "--out", out, "--no-progress"], "thin.parquet", "36 of 40 scenarios lack", written=out)
+    assert not (tmp_path / "mlflow.db").exists(), "a training run was started"
+
+
+# -- the pipeline's datasets -------------------------------------------------------------------
+def test_pipeline_validates_its_datasets_before_any_work(tmp_path, monkeypatch):
+    from data.dataset import write_parquet_atomic
+    from test_bad_inputs import refused
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    df = _catalog_slice(tmp_path, scenarios=8)
+    negative = df.copy()
+    negative.loc[5, "time_s"] = -negative.loc[5, "time_s"]
+    write_parquet_atomic(negative, tmp_path / "negative.parquet")
+    write_parquet_atomic(df.drop(columns=["near_best"]), tmp_path / "nocol.parquet")
+    out = tmp_path / "pipeline"
+    for name, needles in {"negative.parquet": ("row 5", "column 'time_s'"),
+                          "nocol.parquet": ("column 'near_best' is missing",)}.items():
+        refused(["pipeline", "--dataset", tmp_path / name, "--debug", "--no-export", "--no-progress", "--out", out],
+                name, *needles, written=out)
+    assert not (tmp_path / "mlflow.db").exists(), "a training run was started"

@@ -227,9 +227,12 @@ def test_ficco_train_refuses_telemetry_that_adds_nothing_before_training(job, tm
 
     from ficco_cli.main import main
 
+    from data.simulate import simulate
+    from ficco_select.hardware import load_hardware
+
     path, _ = job
-    tele = read_telemetry(path)
-    write_parquet_atomic(tele, tmp_path / "has_it.parquet")  # the dataset already holds the scenario
+    # The dataset already holds the scenario, with every candidate (as a dataset to train on must).
+    write_parquet_atomic(simulate([SCENARIO], load_hardware("cpu"), seed=0), tmp_path / "has_it.parquet")
     res = CliRunner().invoke(main, ["train", "--dataset", str(tmp_path / "has_it.parquet"),
                                     "--telemetry", str(path)])
     assert res.exit_code == 1 and "nothing to add to the training data" in res.output

@@ -22,7 +22,8 @@ from tqdm import tqdm
 
 from data.machines import base_machine, is_sampled
 from ficco_select.hardware import load_hardware
-from train.metrics import METRICS, ceiling_choices, comparison_table, score, true_times, usable_rows
+from train.metrics import (METRICS, ceiling_choices, comparison_table, require_every_candidate, score,
+                           true_times, usable_rows)
 from train.selector_sets import all_selectors
 from train.selectors import BaseSelector, with_features
 
@@ -66,8 +67,10 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
     "by_backend": {backend: {selector: metrics}}, "by_dtype": {"<backend>.<dtype>": {selector: metrics}},
     "by_op": {"<backend>.<dtype>.<op>": {selector: metrics}}}},
     "fit_seconds": {selector: total}, "choices": {split: {selector: {scenario_id: schedule}}}}
-    (each scenario is in the test side of at most one fold per split).
+    (each scenario is in the test side of at most one fold per split). ValueError where a
+    scenario lacks some of its candidates (``train.metrics.require_every_candidate``).
     """
+    require_every_candidate(df)
     df = with_features(df)  # once: every fold's selectors slice them
     plan = [(split, fold) for split in splits for fold in folds(df, split)]
     results: dict = {"splits": {}, "fit_seconds": {}, "choices": {}}
@@ -157,7 +160,9 @@ def scores_by_dtype(df: pd.DataFrame, choices: dict[str, dict[str, str]]) -> dic
     """Comparison tables of `choices` ({selector: {scenario_id: schedule}}) on the labeled
     dataset `df`, with the ``ceiling`` row: one over every scenario (``all``) and one per
     dtype and one per operator where there are several (``ficco select --truth``). Scenarios
-    without usable rows in `df` are left out of every row."""
+    without usable rows in `df` are left out of every row; ValueError where a scenario lacks
+    some of its candidates (``train.metrics.require_every_candidate``)."""
+    require_every_candidate(df)
     ok = usable_rows(df)
     choices = {**choices, "ceiling": ceiling_choices(ok)}
     pooled = {"all": {name: score(ok, chosen) for name, chosen in choices.items()},

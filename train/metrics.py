@@ -30,7 +30,9 @@ scenario ``s``:
 - ``oracle_speedup``: geometric mean of ``t_b / t*``, the best gain any selector can get.
 - ``invalid``: fraction of choices that are not a usable row of their scenario.
 
-With ``n == 0`` every metric but ``n`` is NaN. ``ceiling_choices`` gives what a perfect
+A truth must time every candidate of a scenario it scores (``require_every_candidate``):
+scored on the schedules that are there, a choice would be judged against a best that may
+not be the scenario's best. With ``n == 0`` every metric but ``n`` is NaN. ``ceiling_choices`` gives what a perfect
 selector picks from these labels (the *ceiling* row of every table): the noise-free best
 of a simulated scenario (it scores 1), the measured best of a measured one, which scored
 on a repeat sweep is the repeat oracle (below 1 by the measurement's own noise).
@@ -44,7 +46,8 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from ficco_select.schedule import TIE
+from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
+from ficco_select.schedule import TIE, candidates
 
 NEAR_OPT = 1 + TIE
 """A choice within this factor of the best is near-best (``near_opt_2``); the shipped policy's
@@ -83,6 +86,46 @@ def usable_rows(df: pd.DataFrame) -> pd.DataFrame:
     time = pd.to_numeric(df["time_s"], errors="coerce")
     mask = df["status"].eq("ok") & df["verified"].eq(True) & np.isfinite(time) & (time > 0)
     return df.loc[mask]
+
+
+def lacking_schedules(df: pd.DataFrame) -> dict[str, tuple[list[str], int]]:
+    """scenario_id -> (the candidates it has no row for, its number of candidates), for each
+    scenario with usable rows that lacks some. A scenario's candidates are the legal
+    schedules of its op, world size and machine on its backend: what ``ficco measure`` and
+    ``ficco simulate`` time (``data.dataset.validate`` holds a dataset to the same). A row
+    that is no scenario, or of an unknown backend, is left to ``validate``."""
+    from data.dataset import row_hardware_problem
+
+    scored = df[df["scenario_id"].isin(set(usable_rows(df)["scenario_id"]))]
+    have = scored.groupby("scenario_id", sort=False)["schedule"].agg(set)
+    out = {}
+    for record in scored.drop_duplicates("scenario_id").to_dict("records"):
+        try:
+            scenario = Scenario.from_record({c: record[c] for c in SCENARIO_COLUMNS})
+            engines = row_hardware_problem(scenario, record["backend"])[1]
+            expected = [c.name for c in candidates(scenario, record["backend"]) if c.engine in engines]
+        except (ValueError, KeyError):
+            continue
+        lacking = [name for name in expected if name not in have[record["scenario_id"]]]
+        if lacking:
+            out[record["scenario_id"]] = (lacking, len(expected))
+    return out
+
+
+def require_every_candidate(df: pd.DataFrame) -> None:
+    """ValueError where a scenario to be scored lacks some of its candidates
+    (``lacking_schedules``): how many scenarios, how many schedules at most, one example."""
+    lacking = lacking_schedules(df)
+    if not lacking:
+        return
+    scenarios = df.loc[df["scenario_id"].isin(set(usable_rows(df)["scenario_id"])), "scenario_id"].nunique()
+    sid, (names, of) = next(iter(lacking.items()))
+    most = max(lacking.values(), key=lambda entry: len(entry[0]))
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise ValueError(f"{len(lacking)} of {scenarios} scenarios lack candidate schedules (up to {len(most[0])} of "
+                     f"{most[1]}; e.g. scenario {sid!r} lacks {len(names)} of {of}: {shown}); scored on what is "
+                     "there, a choice would be judged against a best that may not be the best: give a dataset "
+                     "that times every candidate (`ficco measure`, `ficco simulate`)")
 
 
 def _fastest(rows: pd.DataFrame, key: list[str]) -> pd.DataFrame:

@@ -18,12 +18,12 @@ import numpy as np
 import pandas as pd
 
 from data.catalog import catalog
-from data.dataset import attach_repeat, read_dataset
+from data.dataset import COLUMNS, DatasetError, attach_repeat, read_dataset, validate
 from data.machines import sampled_machines
 from data.simulate import simulate
 from ficco_select.hardware import load_hardware, preset_names
 from ficco_select.scenario import Scenario
-from train.metrics import BASELINE_PREFIX, usable_rows
+from train.metrics import BASELINE_PREFIX, require_every_candidate, usable_rows
 
 log = logging.getLogger("train.training_data")
 
@@ -123,9 +123,29 @@ def telemetry_training_rows(telemetry: pd.DataFrame, df: pd.DataFrame) -> pd.Dat
     return kept.reset_index(drop=True)
 
 
+def read_training_dataset(path: str | Path) -> pd.DataFrame:
+    """A dataset to train and score on: read, then refused (DatasetError naming the file) if
+    a scenario lacks some of its candidates (``train.metrics.require_every_candidate``: how
+    many, and which) or ``data.dataset.validate`` finds a problem (the first: its row and
+    column). Both before any work is done on it."""
+    df = read_dataset(path)
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:  # what validate says first; the schedules' check reads these columns
+        raise DatasetError(f"{path}: column '{missing[0]}' is missing"
+                           + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    try:
+        require_every_candidate(df)
+    except ValueError as e:
+        raise DatasetError(f"{path}: {e}") from None
+    problems = validate(df, max_problems=1)
+    if problems:
+        raise DatasetError(f"{path}: {problems[0]}; `ficco dataset validate {path}` lists every problem")
+    return df
+
+
 def load_training_data(datasets: Sequence[str]) -> pd.DataFrame:
-    """The given datasets, or the default training data (cpu measured + GPU presets simulated).
-    Raises DatasetError."""
+    """The given datasets (each ``read_training_dataset``), or the default training data (cpu
+    measured + GPU presets simulated). Raises DatasetError."""
     if not datasets:
         return default_training_data()
-    return pd.concat([read_dataset(p) for p in datasets], ignore_index=True)
+    return pd.concat([read_training_dataset(p) for p in datasets], ignore_index=True)
