@@ -59,7 +59,8 @@ def _evaluation_lines(results: dict) -> list[str]:
 @click.command("train")
 @click.option("--dataset", "datasets", multiple=True, type=click.Path(dir_okay=False),
               help="Dataset(s) to train on (default: committed cpu dataset + simulated GPU presets and "
-                   "machines sampled around them).")
+                   "machines sampled around them). Each is refused, before any work, if `ficco dataset validate` "
+                   "finds a problem or a scenario lacks some of its candidate schedules.")
 @click.option("--splits", default=SPLITS, show_default=True)
 @click.option("--selectors", default="all", show_default=True, type=click.Choice(["all", "fast", "debug"]),
               help="The selectors evaluated: all, fast (what `ficco pipeline` evaluates), or debug (tiny models).")
@@ -107,7 +108,8 @@ def _champion(summary: dict) -> str:
               help="Add a machine's rows first: measure this one (cpu) or simulate one (sim).")
 @click.option("--hardware", default=None, help="Preset name or spec file of the machine (with --backend sim).")
 @click.option("--dataset", "datasets", multiple=True, type=click.Path(exists=True, dir_okay=False),
-              help="A measured dataset to add, e.g. a GPU's from `ficco measure --backend cuda` on that machine.")
+              help="A measured dataset to add, e.g. a GPU's from `ficco measure --backend cuda` on that machine; "
+                   "refused, before any work, as `ficco train --dataset` refuses one.")
 @click.option("--out", "out_dir", default="out/pipeline", show_default=True, type=click.Path(file_okay=False))
 @click.option("--debug", is_flag=True,
               help="Every stage on a tiny slice with tiny models (seconds): checks that it runs, not how well.")

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from data.dataset import read_dataset
 from train.config import TrainConfig
 from train.run import train
-from train.training_data import SAMPLED_PER_PRESET, default_training_data, simulated
+from train.training_data import SAMPLED_PER_PRESET, default_training_data, read_training_dataset, simulated
 
 PIPELINE_SPLITS = ("family", "hardware", "topology")
 
@@ -53,8 +52,10 @@ def run_pipeline(*, backend: str | None = None, hardware: str | None = None, dat
                  out_dir: str | Path = "out/pipeline", progress: bool = True, debug: bool = False,
                  export_to: str | Path | None = None) -> dict:
     """`datasets`: measured datasets to add to the default training data (e.g. a GPU's,
-    from ``ficco measure --backend cuda``). `debug`: every stage on a tiny slice (a few
-    scenarios per machine, tiny models), to check that it all runs; its numbers mean nothing.
+    from ``ficco measure --backend cuda``), each checked before any work
+    (``train.training_data.read_training_dataset``: DatasetError naming the file). `debug`:
+    every stage on a tiny slice (a few scenarios per machine, tiny models), to check that it
+    all runs; its numbers mean nothing.
     `export_to`: when the champion moves, export it there (``train.export``), so that the
     runtime (``Selector.load()``, ``ficco select``) uses it without a manual step; never in
     `debug` (a tiny model must not reach a job). The summary says where (``exported``) or why
@@ -62,7 +63,7 @@ def run_pipeline(*, backend: str | None = None, hardware: str | None = None, dat
     out_dir = Path(out_dir)
     config = TrainConfig(splits=PIPELINE_SPLITS, selectors="debug" if debug else "fast", out_dir=out_dir,
                          progress=progress)  # checked before any data is built
-    extra = [read_dataset(p) for p in datasets]
+    extra = [read_training_dataset(p) for p in datasets]  # refused naming file, row and column, before any work
     if backend:
         extra.append(new_hardware_rows(backend, hardware, out_dir, progress))
     df = default_training_data(extra=extra, sampled_per_preset=1 if debug else SAMPLED_PER_PRESET)
