@@ -7,6 +7,7 @@ what an uninterrupted one does, and the pipeline validates its datasets before a
 import dataclasses
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
@@ -157,3 +158,52 @@ def test_pipeline_validates_its_datasets_before_any_work(tmp_path, monkeypatch):
         refused(["pipeline", "--dataset", tmp_path / name, "--debug", "--no-export", "--no-progress", "--out", out],
                 name, *needles, written=out)
     assert not (tmp_path / "mlflow.db").exists(), "a training run was started"
+
+
+# -- a resumed simulated adaptation ------------------------------------------------------------
+ADAPT_GRID_MODELS = ["llama3-8b", "mixtral-8x7b"]
+
+
+def _sim_machine(kill_on_call: int | None = None):
+    """The machine `ficco adapt --backend sim --perturb 1.2` builds, made anew as a restarted
+    process makes it; its `kill_on_call`-th measurement dies as a killed process would."""
+    from data.catalog import catalog
+    from train import adapt as A
+
+    spec = load_hardware("mi300x-8")
+    grid = [Scenario.from_record(r) for r in catalog("full", hardware="mi300x-8", world_sizes=(2, 4),
+                                                      models=ADAPT_GRID_MODELS)]
+    machine = A.sim_machine("mi300x-8-resume", spec, A.perturbed(spec, "mi300x-8-resume", spread=1.2, seed=1),
+                            grid, seed=7)
+    inner, calls = machine.measure, []
+
+    def measure(scenarios):
+        calls.append(len(scenarios))
+        if len(calls) == kill_on_call:
+            raise KeyboardInterrupt("killed")
+        return inner(scenarios)
+
+    machine.measure = measure
+    return machine
+
+
+def test_a_resumed_sim_adapt_measures_what_an_uninterrupted_one_does(tmp_path):
+    from data.dataset import read_dataset
+    from train import adapt as A
+    from train.selectors import with_features
+    from train.training_data import simulated
+
+    base = with_features(simulated("h100-nvswitch", world_sizes=(2, 4), share=0.25, seed=3))
+    plan = dict(checkpoints=(0.0, 0.05, 0.1), strategy="active", seed=7)
+    A.adapt(_sim_machine(), base, out_dir=tmp_path / "whole", **plan)
+    with pytest.raises(KeyboardInterrupt):  # killed measuring round 2: round 1 is saved
+        A.adapt(_sim_machine(kill_on_call=2), base, out_dir=tmp_path / "resumed", **plan)
+    A.adapt(_sim_machine(), base, out_dir=tmp_path / "resumed", **plan)
+
+    def rows(folder):
+        df = read_dataset(tmp_path / folder / "measured.parquet")
+        return df.drop(columns=["created_at"]).sort_values(["scenario_id", "schedule"]).reset_index(drop=True)
+
+    whole, resumed = rows("whole"), rows("resumed")
+    assert whole["scenario_id"].nunique() == round(0.1 * len(_sim_machine().grid))
+    pd.testing.assert_frame_equal(resumed, whole)

@@ -12,6 +12,7 @@ any work; ``adapted_machine`` makes the machine a ``ficco adapt`` run's options 
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -51,14 +52,20 @@ class Machine:
 
 def sim_machine(name: str, start: HardwareSpec, truth_spec: HardwareSpec, grid: Sequence[Scenario], *,
                 noise: float = ADAPT_NOISE, seed: int = 0) -> Machine:
-    """A simulated machine: measurements follow `truth_spec` with `noise`; the run starts
-    from `start`. Rows carry `name`."""
+    """A simulated machine: measurements follow `truth_spec` with `noise` (drawn with
+    ``noise_seed``); the run starts from `start`. Rows carry `name`."""
     grid = [dataclasses.replace(s, hardware=name) for s in grid]
-    calls = iter(range(1 << 30))
     return Machine(name, dataclasses.replace(start, name=name), grid,
-                   lambda scenarios: simulate(scenarios, truth_spec, noise=noise, seed=seed * 1000 + next(calls)),
+                   lambda scenarios: simulate(scenarios, truth_spec, noise=noise, seed=noise_seed(seed, scenarios)),
                    truth=simulate_rows(grid, truth_spec).assign(
                        time_model_s=lambda d: d["time_s"], status="ok", verified=True, near_best=False))
+
+
+def noise_seed(seed: int, scenarios: Sequence[Scenario]) -> int:
+    """The noise seed of one simulated measurement: from the run's seed and the scenarios
+    measured, in order, never from how many measurements came before, so that a resumed run
+    (a new process) draws for a round what an uninterrupted one draws."""
+    return zlib.crc32("\n".join([str(seed), *(s.scenario_id for s in scenarios)]).encode())
 
 
 PERTURBED = ("peak_tflops", "compute_units", *fields_of("fraction", "rate", "latency"))
