@@ -111,8 +111,8 @@ def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A):
     P = dist.get_world_size(group)
     gather_dim = gather_dim % A_shard.ndim
     _same_call_on_every_rank("all_gather_matmul", group, A_shard.device,
-                             f"A_shard {_shape(A_shard)} {_dtype(A_shard)} gathered along dim {gather_dim} "
-                             f"@ Bs {', '.join(map(_shape, Bs))}")
+                             f"A_shard {_tensor(A_shard)} gathered along dim {gather_dim} "
+                             f"@ Bs {', '.join(map(_tensor, Bs))}")
     if gather_dim == A_shard.ndim - 1 or not Bs:
         fall_back("gather along the contraction dim: PyTorch's implementation")
         return symm_mem._fused_all_gather_matmul_fallback(A_shard, list(Bs), gather_dim, group.group_name,
@@ -158,8 +158,7 @@ def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     P = dist.get_world_size(group)
     scatter_dim = scatter_dim % A.ndim
     _same_call_on_every_rank("matmul_reduce_scatter", group, A.device,
-                             f"A {_shape(A)} {_dtype(A)} @ B {_shape(B)}, {reduce_op} "
-                             f"scattered along dim {scatter_dim}")
+                             f"A {_tensor(A)} @ B {_tensor(B)}, {reduce_op} scattered along dim {scatter_dim}")
     extent = B.shape[-1] if scatter_dim == A.ndim - 1 else A.shape[scatter_dim]
     if reduce_op not in ("sum", "avg") or extent % P:
         fall_back(f"reduce_op {reduce_op!r} / scatter extent {extent} over {P} ranks: PyTorch's implementation")
@@ -209,7 +208,7 @@ def _matmul_all_reduce(A, B, reduce_op, group_name):
     group = resolve_group(group_name)
     P = dist.get_world_size(group)
     _same_call_on_every_rank("matmul_all_reduce", group, A.device,
-                             f"A {_shape(A)} {_dtype(A)} @ B {_shape(B)}, {reduce_op}")
+                             f"A {_tensor(A)} @ B {_tensor(B)}, {reduce_op}")
     lead, A2 = A.shape[:-1], _rows(A)
     rows, n = A2.shape[0], B.shape[-1]
 
@@ -240,12 +239,9 @@ CALL_BYTES = 256
 """Room for one rank's description of its call in the per-call check (any real call fits)."""
 
 
-def _shape(t: torch.Tensor) -> str:
-    return str(tuple(t.shape))
-
-
-def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
+def _tensor(t: torch.Tensor) -> str:
+    """A tensor as a call's description names it: its shape and dtype, ``(4, 8) float32``."""
+    return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
 
 
 def _same_call_on_every_rank(op: str, group: dist.ProcessGroup, device: torch.device, call: str) -> None:
@@ -437,7 +433,7 @@ def _routing(op: str, X: torch.Tensor, W: torch.Tensor, splits, group: dist.Proc
     (``output_split_sizes``) that another does not send it (its ``input_split_sizes``)."""
     output_split_sizes, input_split_sizes = splits
     P = dist.get_world_size(group)
-    mine = {"call": f"X {_shape(X)} @ W {_shape(W)} {_dtype(X)}", "same": [X.shape[-1], *W.shape, _dtype(X)],
+    mine = {"call": f"X {_tensor(X)} @ W {_tensor(W)}", "same": [X.shape[-1], *W.shape, str(X.dtype), str(W.dtype)],
             "rows": X.shape[0], "recv": list(map(int, output_split_sizes)), "send": list(map(int, input_split_sizes))}
     texts = _texts(_gathered(group, X.device, json.dumps(mine), CALL_BYTES + 48 * P))
     if None in texts:
