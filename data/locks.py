@@ -26,15 +26,18 @@ class OutputLocked(ValueError):
     report it as one line, as they do a bad option)."""
 
 
-def lock_path(out: str | Path) -> Path:
-    real = Path(out).resolve()  # the output may not exist yet: resolves what does
+def lock_path(out: str | Path, *, follow: bool = True) -> Path:
+    """`follow`: a symlink at `out` is resolved too (a file written through it); False for an
+    output that is the link itself (an export swaps the link to a new folder)."""
+    out = Path(out)
+    real = out.resolve() if follow else out.parent.resolve() / out.name  # what does not exist yet stays as named
     return real.parent / f".{real.name}.lock"
 
 
 @contextlib.contextmanager
-def output_lock(out: str | Path, command: str) -> Iterator[None]:
+def output_lock(out: str | Path, command: str, *, follow: bool = True) -> Iterator[None]:
     """Hold `out`'s lock for the block; OutputLocked naming the holder if another process has it."""
-    path = lock_path(out)
+    path = lock_path(out, follow=follow)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

@@ -92,7 +92,8 @@ def publish(out: str | Path, write: Callable[[Path], None]) -> Path:
     earlier versions are kept; older ones are removed. One exporter at a time: a second
     refuses, naming the first (``data.locks``)."""
     out = Path(out)
-    with output_lock(out, "ficco export"):  # two exporters at once: the second refuses
+    # Two exporters at once: the second refuses. The lock is the link's own (it is what moves).
+    with output_lock(out, "ficco export", follow=False):
         return _publish(out, write)
 
 
