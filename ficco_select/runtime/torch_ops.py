@@ -32,8 +32,9 @@ Choices a caller should know:
   copy engines through symmetric-memory staging slots on CUDA (built once per group, at
   the first dma call, on every rank), shared-memory slots on CPU (tests).
 - Every rank must pass the same call: each call first all-gathers every rank's description
-  of it (shapes, dtype, dims, reduce op; one tiny collective on the host where the group
-  has a CPU backend), and a call the ranks disagree on raises ValueError on every rank,
+  of it (shapes, dtype, dims, reduce op; one tiny collective on the host: the group's CPU
+  backend, or a gloo group of its ranks made at its first call, so the host never waits for
+  the GPU; about 0.5 ms on this 2-core machine's gloo), and a call the ranks disagree on raises ValueError on every rank,
   naming the op, the rank and both shapes (PyTorch's fallbacks check nothing: gloo aborts
   one rank and hands another garbage rows). Per call, not per shape: a rank repeating a
   shape it has seen while another passes a new one is refused too. The MoE ops check in the
@@ -58,6 +59,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -110,7 +112,7 @@ def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A):
     group = resolve_group(group_name)
     P = dist.get_world_size(group)
     gather_dim = gather_dim % A_shard.ndim
-    _same_call_on_every_rank("all_gather_matmul", group, A_shard.device,
+    _same_call_on_every_rank("all_gather_matmul", group,
                              f"A_shard {_tensor(A_shard)} gathered along dim {gather_dim} "
                              f"@ Bs {', '.join(map(_tensor, Bs))}")
     if gather_dim == A_shard.ndim - 1 or not Bs:
@@ -157,7 +159,7 @@ def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     group = resolve_group(group_name)
     P = dist.get_world_size(group)
     scatter_dim = scatter_dim % A.ndim
-    _same_call_on_every_rank("matmul_reduce_scatter", group, A.device,
+    _same_call_on_every_rank("matmul_reduce_scatter", group,
                              f"A {_tensor(A)} @ B {_tensor(B)}, {reduce_op} scattered along dim {scatter_dim}")
     extent = B.shape[-1] if scatter_dim == A.ndim - 1 else A.shape[scatter_dim]
     if reduce_op not in ("sum", "avg") or extent % P:
@@ -207,7 +209,7 @@ def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, reduce_op: str = "sum", 
 def _matmul_all_reduce(A, B, reduce_op, group_name):
     group = resolve_group(group_name)
     P = dist.get_world_size(group)
-    _same_call_on_every_rank("matmul_all_reduce", group, A.device,
+    _same_call_on_every_rank("matmul_all_reduce", group,
                              f"A {_tensor(A)} @ B {_tensor(B)}, {reduce_op}")
     lead, A2 = A.shape[:-1], _rows(A)
     rows, n = A2.shape[0], B.shape[-1]
@@ -244,10 +246,10 @@ def _tensor(t: torch.Tensor) -> str:
     return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
 
 
-def _same_call_on_every_rank(op: str, group: dist.ProcessGroup, device: torch.device, call: str) -> None:
+def _same_call_on_every_rank(op: str, group: dist.ProcessGroup, call: str) -> None:
     """ValueError on every rank of `group` where a rank describes its call otherwise than
     rank 0 (the ranks' shapes must match for the collective to mean anything)."""
-    every = _gathered(group, device, call, CALL_BYTES)
+    every = _gathered(group, call, CALL_BYTES)
     if every[0, 0] and bool((every == every[0]).all()):  # the common case: one comparison, nothing decoded
         return
     calls = _texts(every)
@@ -257,17 +259,35 @@ def _same_call_on_every_rank(op: str, group: dist.ProcessGroup, device: torch.de
                      "shapes, dtype and dims")
 
 
-def _gathered(group: dist.ProcessGroup, device: torch.device, mine: str, size: int) -> torch.Tensor:
+def _gathered(group: dist.ProcessGroup, mine: str, size: int) -> torch.Tensor:
     """Every rank's `mine` as a (ranks, 1 + size) uint8 CPU tensor in group rank order, from
     one all-gather: a row is a flag (0: the text did not fit, so that every rank sees the
-    same and raises alike), then the text's bytes, zero-padded. On the host where the group
-    has a CPU backend: no CUDA stream waits for it."""
+    same and raises alike), then the text's bytes, zero-padded. On the host
+    (``_host_group``): no CUDA stream waits for it."""
     data = mine.encode()
     row = b"\1" + data.ljust(size, b"\0") if len(data) <= size else bytes(1 + size)
-    where = torch.device("cpu") if torch.device("cpu") in group._device_types else device
-    every = torch.empty(dist.get_world_size(group) * (1 + size), dtype=torch.uint8, device=where)
-    dist.all_gather_into_tensor(every, torch.frombuffer(bytearray(row), dtype=torch.uint8).to(where), group=group)
-    return every.view(-1, 1 + size).cpu()
+    host = _host_group(group)
+    every = torch.empty(dist.get_world_size(host) * (1 + size), dtype=torch.uint8)
+    dist.all_gather_into_tensor(every, torch.frombuffer(bytearray(row), dtype=torch.uint8), group=host)
+    return every.view(-1, 1 + size)
+
+
+_HOST_GROUPS: dict[str, dist.ProcessGroup] = {}
+_HOST_GROUPS_LOCK = threading.Lock()
+
+
+def _host_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
+    """Where the per-call check runs: `group` itself if it has a CPU backend, else a gloo
+    group of the same ranks, made once, at the group's first call (every rank of it makes
+    that call; ``use_local_synchronization``: no other rank takes part). A check on an
+    NCCL-only group's device would make the host wait for the GPU at every call."""
+    if torch.device("cpu") in group._device_types:
+        return group
+    with _HOST_GROUPS_LOCK:
+        if group.group_name not in _HOST_GROUPS:
+            _HOST_GROUPS[group.group_name] = dist.new_group(dist.get_process_group_ranks(group), backend="gloo",
+                                                            use_local_synchronization=True)
+        return _HOST_GROUPS[group.group_name]
 
 
 def _texts(every: torch.Tensor) -> list[str | None]:
@@ -435,7 +455,7 @@ def _routing(op: str, X: torch.Tensor, W: torch.Tensor, splits, group: dist.Proc
     P = dist.get_world_size(group)
     mine = {"call": f"X {_tensor(X)} @ W {_tensor(W)}", "same": [X.shape[-1], *W.shape, str(X.dtype), str(W.dtype)],
             "rows": X.shape[0], "recv": list(map(int, output_split_sizes)), "send": list(map(int, input_split_sizes))}
-    texts = _texts(_gathered(group, X.device, json.dumps(mine), CALL_BYTES + 48 * P))
+    texts = _texts(_gathered(group, json.dumps(mine), CALL_BYTES + 48 * P))
     if None in texts:
         raise ValueError(f"{op}: rank {texts.index(None)} passed a call too long to compare "
                          "(split lists of one entry per rank expected)")
