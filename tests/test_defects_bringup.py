@@ -283,3 +283,28 @@ def test_a_hand_edited_registered_json_is_refused_in_one_line_naming_the_field(f
     refused(["bring-up", "--out", out, *REHEARSE], str(path), needle)
     assert (out / "bring_up.json").read_bytes() == before
     assert len(model_versions(out)) == 1
+
+
+# -- folders not to resume -----------------------------------------------------------------
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """An in-process bring-up that went ahead would write MLflow runs in the working folder
+    and set the rehearsal's store in this process's environment: both kept to the test."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'unused.db'}")
+
+
+def test_a_folder_bring_up_did_not_write_is_refused_before_any_work(tmp_path, in_tmp):
+    out = tmp_path / "node"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    refused(["bring-up", "--out", out, *REHEARSE], str(out), "notes.txt", written=out / "profile")
+
+
+def test_a_step_to_redo_under_later_results_made_from_its_old_output_is_refused(tmp_path, in_tmp):
+    out = tmp_path / "node"
+    (out / "profile").mkdir(parents=True)
+    (out / "profile" / "profile.json").write_text('{"schema": "ficco-gpu-prof')  # cut short
+    (out / "spec.yaml").write_text("name: made-from-the-old-profile\n")
+    refused(["bring-up", "--out", out, *REHEARSE], "step profile", str(out / "spec.yaml"))
+    assert (out / "profile" / "profile.json").read_text() == '{"schema": "ficco-gpu-prof'
