@@ -245,7 +245,7 @@ def spec_overrides(profile: GpuProfile | Mapping[str, Any], base: HardwareSpec) 
         peak = dict(base.peak_tflops)
         for dtype in measured:
             published = base.peak_of(dtype)
-            peak[dtype] = round(published * raw[dtype] / efficiency, 3)
+            peak[dtype] = float(f"{published * raw[dtype] / efficiency:.4g}")  # digits, not decimals: a slow cpu's peak is < 0.001
         if peak != base.peak_tflops:
             out["peak_tflops"] = peak
 
