@@ -268,7 +268,7 @@ def _gathered(group: dist.ProcessGroup, mine: str, size: int) -> torch.Tensor:
     row = b"\1" + data.ljust(size, b"\0") if len(data) <= size else bytes(1 + size)
     host = _host_group(group)
     every = torch.empty(dist.get_world_size(host) * (1 + size), dtype=torch.uint8)
-    dist.all_gather_into_tensor(every, torch.frombuffer(bytearray(row), dtype=torch.uint8), group=host)
+    dist.all_gather_single(every, torch.frombuffer(bytearray(row), dtype=torch.uint8), group=host)
     return every.view(-1, 1 + size)
 
 
