@@ -207,10 +207,16 @@ def read_valid_dataset(path: str | Path) -> pd.DataFrame:
     """``read_dataset``, refusing a file in which ``validate`` finds a problem: the first one,
     naming the file, row and column."""
     df = read_dataset(path)
+    refuse_invalid(df, path)
+    return df
+
+
+def refuse_invalid(df: pd.DataFrame, path: str | Path) -> None:
+    """DatasetError naming `path` and the first problem ``validate`` finds in `df` (its row
+    and column), if any."""
     problems = validate(df, max_problems=1)
     if problems:
         raise DatasetError(f"{path}: {problems[0]}; `ficco dataset validate {path}` lists every problem")
-    return df
 
 
 def read_timing(path: str | Path) -> dict | None:

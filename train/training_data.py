@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from data.catalog import catalog
-from data.dataset import COLUMNS, DatasetError, attach_repeat, read_dataset, validate
+from data.dataset import COLUMNS, DatasetError, attach_repeat, read_dataset, refuse_invalid
 from data.machines import sampled_machines
 from data.simulate import simulate
 from ficco_select.hardware import load_hardware, preset_names
@@ -137,9 +137,7 @@ def read_training_dataset(path: str | Path) -> pd.DataFrame:
         require_every_candidate(df)
     except ValueError as e:
         raise DatasetError(f"{path}: {e}") from None
-    problems = validate(df, max_problems=1)
-    if problems:
-        raise DatasetError(f"{path}: {problems[0]}; `ficco dataset validate {path}` lists every problem")
+    refuse_invalid(df, path)
     return df
 
 
