@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 class OutputLocked(ValueError):
@@ -60,3 +61,13 @@ def _holder(path: Path) -> str:
         return f"{who['command']} (pid {who['pid']} on {who['host']}, since {who['since']})"
     except Exception:  # noqa: BLE001 - written a moment ago, or by hand: still held by someone
         return "another process"
+
+
+def write_json_atomic(path: str | Path, doc: Any) -> None:
+    """Write `doc` as JSON through ``<path>.tmp`` and a rename: a reader, or a rerun after a
+    kill, sees the old file or the new, never part of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    os.replace(tmp, path)

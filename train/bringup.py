@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from data.locks import output_lock
+from data.locks import output_lock, write_json_atomic
 
 STEPS = ("profile", "spec", "adapt", "register", "export", "benchmark")
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "e2e_tp.py"
@@ -104,7 +104,7 @@ def bring_up(out_dir: str | Path, *, base: str | None = None, budget: float = 0.
             for step in STEPS:
                 record = {"step": step, "status": "running", "since": time.strftime("%Y-%m-%d %H:%M:%S")}
                 summary["steps"].append(record)
-                _write_json(summary_path, summary)
+                write_json_atomic(summary_path, summary)
                 started = time.monotonic()
                 try:
                     result = _kept_or_run(step, context, previous.get(step))
@@ -114,14 +114,14 @@ def bring_up(out_dir: str | Path, *, base: str | None = None, budget: float = 0.
                     raise
                 record.clear()
                 record.update({"step": step, "seconds": round(time.monotonic() - started, 1), **result})
-                _write_json(summary_path, summary)
+                write_json_atomic(summary_path, summary)
                 if on_step is not None:
                     on_step(record)
                 if record["status"] == "failed":
                     break
             summary["ok"] = len(summary["steps"]) == len(STEPS) and all(s["status"] in ("done", "kept")
                                                                         for s in summary["steps"])
-            _write_json(summary_path, summary)
+            write_json_atomic(summary_path, summary)
             return summary
     except Exception as e:
         if not _disk_full(e):
@@ -267,7 +267,7 @@ def _found_in_registry(c: dict) -> dict | None:
     registered = {"version": str(version.version),
                   "promoted": tags["promoted"] == "True" if "promoted" in tags else ALIAS in version.aliases,
                   "run_id": run_id, "report": str(report) if report.exists() else None}
-    _write_json(c["out"] / "adapt" / REGISTERED, registered)
+    write_json_atomic(c["out"] / "adapt" / REGISTERED, registered)
     return registered
 
 
@@ -377,7 +377,7 @@ def _register(c: dict) -> dict:
         return {"status": "failed", "error": str(e)}
     finally:
         os.environ.pop("MLFLOW_RUN_ID", None)
-    _write_json(c["out"] / "adapt" / REGISTERED, registered)
+    write_json_atomic(c["out"] / "adapt" / REGISTERED, registered)
     return {"status": "done", **registered}
 
 
@@ -399,7 +399,7 @@ def _open_training_run(c: dict) -> str:
     experiment = mlflow.set_experiment(EXPERIMENT)
     run = client.create_run(experiment.experiment_id, run_name="train-bring-up",
                             tags={"ficco.bring_up": str(c["out"].resolve())})
-    _write_json(record, {"run_id": run.info.run_id})
+    write_json_atomic(record, {"run_id": run.info.run_id})
     return run.info.run_id
 
 
@@ -427,7 +427,7 @@ def _benchmark(c: dict) -> dict:
         return {"status": "failed", "error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else
                 f"exit {res.returncode}"}
     result = json.loads(res.stdout)
-    _write_json(path, result)
+    write_json_atomic(path, result)
     return {"status": "done", "output": str(path), **_benchmark_figures(result)}
 
 
@@ -438,16 +438,9 @@ _RUN = {"profile": _profile, "spec": _spec, "adapt": _adapt, "register": _regist
 
 
 # -- files and faults ----------------------------------------------------------------------
-def _write_json(path: Path, doc: Any) -> None:
-    """Write `doc` atomically: a reader, or a rerun after a kill, sees the old file or the new."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    os.replace(tmp, path)
-
-
 def _try_write_json(path: Path, doc: Any) -> None:
     try:
-        _write_json(path, doc)
+        write_json_atomic(path, doc)
     except OSError:  # a full disk: the summary keeps saying the step is running
         pass
 

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from data.locks import write_json_atomic
 from data.measure.fabric import Fabric, FabricError, inside, shaping
 from ficco_select.hardware import HardwareSpec, load_hardware, register_hardware, spec_as_dict, spec_from_dict
 from ficco_select.scenario import Scenario
@@ -137,7 +138,7 @@ def on_fabric(scenarios: Sequence[Scenario], fabric: Fabric, out: str | Path | N
         profile = profile_fabric(fabric)
         spec = fabric_spec(fabric, profile)
         if kept is not None:
-            _write_json_atomic(kept, {"fabric": fabric.rate, "made_by": " ".join(sys.argv), "profile": profile,
+            write_json_atomic(kept, {"fabric": fabric.rate, "made_by": " ".join(sys.argv), "profile": profile,
                                       "spec": spec_as_dict(spec)})
     register_hardware(spec, str(kept or "fabric profile"))
     return [dataclasses.replace(s, hardware=spec.name) for s in scenarios]
@@ -154,12 +155,3 @@ def _kept_spec(path: Path, fabric: Fabric) -> HardwareSpec:
         raise FabricError(f"{path}: profiles fabric {kept.get('fabric')!r}, this run measures {fabric.rate!r}; "
                           "one --out holds one fabric: choose another --out")
     return spec
-
-
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(obj, indent=1) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

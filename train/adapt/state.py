@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from data.dataset import read_dataset, write_parquet_atomic
+from data.locks import write_json_atomic as write_json
 from ficco_select.hardware import HardwareSpec, spec_from_dict
 
 log = logging.getLogger("train.adapt")
@@ -45,13 +46,6 @@ def read_json(path: Path):
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: cannot be read as JSON ({e}); a state file of this folder, damaged: "
                          "choose another --out") from None
-
-
-def write_json(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(path)
 
 
 def check_state(out: Path, options: dict) -> None:
