@@ -1,0 +1,214 @@
+"""Drop-in DTensor parallel styles whose linears run ficco's schedules.
+
+A torchtitan-style plan switches by class names only:
+
+    parallelize_module(block, tp_mesh, {
+        "attention_norm": SequenceParallel(),
+        "attention": FiccoPrepareModuleInput(input_layouts=(Shard(1), None),
+                                             desired_input_layouts=(Replicate(), None)),
+        "attention.wq": FiccoColwiseParallel(), ..., "attention.wo": FiccoRowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": FiccoPrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": FiccoColwiseParallel(), "feed_forward.w2": FiccoRowwiseParallel(output_layouts=Shard(1)),
+        "feed_forward.w3": FiccoColwiseParallel()})
+
+The styles partition the weights as PyTorch's do (the same DTensor parameters: state_dict,
+optimizers and checkpoints see no difference) and produce the same output layouts, so that
+the rest of the plan (``SequenceParallel`` norms, attention) runs unchanged. Only the
+linears' collectives change, in eager forward and backward:
+
+- ``FiccoColwiseParallel``: a sequence-sharded input (``Shard(d)``, d not the last dim) is
+  gathered while multiplying, ``torch_ops.all_gather_matmul`` (its backward: the mirror
+  matmul reduce-scatter), instead of PyTorch's all-gather then matmul.
+- ``FiccoRowwiseParallel``: the partial sums go to ``Shard(d)`` by
+  ``torch_ops.matmul_reduce_scatter`` or to ``Replicate()`` by ``torch_ops.matmul_all_reduce``,
+  instead of PyTorch's matmul then reduce-scatter or all-reduce.
+- ``FiccoPrepareModuleInput``: where PyTorch's would all-gather a module's sequence-sharded
+  input (``Shard(d)`` to ``Replicate()``), it leaves the input sharded, so that the module's
+  Ficco colwise linears gather it while multiplying; those that take that very input
+  (attention's wq, wk, wv; the feed-forward's w1, w3) share one ``all_gather_matmul`` with
+  all their weights, the one gather PyTorch's plan makes.
+
+Where ficco's ops have nothing to overlap or cannot run the layout (a replicated input, a
+sequence length the mesh does not divide, ``Partial`` or other output layouts, an
+``nn.Embedding``), the styles run PyTorch's own path. Biases are added after the collective
+as DTensor ops (PyTorch's placements: colwise ``Shard(0)``, rowwise ``Replicate()``).
+Only 1-D meshes (the tensor-parallel mesh), as PyTorch's styles.
+"""
+
+from __future__ import annotations
+
+import types
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+from torch.distributed.tensor.placement_types import Placement
+
+from ficco_select.runtime.torch_ops import all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
+
+__all__ = ["FiccoColwiseParallel", "FiccoRowwiseParallel", "FiccoPrepareModuleInput"]
+
+
+class FiccoColwiseParallel(ColwiseParallel):
+    """``ColwiseParallel`` (same arguments) whose ``nn.Linear`` gathers a sequence-sharded
+    input while multiplying (``all_gather_matmul``)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not isinstance(module, nn.Linear):  # an embedding has no collective to overlap
+            return super()._apply(module, device_mesh)
+        _one_dim(device_mesh, self)
+        module = distribute_module(module, device_mesh, self._partition_linear_fn,
+                                   partial(_annotate_input, self.input_layouts),
+                                   partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+        module.forward = types.MethodType(_colwise_forward, module)
+        module._ficco_colwise = device_mesh
+        return module
+
+
+class FiccoRowwiseParallel(RowwiseParallel):
+    """``RowwiseParallel`` (same arguments) whose ``nn.Linear`` reduces its partial sums
+    while multiplying: ``matmul_reduce_scatter`` to ``Shard(d)``, ``matmul_all_reduce`` to
+    ``Replicate()``."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not isinstance(module, nn.Linear):
+            return super()._apply(module, device_mesh)
+        _one_dim(device_mesh, self)
+        self.desired_input_layouts = (Shard(-1),)  # as PyTorch's rowwise linear
+        module = distribute_module(module, device_mesh, self._partition_linear_fn,
+                                   partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+                                   partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+        module.forward = types.MethodType(partial(_rowwise_forward, output_layout=self.output_layouts[0]), module)
+        return module
+
+
+class FiccoPrepareModuleInput(PrepareModuleInput):
+    """``PrepareModuleInput`` (same arguments) that leaves a sequence-sharded input sharded
+    where PyTorch's would all-gather it (``Shard(d)`` to ``Replicate()``): the module's
+    Ficco colwise linears gather it while multiplying, all those that take it in one call.
+
+    The input stays a DTensor of the same global shape, so DTensor code in the module sees
+    the same values (only ``to_local()`` sees a shard). With ``use_local_output`` the
+    module wants local tensors: PyTorch's gather then."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        module = super()._apply(module, device_mesh)
+        module.register_forward_pre_hook(_share_gathers)  # after the preparing hook: it sees DTensors
+        module.register_forward_hook(_drop_shared_gathers, always_call=True)
+        return module
+
+    def _prepare_input_arg(self, input, mesh: DeviceMesh, input_layout: Placement | None,
+                           desired_layout: Placement | None):
+        if (not self.use_local_output and isinstance(input_layout, Shard) and isinstance(desired_layout, Replicate)
+                and isinstance(input, torch.Tensor)):
+            dt = input if isinstance(input, DTensor) else DTensor.from_local(input, mesh, (input_layout,),
+                                                                             run_check=False)
+            if _gather_dim(dt) is not None:
+                return dt  # gathered by the colwise linears that multiply it
+        return super()._prepare_input_arg(input, mesh, input_layout, desired_layout)
+
+
+# -- the forwards --------------------------------------------------------------------------
+def _colwise_forward(linear: nn.Linear, x: DTensor) -> DTensor:
+    """x @ W^T (+ b), sharded on the last dim, as PyTorch's colwise linear returns it."""
+    if _gather_dim(x) is None:  # nothing to gather: PyTorch's path
+        if x.placements != (Replicate(),):
+            x = x.redistribute(placements=(Replicate(),))
+        return F.linear(x, linear.weight, linear.bias)
+    shared = next((s for s in getattr(linear, "_ficco_shared", ()) if s.x is x), None)
+    y = shared.output(linear) if shared is not None else None
+    return y if y is not None else _gather_matmul(x, [linear])[0]
+
+
+def _gather_matmul(x: DTensor, linears: list[nn.Linear]) -> list[DTensor]:
+    """Every linear's output for the sequence-sharded x, from one ``all_gather_matmul``."""
+    mesh = x.device_mesh
+    _, ys = all_gather_matmul(x.to_local(), [linear.weight.to_local().t() for linear in linears], _gather_dim(x),
+                              mesh.get_group(), return_A=False)
+    outs = [DTensor.from_local(y, mesh, (Shard(y.ndim - 1),), run_check=False) for y in ys]
+    return [out if linear.bias is None else out + linear.bias for out, linear in zip(outs, linears)]
+
+
+def _rowwise_forward(linear: nn.Linear, x: DTensor, *, output_layout: Placement) -> DTensor:
+    """x @ W^T (+ b), reduced to `output_layout`, as PyTorch's rowwise linear returns it."""
+    mesh, local, W = x.device_mesh, x.to_local(), linear.weight.to_local().t()
+    if isinstance(output_layout, Replicate):
+        y = matmul_all_reduce(local, W, "sum", mesh.get_group())
+    elif isinstance(output_layout, Shard) and _scatterable(output_layout.dim, x, mesh):
+        output_layout = Shard(output_layout.dim % x.ndim)
+        y = matmul_reduce_scatter(local, W, "sum", output_layout.dim, mesh.get_group())
+    else:  # Partial, a scatter of the features or of an extent the mesh does not divide: PyTorch's path
+        return F.linear(x, linear.weight, linear.bias)
+    out = DTensor.from_local(y, mesh, (output_layout,), run_check=False)
+    return out if linear.bias is None else out + linear.bias
+
+
+# -- one gather for the linears that take the same input -----------------------------------
+class _SharedGather:
+    """A module's sequence-sharded input and the Ficco colwise linears that may multiply it:
+    the first of them to do so runs one ``all_gather_matmul`` with every one's weight; the
+    others take their output. A linear that multiplies another input runs its own (the
+    share's output for it is then computed for nothing: correct, not free)."""
+
+    def __init__(self, x: DTensor, linears: list[nn.Linear]) -> None:
+        self.x, self.linears, self.outputs = x, linears, None
+
+    def output(self, linear: nn.Linear) -> DTensor | None:
+        if self.outputs is None:
+            self.outputs = dict(zip(self.linears, _gather_matmul(self.x, self.linears)))
+        return self.outputs.pop(linear, None)  # None: a second call on the same input runs its own
+
+
+def _share_gathers(module: nn.Module, inputs: tuple) -> None:
+    """Before `module` runs: one share per sequence-sharded input, with the Ficco colwise
+    children that could multiply it (its features, dtype and mesh)."""
+    children = [c for c in module.children() if getattr(c, "_ficco_colwise", None) is not None]
+    for x in inputs:
+        if not isinstance(x, DTensor) or _gather_dim(x) is None:
+            continue
+        takers = [c for c in children if c._ficco_colwise == x.device_mesh and c.weight.shape[1] == x.shape[-1]
+                  and c.weight.dtype == x.dtype]
+        if len(takers) > 1:
+            share = _SharedGather(x, takers)
+            for c in takers:
+                c._ficco_shared = (*getattr(c, "_ficco_shared", ()), share)
+
+
+def _drop_shared_gathers(module: nn.Module, inputs: tuple, output) -> None:
+    """After `module` ran (or raised): its children hold no share (nor its outputs) any longer."""
+    for c in module.children():
+        c.__dict__.pop("_ficco_shared", None)
+
+
+# -- layouts ficco's ops run ---------------------------------------------------------------
+def _annotate_input(input_layouts: tuple[Placement], module: nn.Module, inputs: tuple, device_mesh: DeviceMesh):
+    """The colwise linear's input as a DTensor (a local tensor has `input_layouts`), left
+    sharded: ``_colwise_forward`` gathers it while multiplying, or as PyTorch would."""
+    x = inputs[0]
+    return x if isinstance(x, DTensor) else DTensor.from_local(x, device_mesh, input_layouts, run_check=False)
+
+
+def _gather_dim(x: DTensor) -> int | None:
+    """The dim `x` is sharded along where ``all_gather_matmul`` can gather it (not the
+    features, evenly over the mesh), else None."""
+    (placement,) = x.placements
+    if not isinstance(placement, Shard):
+        return None
+    dim = placement.dim % x.ndim
+    return dim if dim != x.ndim - 1 and x.shape[dim] % x.device_mesh.size() == 0 else None
+
+
+def _scatterable(dim: int, x: DTensor, mesh: DeviceMesh) -> bool:
+    """Whether ``matmul_reduce_scatter`` scatters the output's `dim` evenly (not the features)."""
+    dim %= x.ndim
+    return dim != x.ndim - 1 and x.shape[dim] % mesh.size() == 0
+
+
+def _one_dim(device_mesh: DeviceMesh, style) -> None:
+    if device_mesh.ndim != 1:
+        raise ValueError(f"{type(style).__name__}: a 1-D (tensor-parallel) mesh, not {device_mesh.ndim}-D")
