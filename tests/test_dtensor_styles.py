@@ -97,72 +97,137 @@ def test_the_ficco_plan_differs_from_pytorchs_in_class_names_only():
         assert type(ours).__name__ in (type(theirs).__name__, "Ficco" + type(theirs).__name__), name
 
 
+class MLP(nn.Module):
+    """Two linears with biases: the layouts the block does not use (replicated, biased)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(DIM, HIDDEN), nn.Linear(HIDDEN, DIM)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
 # -- one step of each, compared --------------------------------------------------------------
 def step(block: nn.Module, x_local: torch.Tensor, dy_local: torch.Tensor):
-    """(output, the input's gradient, every parameter's full gradient) of one forward + backward."""
+    """(output, the input's gradient, every parameter's gradient) of one forward + backward."""
     x = x_local.clone().requires_grad_()
     y = block(x)
     y.backward(dy_local)
-    grads = {name: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad)
-             for name, p in block.named_parameters()}
-    return y.detach(), x.grad, grads
+    return y.detach(), x.grad, {name: p.grad for name, p in block.named_parameters()}
 
 
-def check_block(rank: int, P: int, tmp: Path, plans) -> None:
+def full(t):
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def check_plans(rank: int, P: int, make_model, plan, sharded_in: bool, sharded_out: bool, expected: set) -> None:
+    """`plan(colwise, rowwise, prepare_input)` in PyTorch's styles and in ficco's, from the
+    same weights and inputs (sequence-sharded or replicated, in and out): the same outputs,
+    gradients and placements, equal to the unsharded model's; ficco's ops ran for the call
+    shapes `expected` (their keys without dtype and device)."""
     mesh = init_device_mesh("cpu", (P,))
     torch.manual_seed(0)  # the same full weights and inputs on every rank
-    reference = Block()
+    reference = make_model()
     gen = torch.Generator().manual_seed(1)
     x, dy = rand(gen, BATCH, SEQ, DIM), rand(gen, BATCH, SEQ, DIM)
-    x_local, dy_local = x.chunk(P, dim=1)[rank], dy.chunk(P, dim=1)[rank]
+    mine = lambda t, sharded: t.chunk(P, dim=1)[rank] if sharded else t  # noqa: E731
     failures = []
 
-    results = {}
-    for label, styles in plans.items():
-        block = parallelize_module(copy.deepcopy(reference), mesh, llama_plan(*styles))
-        results[label] = step(block, x_local, dy_local)
-    want_y, want_dx, want_grads = results["torch"]
-    got_y, got_dx, got_grads = results["ficco"]
+    models, results = {}, {}
+    for label, styles in {"torch": TORCH_PLAN, "ficco": FICCO_PLAN}.items():
+        models[label] = parallelize_module(copy.deepcopy(reference), mesh, plan(*styles))
+        results[label] = step(models[label], mine(x, sharded_in), mine(dy, sharded_out))
+    (want_y, want_dx, want_grads), (got_y, got_dx, got_grads) = results["torch"], results["ficco"]
     check_close(got_y, want_y, torch.float32, "output", failures)
     check_close(got_dx, want_dx, torch.float32, "input's gradient", failures)
-    assert got_grads.keys() == want_grads.keys()
-    for name in want_grads:
-        check_close(got_grads[name], want_grads[name], torch.float32, f"{name}'s gradient", failures)
+    for (name, theirs), ours in zip(models["torch"].named_parameters(), models["ficco"].parameters()):
+        # The same DTensor parameters (state_dict, optimizers), with gradients of the same placements.
+        if (type(ours), ours.placements, ours.shape) != (type(theirs), theirs.placements, theirs.shape):
+            failures.append(f"{name}: {ours.placements} {ours.shape}, PyTorch's {theirs.placements} {theirs.shape}")
+        got, want = got_grads[name], want_grads[name]
+        if got is None or getattr(got, "placements", None) != getattr(want, "placements", None):
+            failures.append(f"{name}'s gradient: {got if got is None else got.placements}, PyTorch's "
+                            f"{want.placements}")
+            continue
+        check_close(full(got), full(want), torch.float32, f"{name}'s gradient", failures)
 
-    # Both equal the unsharded block's (this rank's rows of it).
+    # Both equal the unsharded model's (this rank's rows of it).
     full_x = x.clone().requires_grad_()
     full_y = reference(full_x)
     full_y.backward(dy)
-    check_close(got_y, full_y.detach().chunk(P, dim=1)[rank], torch.float32, "output vs unsharded", failures)
-    check_close(got_dx, full_x.grad.chunk(P, dim=1)[rank], torch.float32, "input's gradient vs unsharded", failures)
+    check_close(got_y, mine(full_y.detach(), sharded_out), torch.float32, "output vs unsharded", failures)
+    check_close(got_dx, mine(full_x.grad, sharded_in), torch.float32, "input's gradient vs unsharded", failures)
     for name, p in reference.named_parameters():
-        check_close(got_grads[name], p.grad, torch.float32, f"{name}'s gradient vs unsharded", failures)
+        check_close(full(got_grads[name]), p.grad, torch.float32, f"{name}'s gradient vs unsharded", failures)
 
-    # Ficco's ops ran, for the calls' shapes: rows = this rank's tokens, features as sharded.
-    rows = BATCH * SEQ // P
-    calls = {key for key, _ in dispatch.decisions()}
-    expected = {
-        ("ag", (rows, DIM), 3 * DIM // P),  # wq, wk, wv: one gather, three weights
-        ("ag", (rows, DIM), 2 * HIDDEN // P),  # w1, w3
-        ("rs", (P * rows, DIM // P), DIM, False),  # wo
-        ("rs", (P * rows, HIDDEN // P), DIM, False),  # w2
-        # backward: the mirrors
-        ("rs", (P * rows, 3 * DIM // P), DIM, False),
-        ("rs", (P * rows, 2 * HIDDEN // P), DIM, False),
-        ("ag", (rows, DIM), DIM // P),  # wo's input gradient (dy @ W)
-        ("ag", (rows, DIM), HIDDEN // P),  # w2's
-    }
-    ran = {key[:-2] for key in calls}  # without dtype and device
-    missing = expected - ran
-    if missing:
-        failures.append(f"ficco's ops did not run for {sorted(missing)}; ran {sorted(ran)}")
+    ran = {key[:-2] for key, _ in dispatch.decisions()}  # without dtype and device
+    if expected - ran:
+        failures.append(f"ficco's ops did not run for {sorted(expected - ran)}; ran {sorted(ran)}")
     assert not failures, f"rank {rank}:\n" + "\n".join(failures)
 
 
+ROWS = BATCH * SEQ // 2  # a rank's tokens, sequence-sharded over 2 ranks
+
+
 def check_llama_block(rank: int, P: int, tmp: Path) -> None:
-    check_block(rank, P, tmp, {"torch": TORCH_PLAN, "ficco": FICCO_PLAN})
+    check_plans(rank, P, Block, llama_plan, sharded_in=True, sharded_out=True, expected={
+        ("ag", (ROWS, DIM), 3 * DIM // P),  # wq, wk, wv: one gather, three weights
+        ("ag", (ROWS, DIM), 2 * HIDDEN // P),  # w1, w3
+        ("rs", (P * ROWS, DIM // P), DIM, False),  # wo
+        ("rs", (P * ROWS, HIDDEN // P), DIM, False),  # w2
+        # backward: the mirrors
+        ("rs", (P * ROWS, 3 * DIM // P), DIM, False),  # wq, wk, wv's input gradient
+        ("rs", (P * ROWS, 2 * HIDDEN // P), DIM, False),  # w1, w3's
+        ("ag", (ROWS, DIM), DIM // P),  # wo's (all-gather dy, @ W)
+        ("ag", (ROWS, DIM), HIDDEN // P),  # w2's
+    })
 
 
 @pytest.mark.gloo
 def test_llama_block_equals_pytorchs_styles_and_runs_ficcos_ops(tmp_path):
     spawn(check_llama_block, 2, tmp_path)
+
+
+def plan_without_prepare(colwise, rowwise, prepare_input) -> dict:
+    """The block's plan with the colwise linears taking the norms' sequence-sharded output
+    themselves (``input_layouts=Shard(1)``)."""
+    return {
+        "attention_norm": SequenceParallel(),
+        **{f"attention.{w}": colwise(input_layouts=Shard(1)) for w in ("wq", "wk", "wv")},
+        "attention.wo": rowwise(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward.w1": colwise(input_layouts=Shard(1)),
+        "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+        "feed_forward.w3": colwise(input_layouts=Shard(1)),
+    }
+
+
+def sequence_parallel_mlp(colwise, rowwise, prepare_input) -> dict:
+    """Sequence-sharded in and out; the activation between the linears a DTensor."""
+    return {"up": colwise(input_layouts=Shard(1), use_local_output=False), "down": rowwise(output_layouts=Shard(1))}
+
+
+def replicated_mlp(colwise, rowwise, prepare_input) -> dict:
+    """Inference engines' tensor parallelism: replicated in, all-reduced out."""
+    return {"up": colwise(), "down": rowwise()}
+
+
+def check_other_layouts(rank: int, P: int, tmp: Path) -> None:
+    check_plans(rank, P, Block, plan_without_prepare, sharded_in=True, sharded_out=True, expected={
+        ("ag", (ROWS, DIM), DIM // P),  # each of wq, wk, wv gathers (no FiccoPrepareModuleInput to share)
+        ("ag", (ROWS, DIM), HIDDEN // P),
+        ("rs", (P * ROWS, DIM // P), DIM, False),
+        ("rs", (P * ROWS, HIDDEN // P), DIM, False),
+    })
+    check_plans(rank, P, MLP, sequence_parallel_mlp, sharded_in=True, sharded_out=True, expected={
+        ("ag", (ROWS, DIM), HIDDEN // P), ("rs", (P * ROWS, HIDDEN // P), DIM, False),
+    })
+    check_plans(rank, P, MLP, replicated_mlp, sharded_in=False, sharded_out=False, expected={
+        ("ar", (P * ROWS, HIDDEN // P), DIM),  # down: matmul_all_reduce (up has no collective to overlap)
+    })
+
+
+@pytest.mark.gloo
+def test_other_layouts_and_biases_equal_pytorchs_styles(tmp_path):
+    spawn(check_other_layouts, 2, tmp_path)

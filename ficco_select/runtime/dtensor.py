@@ -145,7 +145,22 @@ def _rowwise_forward(linear: nn.Linear, x: DTensor, *, output_layout: Placement)
     else:  # Partial, a scatter of the features or of an extent the mesh does not divide: PyTorch's path
         return F.linear(x, linear.weight, linear.bias)
     out = DTensor.from_local(y, mesh, (output_layout,), run_check=False)
-    return out if linear.bias is None else out + linear.bias
+    return out if linear.bias is None else out + _ReducedGrad.apply(linear.bias)
+
+
+class _ReducedGrad(torch.autograd.Function):
+    """Identity on a DTensor, whose gradient is redistributed to the DTensor's placements:
+    a replicated bias added to sequence-sharded rows gets the sum over every rank's rows
+    (``Replicate``, as PyTorch's rowwise linear gives it), not this rank's (``Partial``)."""
+
+    @staticmethod
+    def forward(ctx, t: DTensor) -> DTensor:
+        ctx.placements = t.placements
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad: DTensor) -> DTensor:
+        return grad if grad.placements == ctx.placements else grad.redistribute(placements=ctx.placements)
 
 
 # -- one gather for the linears that take the same input -----------------------------------
