@@ -42,7 +42,7 @@ from order statistics), the best fixed rule, and the oracle's and the retrained
 selector's schedule per shape.
 
     python benchmarks/e2e_tp.py [--configs 2:4096:256,...] [--reps 20] [--steps 2]
-                                [--explore-steps 36] [--retrain] [--model DIR] [--workdir DIR]
+                                [--explore-steps 36] [--retrain] [--model DIR] [--workdir DIR] [--fabric RATE]
                                 [--json] [--plot docs/e2e_tp.png]
 """
 
@@ -205,6 +205,11 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
     from ficco_select.runtime.tp import TP_LAYERS, install, parallelize
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // P))
+    if config["spec"]:  # a shaped fabric's machine, as its profile describes it (main)
+        from ficco_select.hardware import register_hardware, spec_from_dict
+
+        register_hardware(spec_from_dict(config["spec"], "the fabric's profile"), "the fabric's profile")
+    hardware = config["spec"]["name"] if config["spec"] else "cpu"
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=P)
     group = dist.group.WORLD
     torch.manual_seed(0)
@@ -227,7 +232,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
 
     champion = Selector.load(config["model"]) if config["model"] else Selector.load()
     if config["phase"] == "explore":  # every shape through its candidates, timed, with telemetry on
-        torch_ops.configure(selector=champion, hardware="cpu", schedule="", explore_every=1,
+        torch_ops.configure(selector=champion, hardware=hardware, schedule="", explore_every=1,
                             telemetry=config["telemetry"])
         install(model)
         for _ in range(config["explore_steps"]):
@@ -252,7 +257,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
                 _compute_only(layer, P, rank)
         elif way != "pytorch":
             selected = way in selectors
-            torch_ops.configure(selector=selectors[way] if selected else champion, hardware="cpu",
+            torch_ops.configure(selector=selectors[way] if selected else champion, hardware=hardware,
                                 schedule="" if selected else way)
             handle = install(model)  # the tables of every layer, before any step
 
@@ -306,7 +311,10 @@ def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float, f
 
 def summarize(P: int, config: dict, times: dict) -> dict:
     base = times["pytorch"]
-    out = {"world_size": P, "seq": config["seq"], "hidden": config["hidden"], "reps": len(base), "ways": {}}
+    out = {"world_size": P, "seq": config["seq"], "hidden": config["hidden"], "reps": len(base),
+           "hardware": config["spec"]["name"] if config["spec"] else "cpu", "ways": {}}
+    if config["spec"]:
+        out["link_bw_gbps"] = round(config["spec"]["link_bw_gbps"], 4)
     for way, ts in times.items():
         mid, lo, hi = median_ci([b / t for b, t in zip(base, ts)])  # speedup over the same repeat's unhooked step
         out["ways"][way] = {"step_ms": round(1e3 * statistics.median(ts), 2), "speedup": round(mid, 3),
@@ -347,9 +355,14 @@ def main() -> None:
                          "the retrained selector beside the rest (minutes of training).")
     ap.add_argument("--model", default=None, help="An exported selector folder (default: the exported champion).")
     ap.add_argument("--workdir", default=None, help="Keep the telemetry, MLflow store and retrained export here.")
+    ap.add_argument("--fabric", default=None, metavar="RATE",
+                    help="Run every rank on a shaped fabric of this host (tc's rate, e.g. 1gbit; `ficco measure "
+                         "--fabric`): the script re-runs itself inside one, profiles it, and the selector decides "
+                         "for its machine, cpu-RATE.")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default=None, help="Write a bar chart of the speedups here (PNG).")
     args = ap.parse_args()
+    spec = _fabric_spec(args.fabric) if args.fabric else None
     if args.explore_steps < 1:
         ap.error("--explore-steps must be at least 1 (the per-layer oracle comes from the exploration)")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -360,7 +373,8 @@ def main() -> None:
         if hidden % HEAD_DIM or heads % P or seq % P:
             ap.error(f"--configs {item}: hidden must be a multiple of {HEAD_DIM} with hidden/{HEAD_DIM} heads "
                      "divisible by P, and seq divisible by P")
-        configs.append((P, {"seq": seq, "hidden": hidden, "heads": heads, "batch": args.batch, "model": args.model}))
+        configs.append((P, {"seq": seq, "hidden": hidden, "heads": heads, "batch": args.batch, "model": args.model,
+                            "spec": spec}))
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or tmp
         os.makedirs(workdir, exist_ok=True)
@@ -390,6 +404,22 @@ def main() -> None:
         _plot(rows, args.plot)
 
 
+def _fabric_spec(rate: str) -> dict:
+    """Outside the fabric: become this same command inside it (never returns). Inside: the
+    fabric's spec from a quick profile (``data.measure.fabric_profile``), as a dict for the ranks."""
+    from data.measure.fabric import exec_inside, inside, parse_fabric
+    from data.measure.fabric_profile import fabric_spec, profile_fabric
+    from ficco_select.hardware import spec_as_dict
+
+    from ficco_select.hardware import register_hardware
+
+    fabric = parse_fabric(rate)
+    if inside() != fabric:
+        exec_inside(fabric, [sys.executable, *sys.argv])
+    spec = register_hardware(fabric_spec(fabric, profile_fabric(fabric)), "the fabric's profile")
+    return spec_as_dict(spec)
+
+
 def _decisions(folder: str, shapes: dict) -> dict:
     """The retrained selector's decision (schedule and source) for each explored shape."""
     from ficco_select.runtime.selector import Selector
@@ -399,7 +429,7 @@ def _decisions(folder: str, shapes: dict) -> dict:
 
 
 def _print_row(r: dict) -> None:
-    print(f"P={r['world_size']} seq={r['seq']} hidden={r['hidden']} (comm/compute {r['comm_per_compute']:.2f}): "
+    print(f"{r['hardware']} P={r['world_size']} seq={r['seq']} hidden={r['hidden']} (comm/compute {r['comm_per_compute']:.2f}): "
           + ", ".join(f"{w} {v['step_ms']:.0f} ms x{v['speedup']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
                       for w, v in r["ways"].items()) + f"; best fixed {r['best_fixed']}", flush=True)
 

@@ -166,9 +166,11 @@ def attach_repeat(df: pd.DataFrame, repeat: pd.DataFrame) -> pd.DataFrame:
                      near_best_repeat=by_row["near_best"].reindex(key).eq(True).to_numpy())
 
 
-def read_dataset(path: str | Path) -> pd.DataFrame:
+def read_dataset(path: str | Path, *, register: bool = True) -> pd.DataFrame:
     """Read a dataset, refusing files of another schema version; registers the machines it
-    carries specs for (``ficco_select.hardware``)."""
+    carries specs for (``ficco_select.hardware``), unless `register` is False (a second
+    sweep read for its times only: its own profile of a machine must not replace the
+    first sweep's, whose labels the spec describes)."""
     path = Path(path)
     if not path.exists():
         raise DatasetError(f"{path}: no such dataset file")
@@ -194,7 +196,9 @@ def read_dataset(path: str | Path) -> pd.DataFrame:
         if not isinstance(specs, dict):
             raise HardwareError("not a mapping of machine names to specs")
         for name, fields in specs.items():
-            register_hardware(spec_from_dict(fields, f"hardware spec {name!r}"), f"{path}: hardware spec {name!r}")
+            spec = spec_from_dict(fields, f"hardware spec {name!r}")  # checked either way
+            if register:
+                register_hardware(spec, f"{path}: hardware spec {name!r}")
     except (ValueError, HardwareError) as e:
         raise DatasetError(f"{path}: its hardware specs (metadata {HARDWARE_KEY.decode()}) are unusable: {e}") from None
     try:

@@ -66,7 +66,7 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeou
     path = scenarios_path or packaged(DEFAULT_SCENARIOS)
     refuse_input_as_out(out, {"--scenarios": [path]})
     given = {"reps": reps, "min_rep_s": min_rep_s}  # None: MeasureConfig's default
-    on = _fabric(fabric, backend) if fabric is not None else None  # re-executes inside it, once
+    on = enter_fabric(fabric, backend) if fabric is not None else None  # re-executes inside it, once
     with reported(ScenarioError, ValueError, MeasureError, message=naming_rows_of(path)):
         config = MeasureConfig(warmup=warmup, timeout_s=timeout_s, **{k: v for k, v in given.items() if v is not None})
         df = measure_table(path, backend=backend, ranks=ranks, config=config, out=out, progress=not no_progress,
@@ -80,7 +80,7 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeou
          exit_code=1 if sweep.get("failed") else 0)
 
 
-def _fabric(rate: str, backend: str):
+def enter_fabric(rate: str, backend: str):
     """The fabric this process measures on: outside it, refuse what cannot run there, then
     become this same command inside a namespace shaped to it (``data.measure.fabric``)."""
     from data.measure.fabric import FabricError, exec_inside, inside, parse_fabric
@@ -95,7 +95,7 @@ def _fabric(rate: str, backend: str):
                               "(not --backend cuda, nor a torchrun job)")
         if "--fabric" not in " ".join(sys.argv):
             raise FabricError(f"--fabric {rate}: re-running this command inside the fabric needs its command "
-                              "line (run `ficco measure ... --fabric RATE`)")
+                              "line (run `ficco measure|adapt ... --fabric RATE`)")
         exec_inside(fabric, [sys.executable, "-m", "ficco_cli.main", *sys.argv[1:]])
 
 

@@ -193,6 +193,9 @@ def report(folder) -> None:
                    "--backend cuda`; --hardware names the GPU's spec).")
 @click.option("--ranks", type=click.Choice(["loopback", "node"]), default="loopback", show_default=True,
               help="With --backend cuda: every scenario's ranks virtual on one GPU, or a process per GPU.")
+@click.option("--fabric", default=None, metavar="RATE",
+              help="With --backend cpu --hardware cpu: adapt to a shaped fabric of this host (tc's rate, e.g. "
+                   "500mbit; `ficco measure --fabric`): every round measured inside it, starting from its profile.")
 @click.option("--start", default=None, help="The spec to start from (a preset or a file; default: --hardware's).")
 @click.option("--budget", type=float, default=0.1, show_default=True, help="Fraction of the machine's grid to measure.")
 @click.option("--rounds", type=int, default=4, show_default=True, help="Rounds the budget is spent in.")
@@ -212,11 +215,15 @@ def report(folder) -> None:
               help="With --register: where a new champion is exported (default: where Selector.load() looks, "
                    "$FICCO_SELECTOR or ~/.cache/ficco-select/selector).")
 @json_option("Print the summary as JSON.")
-def adapt_cmd(hardware, backend, ranks, start, budget, rounds, strategy, perturb, seed, out_dir, no_track, register,
+def adapt_cmd(hardware, backend, ranks, fabric, start, budget, rounds, strategy, perturb, seed, out_dir, no_track, register,
               export_to, as_json) -> None:
     """Adapt the selector to a new machine in a few measurements, round by round."""
+    from ficco_cli.data_cmds import enter_fabric
     from ficco_select.runtime.selector import DEFAULT_PATH
     from train.adapt import run_adapt
+
+    if fabric is not None:
+        enter_fabric(fabric, backend)  # re-executes this command inside it, once
 
     def line(r) -> None:
         if not as_json:
@@ -230,7 +237,7 @@ def adapt_cmd(hardware, backend, ranks, start, budget, rounds, strategy, perturb
         summary = run_adapt(hardware=hardware, backend=backend, start=start, budget=budget, rounds=rounds,
                             strategy=strategy, perturb=perturb, seed=seed, out_dir=out_dir, track=not no_track,
                             register=register, export_to=(export_to or DEFAULT_PATH) if register else None,
-                            on_round=line, ranks=ranks)
+                            on_round=line, ranks=ranks, fabric=fabric)
     run = f"; MLflow run {summary['mlflow_run_id']}" if "mlflow_run_id" in summary else ""
     show(as_json, summary, lambda: [f"adapted spec: {summary['spec']}; state and summary in {summary['out_dir']}{run}",
                                     *_registered_lines(summary.get("registered"))])

@@ -124,3 +124,25 @@ def test_measure_on_a_fabric_names_the_machine_keeps_its_profile_and_resumes_on_
     assert other.returncode != 0 and "one --out holds one fabric" in other.stderr
     assert read_dataset(out).equals(df)
     assert _tc_lo() == host_before
+
+
+@pytest.mark.parametrize("args, needle", [(["--backend", "sim", "--hardware", "cpu", "--fabric", "1gbit"],
+                                           "cpu backend"),
+                                          (["--backend", "cpu", "--hardware", "cpu", "--fabric", "fast"],
+                                           "expected a rate"),
+                                          (["--backend", "cpu", "--hardware", "cpu", "--fabric", "1gbit"],
+                                           "needs its command line")])
+def test_adapt_refuses_a_fabric_it_cannot_adapt_to_before_any_work(tmp_path, args, needle):
+    from test_bad_inputs import refused
+
+    out = tmp_path / "adapt"
+    refused(["adapt", *args, "--out", out, "--no-track"], needle, written=out)
+
+
+def test_adapt_to_a_fabric_runs_inside_it_only_and_on_the_cpu_backend():
+    from train.adapt.machines import load_target
+
+    with pytest.raises(ValueError, match="not inside that fabric's network namespace"):
+        load_target("cpu", "cpu", None, "1gbit")
+    with pytest.raises(ValueError, match="--backend cpu --hardware cpu"):
+        load_target("h100-nvswitch", "cpu", None, "1gbit")

@@ -29,6 +29,7 @@ from ficco_select import __version__
 from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from train.config import TrainConfig
 from train.evaluate import abstention_table, choices_table, evaluate, tables
+from train.measured_holdout import holdout_tables, holdout_text
 from train.metrics import format_table
 from train.report import write_report
 from train.selectors import BaseSelector, XGBRanker, XGBTimeRegressor, clone, with_features
@@ -102,6 +103,8 @@ class Scores:
     """The tables as ``comparison.txt`` holds them."""
     abstentions: pd.DataFrame
     """``train.evaluate.abstention_table``: where the shipped policy's model did not decide."""
+    holdout: dict[str, pd.DataFrame]
+    """``train.measured_holdout.holdout_tables``: each measured machine held out, on its second sweep."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -149,8 +152,12 @@ def _evaluate(df: pd.DataFrame, config: TrainConfig) -> Scores:
     if not abstentions.empty:  # where the shipped policy's model stepped aside, and what that scored
         text += "\n\n== abstention (shipped: why the model did not decide, what ran) ==\n" + \
             abstentions.set_index(["split", "setting", "reason", "ran"]).to_string(float_format=lambda x: f"{x:.3f}")
+    holdout = holdout_tables(df, results)
+    if holdout:
+        text += "\n\n" + holdout_text(holdout)
     grouped = [s for s in GROUPED_SPLITS if s in by_split] or list(by_split)
-    return Scores(results=results, by_split=by_split, grouped=grouped, text=text, abstentions=abstentions)
+    return Scores(results=results, by_split=by_split, grouped=grouped, text=text, abstentions=abstentions,
+                  holdout=holdout)
 
 
 def _record_scores(df: pd.DataFrame, scores: Scores, out_dir: Path) -> None:
@@ -173,6 +180,8 @@ def _record_scores(df: pd.DataFrame, scores: Scores, out_dir: Path) -> None:
     choices_table(df, results).to_parquet(out_dir / "choices.parquet", index=False)
     for split, table in by_split.items():
         table.to_csv(out_dir / f"comparison_{split}.csv")
+    if scores.holdout:
+        pd.concat(scores.holdout, names=["machine"]).to_csv(out_dir / "measured_holdout.csv")
 
 
 def _register(data: TrainingData, scores: Scores, config: TrainConfig, run_id: str) -> Registered:
@@ -218,7 +227,8 @@ def _report(out_dir: Path, run_id: str, data: TrainingData, scores: Scores, regi
     mlflow.log_artifacts(str(out_dir), artifact_path="evaluation")
     return {"run_id": run_id, "chosen": chosen, "version": version, "promoted": promoted,
             "report": str(report),
-            "tables": {s: t.to_dict("index") for s, t in scores.by_split.items()}, "text": scores.text}
+            "tables": {s: t.to_dict("index") for s, t in scores.by_split.items()},
+            "measured_holdout": {m: t.to_dict("index") for m, t in scores.holdout.items()}, "text": scores.text}
 
 
 # -- helpers of the stages -----------------------------------------------------------------

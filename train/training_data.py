@@ -33,13 +33,18 @@ MEASURED_REPEAT: str | None = "cpu_catalog_repeat.parquet"
 """An independent second sweep of every one of its scenarios (data/scenarios/catalog_cpu_repeat.csv),
 measured with the same harness in fresh ranks (None: no repeat, every row judged on its own
 labels). A repeat taken with another harness would judge the labels on other labels' noise."""
+FABRICS = ("2gbit", "1gbit")
+"""The shaped fabrics of this host with a committed sweep and second sweep (``fabric_<rate>[_repeat].parquet``)."""
 MEASURED_SWEEPS: tuple[tuple[str, str | None], ...] = (
     (MEASURED, MEASURED_REPEAT),
     ("cpu_catalog_ar_a2a.parquet", "cpu_catalog_ar_a2a_repeat.parquet"),
+    *((f"fabric_{rate}.parquet", f"fabric_{rate}_repeat.parquet") for rate in FABRICS),
 )
 """Every committed cpu sweep in data/measured/ with its independent second sweep: the
-catalog of the first three operators, and the sweep of gemm_ar and gemm_a2a
-(data/scenarios/catalog_cpu_ar_a2a.csv, re-timed from catalog_cpu_ar_a2a_repeat.csv)."""
+catalog of the first three operators, the sweep of gemm_ar and gemm_a2a
+(data/scenarios/catalog_cpu_ar_a2a.csv, re-timed from catalog_cpu_ar_a2a_repeat.csv), and
+data/scenarios/catalog_fabric.csv on each shaped fabric (``ficco measure --fabric RATE``,
+``scripts/fabric_sweeps.sh``): machines ``cpu-<rate>`` for each of ``FABRICS``."""
 SIM_NOISE = 0.03
 """Log-normal sigma of the simulated repetitions: a few percent, like a quiet GPU."""
 SAMPLED_PER_PRESET = 3
@@ -80,7 +85,10 @@ def measured_rows() -> pd.DataFrame:
     frames = []
     for name, repeat in MEASURED_SWEEPS:
         sweep = read_dataset(measured_path(name))
-        frames.append(sweep if repeat is None else attach_repeat(sweep, read_dataset(measured_path(repeat))))
+        # A fabric's second sweep profiled the fabric again (a spec a few percent off under the
+        # same name): the first sweep's spec is the machine's, as its labels are.
+        again = read_dataset(measured_path(repeat), register=False) if repeat is not None else None
+        frames.append(sweep if again is None else attach_repeat(sweep, again))
     return pd.concat(frames, ignore_index=True)
 
 

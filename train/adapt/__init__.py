@@ -130,7 +130,7 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
               rounds: int = 4, strategy: str = "active", perturb: float = 1.0, seed: int = 0,
               out_dir: str | Path = "out/adapt", track: bool = True, register: bool = False,
               export_to: str | Path | None = None, on_round: Callable[[Round], None] | None = None,
-              ranks: str = "loopback", device: str | None = None) -> dict:
+              ranks: str = "loopback", device: str | None = None, fabric: str | None = None) -> dict:
     """``ficco adapt``: adapt to `hardware` (a preset or a spec file) within `budget` (a
     fraction of its full-scale grid) in `rounds` equal steps, starting from `start`'s spec
     (default: the hardware's own) and a model trained on the default training data without
@@ -139,7 +139,9 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
     for real (``cpu_machine``); `perturb` > 1 puts the spec to start from off by up to that.
     ``cuda``: a GPU measured for real (``cuda_machine``; `ranks` loopback or node, as
     ``ficco measure``), likewise; `device` ``cpu`` is its stand-in (tests, on the ``cpu``
-    spec).
+    spec). `fabric` (``cpu`` only, this process inside it): a shaped fabric of this host
+    (``fabric_machine``), starting from its profile, the model trained without it (the
+    other fabrics stay in the training data).
     Keeps its state in `out_dir` (resumable), writes the adapted spec there (``spec.yaml``)
     and, with `track`, logs the run and its learning curve to MLflow. With `register`, the
     measured rows then join the training data and the pipeline trains, registers and
@@ -154,16 +156,20 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
         check_cuda(ranks)
     if not 0 < budget <= 1 or rounds < 1:
         raise ValueError(f"--budget must be in (0, 1] and --rounds at least 1, got {budget} and {rounds}")
-    spec, name = load_target(hardware, backend, device)
+    spec, name = load_target(hardware, backend, device, fabric)
     out = Path(out_dir)
     options = dict(hardware=spec.name, backend=backend, start=load_hardware(start).name if start else spec.name,
                    budget=budget, rounds=rounds, strategy=strategy, perturb=perturb, seed=seed)
     if backend == "cuda":  # the modes label differently: a folder holds one
         options.update(ranks=ranks, device=device or "cuda")
+    if fabric is not None:  # another network: another machine
+        options.update(fabric=fabric)
     with output_lock(out, "ficco adapt"):  # a second run into the same folder refuses, naming this one
         check_state(out, options)
         machine = adapted_machine(spec, name, out, options)
-        base = with_features(usable_base(default_training_data(), spec.name))
+        # Without the machine's rows: a fabric's own committed sweeps (the host and the other
+        # fabrics stay), else the hardware's preset family.
+        base = with_features(usable_base(default_training_data(), machine.name if fabric else spec.name))
         checkpoints = [0.0] + [budget * (i + 1) / rounds for i in range(rounds)]
         done = adapt(machine, base, checkpoints=checkpoints, strategy=strategy, out_dir=out, seed=seed,
                      progress=on_round)

@@ -133,6 +133,47 @@ def cpu_machine(name: str, start: HardwareSpec, out_dir: str | Path, *, progress
     return Machine(name, dataclasses.replace(start, name=name), grid, measure_here, truth=relabel(truth))
 
 
+FABRIC_CATALOG = "catalog_fabric.csv"
+"""The grid of a shaped fabric: the real layers sized for gloo ranks on a slow network
+(``ficco catalog --scale fabric``), the catalog of the committed fabric sweeps."""
+
+
+def fabric_machine(fabric, out_dir: str | Path, *, progress: bool = True) -> Machine:
+    """A shaped fabric of this host measured for real (``ficco adapt --fabric RATE``; this
+    process runs inside it): the grid is ``FABRIC_CATALOG`` on the fabric's machine
+    (``cpu-<rate>``); the spec to start from is its quick profile (``on_fabric``: the host's
+    cpu spec with the profiled link, kept in the folder, so a resumed run believes the same
+    start); each round's scenarios are timed by the harness on the fabric's gloo ranks. The
+    truth to score against: the committed sweep of that fabric (``data/measured/
+    fabric_<rate>.parquet``), judged on its second sweep, where there is one."""
+    from data.dataset import attach_repeat, read_dataset
+    from data.measure.config import MeasureConfig
+    from data.measure.fabric_profile import on_fabric
+    from data.measure.sweep import measure
+    from data.scenarios import packaged, read_scenarios
+    from train.training_data import measured_path
+
+    on_host = read_scenarios(packaged(FABRIC_CATALOG), backend="cpu")
+    harness = Path(out_dir) / "harness.parquet"
+    grid = on_fabric(on_host, fabric, harness)  # profiles the fabric once per folder, registers its spec
+    host_of = {s.scenario_id: h for s, h in zip(grid, on_host)}
+
+    def measure_here(scenarios: list[Scenario]) -> pd.DataFrame:
+        ids = {s.scenario_id for s in scenarios}
+        rows = measure([host_of[s.scenario_id] for s in scenarios], config=MeasureConfig(), out=harness,
+                       backend="cpu", fabric=fabric, progress=progress)
+        return rows[rows["scenario_id"].isin(ids)]  # the harness file holds earlier rounds too
+
+    truth = None
+    sweep, repeat = measured_path(f"fabric_{fabric.rate}.parquet"), measured_path(f"fabric_{fabric.rate}_repeat.parquet")
+    if sweep.is_file():  # read for its times: its own profile must not replace this run's spec
+        truth = read_dataset(sweep, register=False)
+        if repeat.is_file():
+            truth = attach_repeat(truth, read_dataset(repeat, register=False))
+        truth = truth[truth["scenario_id"].isin(host_of)]
+    return Machine(fabric.name, load_hardware(fabric.name), grid, measure_here, truth=truth)
+
+
 def cuda_machine(name: str, start: HardwareSpec, grid: Sequence[Scenario], out_dir: str | Path, *,
                  ranks: str = "loopback", device: str | None = None, progress: bool = True) -> Machine:
     """A GPU measured for real, through ``ficco measure --backend cuda``'s path
@@ -177,11 +218,23 @@ def check_cuda(ranks: str) -> None:
                          f"{torch.version.cuda or 'none'}); run it on the GPU node, or adapt with --backend sim")
 
 
-def load_target(hardware: str, backend: str, device: str | None) -> tuple[HardwareSpec, str]:
+def load_target(hardware: str, backend: str, device: str | None, fabric: str | None = None
+                ) -> tuple[HardwareSpec, str]:
     """The spec `hardware` names (a preset or a spec file) and the adapted machine's name (a
-    preset's name with ``-adapted``: the adapted spec cannot take it); ValueError where
-    `backend` cannot measure that hardware."""
+    preset's name with ``-adapted``: the adapted spec cannot take it; on a `fabric`, the
+    fabric's machine, ``cpu-<rate>``); ValueError where `backend` cannot measure that
+    hardware."""
     spec = load_hardware(hardware)
+    if fabric is not None:
+        from data.measure.fabric import inside, parse_fabric
+
+        if backend != "cpu" or spec.name != "cpu":
+            raise ValueError(f"--fabric {fabric}: a shaped fabric carries this host's cpu backend: "
+                             f"--backend cpu --hardware cpu, not --backend {backend} --hardware {hardware}")
+        if inside() != parse_fabric(fabric):
+            raise ValueError(f"--fabric {fabric}: this process is not inside that fabric's network namespace "
+                             "(`ficco adapt --fabric` makes one)")
+        return spec, parse_fabric(fabric).name
     name = f"{spec.name}-adapted" if spec.name in preset_names() else spec.name
     if backend == "cpu" and spec.name != "cpu":
         raise ValueError(f"--backend cpu measures this machine's cpu backend: --hardware cpu, not {hardware!r}")
@@ -201,6 +254,10 @@ def adapted_machine(spec: HardwareSpec, name: str, out: Path, options: dict) -> 
     from data.catalog import catalog
 
     backend, start, perturb, seed = options["backend"], options["start"], options["perturb"], options["seed"]
+    if options.get("fabric"):
+        from data.measure.fabric import parse_fabric
+
+        return fabric_machine(parse_fabric(options["fabric"]), out)
     if backend in ("cpu", "cuda"):
         start_spec = load_hardware(start) if start != spec.name else spec
         if perturb > 1:  # the truth is this machine: the spec to start from is the one that is off
