@@ -38,11 +38,18 @@ class Attention(nn.Module):
         self.wq, self.wk, self.wv = (nn.Linear(DIM, DIM, bias=False) for _ in range(3))
         self.wo = nn.Linear(DIM, DIM, bias=False)
 
-    def forward(self, x):
+    def forward(self, x, freqs_cis):
         bs, seqlen, _ = x.shape
-        q, k, v = (w(x).view(bs, seqlen, -1, DIM // HEADS).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        q, k, v = (w(x).view(bs, seqlen, -1, DIM // HEADS) for w in (self.wq, self.wk, self.wv))
+        q, k = rotary(q, freqs_cis), rotary(k, freqs_cis)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
+
+
+def rotary(x, freqs_cis):
+    """Llama's rotary embedding of (bs, seq, heads, head_dim) by (seq, head_dim / 2) complex."""
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(pairs * freqs_cis[None, :, None, :]).flatten(3).type_as(x)
 
 
 class FeedForward(nn.Module):
@@ -60,9 +67,11 @@ class Block(nn.Module):
         super().__init__()
         self.attention_norm, self.ffn_norm = nn.RMSNorm(DIM), nn.RMSNorm(DIM)
         self.attention, self.feed_forward = Attention(), FeedForward()
+        angles = torch.outer(torch.arange(SEQ).float(), 1e4 ** -(torch.arange(0, DIM // HEADS, 2).float() / (DIM // HEADS)))
+        self.register_buffer("freqs_cis", torch.polar(torch.ones_like(angles), angles), persistent=False)
 
     def forward(self, x):
-        h = x + self.attention(self.attention_norm(x))
+        h = x + self.attention(self.attention_norm(x), self.freqs_cis)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -70,7 +79,7 @@ def llama_plan(colwise, rowwise, prepare_input) -> dict:
     """torchtitan's tensor-parallel plan of a transformer block, in the given styles."""
     return {
         "attention_norm": SequenceParallel(),
-        "attention": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "attention": prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
         "attention.wq": colwise(),
         "attention.wk": colwise(),
         "attention.wv": colwise(),
@@ -151,6 +160,13 @@ def check_plans(rank: int, P: int, make_model, plan, sharded_in: bool, sharded_o
                             f"{want.placements}")
             continue
         check_close(full(got), full(want), torch.float32, f"{name}'s gradient", failures)
+
+    # An optimizer step on the DTensor parameters: the same next output.
+    for model in models.values():
+        torch.optim.AdamW(model.parameters(), lr=1e-2).step()
+    with torch.no_grad():
+        want_y2, got_y2 = (models[label](mine(x, sharded_in)) for label in ("torch", "ficco"))
+    check_close(got_y2, want_y2, torch.float32, "output after an AdamW step", failures)
 
     # Both equal the unsharded model's (this rank's rows of it).
     full_x = x.clone().requires_grad_()

@@ -65,7 +65,7 @@ class FiccoColwiseParallel(ColwiseParallel):
         module = distribute_module(module, device_mesh, self._partition_linear_fn,
                                    partial(_annotate_input, self.input_layouts),
                                    partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
-        module.forward = types.MethodType(_colwise_forward, module)
+        module.forward = types.MethodType(partial(_colwise_forward, input_layouts=self.input_layouts), module)
         module._ficco_colwise = device_mesh
         return module
 
@@ -114,10 +114,10 @@ class FiccoPrepareModuleInput(PrepareModuleInput):
 
 
 # -- the forwards --------------------------------------------------------------------------
-def _colwise_forward(linear: nn.Linear, x: DTensor) -> DTensor:
+def _colwise_forward(linear: nn.Linear, x: DTensor, *, input_layouts: tuple[Placement]) -> DTensor:
     """x @ W^T (+ b), sharded on the last dim, as PyTorch's colwise linear returns it."""
-    if _gather_dim(x) is None:  # nothing to gather: PyTorch's path
-        if x.placements != (Replicate(),):
+    if _gather_dim(x) is None or not _even(linear.weight, 0):  # PyTorch's path, its input hook's redistribution
+        if input_layouts != (Replicate(),):
             x = x.redistribute(placements=(Replicate(),))
         return F.linear(x, linear.weight, linear.bias)
     shared = next((s for s in getattr(linear, "_ficco_shared", ()) if s.x is x), None)
@@ -136,7 +136,10 @@ def _gather_matmul(x: DTensor, linears: list[nn.Linear]) -> list[DTensor]:
 
 def _rowwise_forward(linear: nn.Linear, x: DTensor, *, output_layout: Placement) -> DTensor:
     """x @ W^T (+ b), reduced to `output_layout`, as PyTorch's rowwise linear returns it."""
-    mesh, local, W = x.device_mesh, x.to_local(), linear.weight.to_local().t()
+    mesh = x.device_mesh
+    if not _features_sharded(x) or not _even(linear.weight, 1):  # PyTorch's path
+        return F.linear(x, linear.weight, linear.bias)
+    local, W = x.to_local(), linear.weight.to_local().t()
     if isinstance(output_layout, Replicate):
         y = matmul_all_reduce(local, W, "sum", mesh.get_group())
     elif isinstance(output_layout, Shard) and _scatterable(output_layout.dim, x, mesh):
@@ -187,7 +190,7 @@ def _share_gathers(module: nn.Module, inputs: tuple) -> None:
         if not isinstance(x, DTensor) or _gather_dim(x) is None:
             continue
         takers = [c for c in children if c._ficco_colwise == x.device_mesh and c.weight.shape[1] == x.shape[-1]
-                  and c.weight.dtype == x.dtype]
+                  and c.weight.dtype == x.dtype and _even(c.weight, 0)]
         if len(takers) > 1:
             share = _SharedGather(x, takers)
             for c in takers:
@@ -218,10 +221,22 @@ def _gather_dim(x: DTensor) -> int | None:
     return dim if dim != x.ndim - 1 and x.shape[dim] % x.device_mesh.size() == 0 else None
 
 
+def _features_sharded(x: DTensor) -> bool:
+    """Whether `x` is sharded along its last dim, the rowwise linear's input layout."""
+    (placement,) = x.placements
+    return isinstance(placement, Shard) and placement.dim % x.ndim == x.ndim - 1
+
+
 def _scatterable(dim: int, x: DTensor, mesh: DeviceMesh) -> bool:
     """Whether ``matmul_reduce_scatter`` scatters the output's `dim` evenly (not the features)."""
     dim %= x.ndim
     return dim != x.ndim - 1 and x.shape[dim] % mesh.size() == 0
+
+
+def _even(weight: DTensor, dim: int) -> bool:
+    """Whether every rank holds as many of the weight's sharded `dim` (the ops' per-call check
+    wants the same shapes on every rank)."""
+    return weight.shape[dim] % weight.device_mesh.size() == 0
 
 
 def _one_dim(device_mesh: DeviceMesh, style) -> None:
