@@ -1,0 +1,333 @@
+"""A ``torch.compile`` pass: collective + matmul patterns become ``torch.ops.ficco`` ops.
+
+A tensor-parallel model written with PyTorch's functional collectives compiles to graphs
+where an all-gather feeds a matmul and a matmul feeds a reduce-scatter or an all-reduce,
+forward and backward. PyTorch's own async-TP pass (``micro_pipeline_tp``, NCCL with
+symmetric memory only) fuses the first two into its fixed schedule. This pass finds the
+same matches with PyTorch's own pattern finders (``find_all_gather_patterns``,
+``find_reduce_scatter_patterns``) and replaces each with the ficco op
+(``runtime/library.py``), which decides its schedule at run time per call shape from the
+layer tables, as eager ``torch_ops`` calls do:
+
+    from ficco_select.runtime.compile import install_pass
+    with install_pass() as ficco_pass:      # Inductor's post_grad_custom_post_pass
+        out = torch.compile(model)(x)       # compiled (and its backward) while installed
+    for rewrite in ficco_pass.rewrites:     # each match, its layer, what was done
+        print(rewrite)
+
+What it matches and what it leaves:
+- all-gather (any gather dim) + every ``mm`` consuming the gathered tensor (2-D, or
+  reshape -> mm -> reshape): one ``ficco::all_gather_matmul`` per all-gather, all its
+  matmuls' weights together (the op concatenates them, one GEMM).
+- ``mm`` + reduce-scatter (any scatter dim), where the matmul's only user is the
+  reduce-scatter: ``ficco::matmul_reduce_scatter``.
+- ``mm`` + all-reduce (``funcol.all_reduce``: ``all_reduce`` then ``wait_tensor`` in the
+  graph), where the matmul's only user is the all-reduce: ``ficco::matmul_all_reduce``.
+  An all-reduce *before* a matmul (the column-parallel input's gradient in some models)
+  has no ficco op and is left alone.
+- Scaled (fp8) matmuls are left to PyTorch.
+
+It keeps the serial pattern (records it, rewrites nothing) where ficco would run
+PyTorch's serial form anyway, so that the op's per-call check would be pure cost:
+- the selector's layer table says the baseline at every m it covers (the table is built
+  at compile time the way ``dispatch.prepare_layer`` builds it at a layer's first call, on
+  the process's selector, ``configure``); a pinned schedule (``configure(schedule=...)``)
+  rewrites every match;
+- a gather along the contraction (last) dim, a reduce op other than sum/avg, a scatter
+  extent or an all-reduce's row count the world size does not divide: ``torch_ops``
+  itself runs PyTorch's implementation there.
+A layer whose table cannot be built at compile time (symbolic k or n, a scatter along the
+last dim: its table's m would be the weight's width) is rewritten: the op decides at run
+time.
+
+Choices a caller should know:
+- No collective at compile time: each rank decides "keep serial" from its own selector,
+  so every rank must ``configure`` the same selector and hardware (as a job does). A
+  compile-time broadcast would hang the ranks wherever Inductor's cache lets some ranks
+  skip compiling and not others.
+- The pass bypasses Inductor's FX graph cache (``uuid()`` is None): its decisions depend
+  on the selector, and a cache hit would skip the pass and leave its report empty.
+- Install it before the first call of the compiled function: Inductor reads the setting
+  when it compiles (forward at the first call, backward at the first backward).
+- PyTorch's own async-TP pass (``torch._inductor.config._micro_pipeline_tp``) runs before
+  this one; where it fused a match first, this pass sees nothing to rewrite there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import operator
+
+import torch
+import torch._inductor.config as inductor_config
+import torch.distributed as dist
+from torch._inductor.custom_graph_pass import CustomGraphPass
+from torch._inductor.fx_passes.micro_pipeline_tp import (
+    _find_consumer_matmuls,
+    _find_producer_matmul,
+    _Matmul,
+    find_all_gather_patterns,
+    find_reduce_scatter_patterns,
+)
+
+from ficco_select.runtime import dispatch, library  # noqa: F401 - library registers torch.ops.ficco
+from ficco_select.runtime.dispatch import DTYPE_NAMES, resolve_group, scenario_for
+from ficco_select.runtime.torch_ops import TABLE_ROWS
+
+__all__ = ["install_pass", "FiccoPass", "Rewrite"]
+
+log = logging.getLogger("ficco_select.runtime.compile")
+c10d = torch.ops._c10d_functional
+
+
+@dataclasses.dataclass(frozen=True)
+class Rewrite:
+    """One match the pass found: the ficco op it became, or why the serial pattern stayed."""
+
+    op: str
+    """``all_gather_matmul``, ``matmul_reduce_scatter`` or ``matmul_all_reduce``."""
+    graph: str
+    """``forward``, ``backward`` or ``inference``: the graph Inductor compiled it in."""
+    rows: int | str
+    """The GEMM's rows (the token count m; its expression where it is symbolic)."""
+    n: int | str
+    """The GEMM's output width on this rank."""
+    k: int | str
+    """The GEMM's contraction on this rank."""
+    dtype: str
+    world_size: int
+    rewritten: bool
+    """True: the ficco op decides at run time; False: the serial pattern was kept."""
+    reason: str
+
+    def line(self) -> str:
+        what = "-> ficco" if self.rewritten else "kept serial"
+        return (f"{self.op} ({self.graph}) m={self.rows} n={self.n} k={self.k} {self.dtype} "
+                f"P={self.world_size}: {what} ({self.reason})")
+
+
+class FiccoPass(CustomGraphPass):
+    """Inductor's post-grad custom pass that rewrites the matches; ``rewrites`` is its report."""
+
+    def __init__(self) -> None:
+        self.rewrites: list[Rewrite] = []
+        self._previous = None
+        self._installed = False
+
+    # -- installing ---------------------------------------------------------------------
+    def install(self) -> FiccoPass:
+        """Add this pass to ``torch._inductor.config.post_grad_custom_post_pass`` (after any
+        pass already there)."""
+        if self._installed:
+            return self
+        self._previous = inductor_config.post_grad_custom_post_pass
+        if self._previous is None:
+            inductor_config.post_grad_custom_post_pass = self
+        elif isinstance(self._previous, (list, tuple)):
+            inductor_config.post_grad_custom_post_pass = [*self._previous, self]
+        else:
+            inductor_config.post_grad_custom_post_pass = [self._previous, self]
+        self._installed = True
+        return self
+
+    def remove(self) -> None:
+        """Restore the setting as it was before ``install``."""
+        if self._installed:
+            inductor_config.post_grad_custom_post_pass = self._previous
+            self._installed = False
+
+    def __enter__(self) -> FiccoPass:
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    def uuid(self) -> None:
+        # None: Inductor bypasses its FX graph cache, so that the pass always runs (its
+        # decisions depend on the selector, and its report on running).
+        return None
+
+    # -- the pass -------------------------------------------------------------------------
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        kind = _graph_kind(graph)
+        for match in find_all_gather_patterns(graph):
+            self._all_gather_matmul(graph, match, kind)
+        for match in find_reduce_scatter_patterns(graph):
+            self._matmul_reduce_scatter(graph, match, kind)
+        for wait in [n for n in graph.nodes if n.target is c10d.wait_tensor.default]:
+            self._matmul_all_reduce(graph, wait, kind)
+
+    def _record(self, rewrite: Rewrite) -> None:
+        self.rewrites.append(rewrite)
+        log.info("ficco-select compile pass: %s", rewrite.line())
+
+    def _all_gather_matmul(self, graph, ag, kind: str) -> None:
+        matmuls = [mm for mm in _find_consumer_matmuls(ag.res_node)
+                   if type(mm) is _Matmul and ag.res_node not in mm.arg_ancestor_nodes]
+        if not matmuls:
+            return
+        shard, P = _val(ag.shard_node), _world(ag.group_name)
+        k, n = shard.shape[-1], sum(_val(mm.B_node).shape[-1] for mm in matmuls)
+        rows = P * shard.numel() // k if k else 0
+        if ag.gather_dim % shard.ndim == shard.ndim - 1:
+            keep, reason = True, "gathers the contraction dim: ficco would run PyTorch's implementation"
+        else:
+            keep, reason = _serial_everywhere("ag_gemm", n, k, shard, P, lambda: scenario_for(
+                "ag_gemm", P * TABLE_ROWS, P * n, k, shard.dtype, P, shard.device))
+        self._record(_rewrite("all_gather_matmul", kind, rows, n, k, shard, P, keep, reason))
+        if keep:
+            return
+        with graph.inserting_before(ag.ag_node):
+            fused = _call(graph, torch.ops.ficco.all_gather_matmul.default,
+                          (ag.shard_node, [mm.B_node for mm in matmuls], ag.gather_dim, ag.group_name))
+            A = _call(graph, operator.getitem, (fused, 0))
+            outs = _call(graph, operator.getitem, (fused, 1))
+            for i, mm in enumerate(matmuls):
+                mm.replace_with(_call(graph, operator.getitem, (outs, i)))
+                mm.erase()
+            ag.replace_with(A)
+            ag.erase()
+        _raise_ancestors(graph, fused, [x for mm in matmuls for x in mm.arg_ancestor_nodes])
+
+    def _matmul_reduce_scatter(self, graph, rs, kind: str) -> None:
+        mm = _find_producer_matmul(rs.input_node)
+        if mm is None or type(mm) is not _Matmul or rs.wait_tensor_node in mm.arg_ancestor_nodes:
+            return
+        matched = rs.match.nodes if hasattr(rs.match, "nodes") else rs.match
+        if any(user not in matched for user in rs.input_node.users):
+            return  # the matmul's result is used elsewhere too: the fused op does not return it
+        A, B, P = _val(mm.A_node), _val(mm.B_node), _world(rs.group_name)
+        k, n = A.shape[-1], B.shape[-1]
+        rows = A.numel() // k if k else 0
+        dim = rs.scatter_dim % A.ndim
+        extent = n if dim == A.ndim - 1 else A.shape[dim]
+        if rs.reduce_op not in ("sum", "avg") or _concrete(extent) and extent % P:
+            keep, reason = True, (f"reduce op {rs.reduce_op!r} / scatter extent {extent} over {P} ranks: "
+                                  "ficco would run PyTorch's implementation")
+        elif dim == A.ndim - 1:
+            keep, reason = False, "scatters the last dim: no layer table at compile time, decided per call"
+        else:
+            keep, reason = _serial_everywhere("gemm_rs", n, k, A, P, lambda: scenario_for(
+                "gemm_rs", P * TABLE_ROWS, n, P * k, A.dtype, P, A.device))
+        self._record(_rewrite("matmul_reduce_scatter", kind, rows, n, k, A, P, keep, reason))
+        if keep:
+            return
+        with graph.inserting_before(rs.wait_tensor_node):
+            fused = _call(graph, torch.ops.ficco.matmul_reduce_scatter.default,
+                          (mm.A_node, mm.B_node, rs.reduce_op, rs.scatter_dim, rs.group_name))
+            rs.replace_with(fused)
+            rs.erase()
+            mm.erase()
+        _raise_ancestors(graph, fused, mm.arg_ancestor_nodes)
+
+    def _matmul_all_reduce(self, graph, wait, kind: str) -> None:
+        ar = wait.args[0]
+        if not (isinstance(ar, torch.fx.Node) and ar.target is c10d.all_reduce.default):
+            return
+        source, reduce_op, group_name = ar.args[:3]
+        mm = _find_producer_matmul(source) if isinstance(source, torch.fx.Node) else None
+        if mm is None or type(mm) is not _Matmul or wait in mm.arg_ancestor_nodes:
+            return
+        if set(source.users) != {ar} or any(u is not wait and u.op != "output" for u in ar.users):
+            return  # the matmul's result (or the all-reduce's, unwaited) is used elsewhere
+        A, B, P = _val(mm.A_node), _val(mm.B_node), _world(group_name)
+        k, n = A.shape[-1], B.shape[-1]
+        rows = A.numel() // k if k else 0
+        if reduce_op not in ("sum", "avg") or _concrete(rows) and (rows % P or rows == 0):
+            keep, reason = True, (f"reduce op {reduce_op!r} / {rows} rows over {P} ranks: "
+                                  "ficco would run PyTorch's mm + all_reduce")
+        else:
+            keep, reason = _serial_everywhere("gemm_ar", n, k, A, P, lambda: scenario_for(
+                "gemm_ar", P * TABLE_ROWS, n, P * k, A.dtype, P, A.device))
+        self._record(_rewrite("matmul_all_reduce", kind, rows, n, k, A, P, keep, reason))
+        if keep:
+            return
+        with graph.inserting_before(wait):
+            fused = _call(graph, torch.ops.ficco.matmul_all_reduce.default, (mm.A_node, mm.B_node, reduce_op,
+                                                                              group_name))
+        wait.replace_all_uses_with(fused)
+        for user in list(ar.users):
+            if user.op == "output":  # the all-reduce's result saved for backward
+                user.replace_input_with(ar, fused)
+        graph.erase_node(wait)
+        graph.erase_node(ar)
+        mm.erase()
+        _raise_ancestors(graph, fused, mm.arg_ancestor_nodes)
+
+
+def install_pass() -> FiccoPass:
+    """Install ficco's compile pass now (``FiccoPass.install``); the returned pass is also a
+    context manager that removes it on exit, and its ``rewrites`` say what it did."""
+    return FiccoPass().install()
+
+
+# -- deciding at compile time -----------------------------------------------------------------
+def _serial_everywhere(op: str, n, k, like: torch.Tensor, P: int, make_scenario) -> tuple[bool, str]:
+    """(keep the serial pattern, why): True where the layer's table says the baseline at
+    every m it covers. Built on this rank's selector, with no collective (see the module)."""
+    if dispatch._state.settings.schedule is not None:
+        return False, f"pinned schedule {dispatch._state.settings.schedule.name}"
+    if not (_concrete(n) and _concrete(k)):
+        return False, "symbolic k or n: no layer table at compile time, decided per call"
+    try:
+        table = dispatch._selector().layer_table(make_scenario())
+    except Exception as e:  # noqa: BLE001 - no table: the op decides per call at run time
+        return False, f"no layer table ({type(e).__name__}: {e}): decided per call"
+    if table is None:
+        return False, "no layer table: decided per call"
+    overlapped = sorted({d.schedule.name for d in table.decisions if d.schedule.granularity != "none"})
+    span = f"m in [{table.grid[0]}, {table.grid[-1]}]"
+    if not overlapped:
+        return True, f"the layer table says baseline at every {span}"
+    return False, f"the layer table overlaps somewhere in {span} ({', '.join(overlapped)})"
+
+
+def _rewrite(op: str, kind: str, rows, n, k, like: torch.Tensor, P: int, keep: bool, reason: str) -> Rewrite:
+    plain = lambda v: int(v) if _concrete(v) else str(v)  # noqa: E731
+    return Rewrite(op=op, graph=kind, rows=plain(rows), n=plain(n), k=plain(k),
+                   dtype=DTYPE_NAMES.get(like.dtype, str(like.dtype).removeprefix("torch.")), world_size=P,
+                   rewritten=not keep, reason=reason)
+
+
+# -- graph plumbing -----------------------------------------------------------------------------
+def _graph_kind(graph: torch.fx.Graph) -> str:
+    names = [n.name for n in graph.nodes if n.op == "placeholder"]
+    if any(name.startswith("tangents") for name in names):
+        return "backward"
+    return "forward" if any(name.startswith("primals") for name in names) else "inference"
+
+
+def _val(node: torch.fx.Node) -> torch.Tensor:
+    return node.meta["val"]
+
+
+def _world(group_name: str) -> int:
+    return dist.get_world_size(resolve_group(group_name))
+
+
+def _concrete(v) -> bool:
+    """Whether a size is a plain int (a SymInt is symbolic: comparing it would add a guard)."""
+    return isinstance(v, int)
+
+
+def _call(graph: torch.fx.Graph, target, args: tuple) -> torch.fx.Node:
+    """A new call node with its fake value (``meta['val']``), as Inductor's lowering reads it."""
+    node = graph.call_function(target, args=args)
+    fake_args = torch.fx.node.map_arg(args, lambda a: a.meta["val"])
+    fake_mode = torch._guards.detect_fake_mode(torch.utils._pytree.tree_leaves(fake_args))
+    if fake_mode is not None:
+        with fake_mode:
+            node.meta["val"] = target(*fake_args)
+    else:
+        node.meta["val"] = target(*fake_args)
+    return node
+
+
+def _raise_ancestors(graph: torch.fx.Graph, fused: torch.fx.Node, ancestors) -> None:
+    """Move the weights' producers that come after the fused node before it (as PyTorch's
+    async-TP pass does: the fused node sits where the collective was)."""
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    for node in sorted(set(ancestors), key=lambda x: order[x]):
+        if order[node] > order[fused]:
+            fused.prepend(node)

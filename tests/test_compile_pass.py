@@ -1,0 +1,145 @@
+"""ficco's torch.compile pass (``runtime/compile.py``) on real gloo ranks, compiled by Inductor on CPU.
+
+A tensor-parallel model written with PyTorch's functional collectives (all-gather + mm, mm +
+reduce-scatter, mm + all-reduce) compiles without graph breaks; with the pass installed its
+forward and backward graphs get ficco ops where the selector's layer tables overlap
+somewhere, keep the serial pattern where they say the baseline at every m, the report says
+which, and outputs and gradients equal the uncompiled model's.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch import nn
+
+from ficco_select.runtime import dispatch, torch_ops
+from torch_ranks import spawn
+
+# Tier: real ranks (processes over gloo); deselect with -m "not gloo"
+pytestmark = pytest.mark.gloo
+
+SMALL = (16, 32)
+"""(hidden, ffn) of a layer the cpu heuristic's table overlaps somewhere: rewritten."""
+LARGE = (256, 512)
+"""(hidden, ffn) of a layer whose table says the baseline at every m on cpu: kept serial."""
+
+
+class SequenceParallelMLP(nn.Module):
+    """Megatron's MLP with sequence parallelism, in functional collectives: all-gather the
+    sequence shards, the column-parallel up projection, the row-parallel down projection,
+    reduce-scatter back to sequence shards; then a row-parallel output head all-reduced
+    (tensor parallelism without sequence parallelism)."""
+
+    def __init__(self, hidden: int, ffn: int, P: int, seq_dim: int, gen: torch.Generator):
+        super().__init__()
+        self.seq_dim, self.group = seq_dim, dist.group.WORLD.group_name
+        self.up = nn.Parameter(torch.randn(hidden, ffn // P, generator=gen) / hidden ** 0.5)
+        self.down = nn.Parameter(torch.randn(ffn // P, hidden, generator=gen) / ffn ** 0.5)
+        self.head = nn.Parameter(torch.randn(hidden // P, 8, generator=gen) / hidden ** 0.5)
+
+    def forward(self, x_shard):
+        x = funcol.all_gather_tensor(x_shard, self.seq_dim, self.group)
+        h = torch.relu(x @ self.up)
+        y = funcol.reduce_scatter_tensor(h @ self.down, "sum", self.seq_dim, self.group)
+        rank, P = dist.get_rank(), dist.get_world_size()
+        width = y.shape[-1] // P
+        head_in = y[..., rank * width:(rank + 1) * width]  # this rank's slice of the head's input
+        return funcol.all_reduce(head_in @ self.head, "sum", self.group)
+
+
+def _run(model, x):
+    """(output, input grad, parameter grads) of one forward and backward."""
+    x = x.detach().clone().requires_grad_()
+    model.zero_grad()
+    out = model(x)
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    return out.detach(), x.grad, [p.grad.clone() for p in model.parameters()]
+
+
+def _compiled_equals_eager(rank: int, P: int, hidden: int, ffn: int, x_shape: tuple, seq_dim: int):
+    """The compiled model with the pass installed, checked against the eager one; the pass's report."""
+    from ficco_select.runtime.compile import install_pass
+
+    torch._dynamo.reset()
+    model = SequenceParallelMLP(hidden, ffn, P, seq_dim, torch.Generator().manual_seed(7 + rank))
+    x = torch.randn(*x_shape, hidden, generator=torch.Generator().manual_seed(11 + rank))
+    explained = torch._dynamo.explain(model)(x)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    want = _run(model, x)
+    with install_pass() as ficco_pass:
+        compiled = torch.compile(model, fullgraph=True)
+        got = _run(compiled, x)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-5)
+    for g, w in zip(got[2], want[2]):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    return ficco_pass.rewrites
+
+
+def _summary(rewrites) -> list[tuple[str, str, bool]]:
+    return sorted((r.op, r.graph, r.rewritten) for r in rewrites)
+
+
+def check_pinned(rank: int, P: int, tmp: Path) -> None:
+    # A pinned schedule rewrites every match: the forward's three and the backward's
+    # all-gather matmul (the down projection's input gradient) and matmul reduce-scatter
+    # (the up projection's). The backward's all-reduce precedes its matmul: no ficco op.
+    torch_ops.configure(schedule="shard.ring.sm")
+    for x_shape, seq_dim in (((8,), 0), ((2, 4), 1)):  # 2-D, and (batch, seq) gathered along seq
+        rewrites = _compiled_equals_eager(rank, P, *SMALL, x_shape, seq_dim)
+        assert _summary(rewrites) == [
+            ("all_gather_matmul", "backward", True), ("all_gather_matmul", "forward", True),
+            ("matmul_all_reduce", "forward", True), ("matmul_reduce_scatter", "backward", True),
+            ("matmul_reduce_scatter", "forward", True)], [r.line() for r in rewrites]
+        layers = {(r.op, r.graph): (r.rows, r.n, r.k) for r in rewrites}
+        rows = P * 8 if seq_dim == 0 else 2 * P * 4
+        hidden, ffn = SMALL
+        assert layers[("all_gather_matmul", "forward")] == (rows, ffn // P, hidden)
+        assert layers[("matmul_reduce_scatter", "forward")] == (rows, hidden, ffn // P)
+        assert layers[("matmul_all_reduce", "forward")] == (rows // P, 8, hidden // P)
+    # The compiled graphs ran ficco's ops: their pinned decisions are in the cache.
+    ops = {key[0][0] for key in dispatch.decisions()}
+    assert {"ag", "rs", "ar"} <= ops, ops
+    assert torch_ops.last_decision.source == "pinned"
+
+
+def test_pinned_schedule_rewrites_every_match_and_matches_eager(tmp_path):
+    spawn(check_pinned, 2, tmp_path)
+
+
+def check_selector(rank: int, P: int, tmp: Path) -> None:
+    # The cpu heuristic: a small layer's table overlaps somewhere (rewritten, decided per
+    # call at run time), a large one's says the baseline at every m (kept serial).
+    small = _compiled_equals_eager(rank, P, *SMALL, (8,), 0)
+    assert all(r.rewritten for r in small), [r.line() for r in small]
+    assert all("overlaps somewhere" in r.reason for r in small), [r.line() for r in small]
+    large = _compiled_equals_eager(rank, P, *LARGE, (8,), 0)
+    assert len(large) == 5 and not any(r.rewritten for r in large), [r.line() for r in large]
+    assert all("baseline at every m" in r.reason for r in large), [r.line() for r in large]
+
+
+def test_selector_tables_decide_what_is_rewritten(tmp_path):
+    spawn(check_selector, 2, tmp_path)
+
+
+def check_install_and_remove(rank: int, P: int, tmp: Path) -> None:
+    import torch._inductor.config as inductor_config
+
+    from ficco_select.runtime.compile import install_pass
+
+    def other(graph):
+        pass
+
+    inductor_config.post_grad_custom_post_pass = other
+    with install_pass() as ficco_pass:
+        assert inductor_config.post_grad_custom_post_pass == [other, ficco_pass]
+        assert ficco_pass.uuid() is None  # Inductor's FX graph cache is bypassed: the pass always runs
+    assert inductor_config.post_grad_custom_post_pass is other
+    inductor_config.post_grad_custom_post_pass = None
+
+
+def test_install_keeps_a_pass_already_there_and_remove_restores_it(tmp_path):
+    spawn(check_install_and_remove, 1, tmp_path)
