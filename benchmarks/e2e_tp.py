@@ -27,6 +27,8 @@ Ways:
   ``fused_all_gather_matmul`` runs without symmetric memory), with their mirror op as the
   input's gradient;
 - ``ficco``: ``tp.install`` with the selector (the exported champion, or ``--model``);
+- ``ficco-unchecked``: the same without the per-call check that every rank passes the same
+  shapes (``configure(check_calls=False)``): what that check costs;
 - ``ficco+telemetry``: the same with the selector retrained on the job's telemetry (phase 2);
 - ``none.sm``, ``shard.ring.sm``, and each ``--ficco`` schedule: every layer pinned to it;
 - ``oracle``: the per-layer oracle, each call shape pinned to the schedule that measured
@@ -241,7 +243,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
         _leave(rank, results, None)
 
     # Only rank 0 decides (the group runs its decisions): the others need no selector's answers.
-    selectors = {"ficco": champion, "oracle": oracle_selector(config["oracle"]),
+    selectors = {"ficco": champion, "ficco-unchecked": champion, "oracle": oracle_selector(config["oracle"]),
                  "ficco+telemetry": Selector.load(config["retrained"]) if config["retrained"] else None}
     handle = None
 
@@ -258,7 +260,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
         elif way != "pytorch":
             selected = way in selectors
             torch_ops.configure(selector=selectors[way] if selected else champion, hardware=hardware,
-                                schedule="" if selected else way)
+                                schedule="" if selected else way, check_calls=way != "ficco-unchecked")
             handle = install(model)  # the tables of every layer, before any step
 
     ways = config["ways"]
@@ -384,7 +386,8 @@ def main() -> None:
             run_ranks(P, {**config, "phase": "explore", "explore_steps": args.explore_steps})
             explorations.append([config["telemetry"].format(rank=r) for r in range(P)])
         retrained, summary = retrain([f for files in explorations for f in files], workdir) if args.retrain else (None, None)
-        ways = ["pytorch", "async-tp", "ficco", *(["ficco+telemetry"] if retrained else []), *FIXED, *FICCO,
+        ways = ["pytorch", "async-tp", "ficco", "ficco-unchecked", *(["ficco+telemetry"] if retrained else []),
+                *FIXED, *FICCO,
                 "oracle", "compute-only"]
         rows = []
         for files, (P, config) in zip(explorations, configs):  # 3. time

@@ -67,6 +67,31 @@ def test_ranks_passing_different_shapes_raise_on_every_rank(tmp_path):
     spawn(check_disagreeing_ranks, 2, tmp_path)
 
 
+def check_unchecked_calls(rank: int, P: int, tmp: Path) -> None:
+    gen = torch.Generator().manual_seed(0)
+    g = dist.group.WORLD.group_name
+    A_shard, B = rand(gen, 4, 8), rand(gen, 8, 6)
+    checks = []
+    real = torch_ops._gathered
+    torch_ops._gathered = lambda *a: checks.append(a) or real(*a)  # counts the check's collectives
+    try:
+        torch_ops.configure(check_calls=False)
+        _, [got] = torch_ops.all_gather_matmul(A_shard, [B], 0, g)
+        torch_ops.matmul_reduce_scatter(got, B.t().contiguous(), "sum", 0, g)
+        assert checks == []  # no check, and the ops still run
+        torch_ops.configure(check_calls=True)
+        torch_ops.all_gather_matmul(A_shard, [B], 0, g)
+        assert len(checks) == 1
+    finally:
+        torch_ops._gathered = real
+        torch_ops.reset()
+
+
+@pytest.mark.gloo
+def test_a_job_may_turn_the_per_call_check_off(tmp_path):
+    spawn(check_unchecked_calls, 2, tmp_path)
+
+
 # -- an export that redefines a preset machine -----------------------------------------------
 CPU_SCENARIOS = [{"group": "t", "op": op, "m": 256, "n": 256, "k": 256, "dtype": "float32", "world_size": 2,
                   "hardware": "cpu", "imbalance": 1.0}

@@ -47,6 +47,10 @@ class Settings:
     """Pinned by the caller (benchmarks, debugging): runs wherever it is legal."""
     explore_every: int = 0
     """Every n-th call of a shape runs another candidate, in turn (0: never)."""
+    check_calls: bool = dataclasses.field(default_factory=lambda: os.environ.get("FICCO_CHECK_CALLS", "1") != "0")
+    """Each call first checks that every rank passes the same call (``torch_ops``): one tiny
+    host collective per call. False (or $FICCO_CHECK_CALLS=0): PyTorch's own ops' contract,
+    nothing checked, for a job whose steps are too short to pay it."""
 
 
 @dataclasses.dataclass
@@ -79,6 +83,11 @@ def last_decision() -> Decision | None:
     return _state.last_decision
 
 
+def checks_calls() -> bool:
+    """Whether each call first checks that every rank passes the same call (``configure``)."""
+    return _state.settings.check_calls
+
+
 def decisions() -> dict[tuple, Decision]:
     """(call shape key, group name) -> the decision cached for it (benchmarks, examples)."""
     return {key: decision for key, (_, decision) in _state.decisions.items()}
@@ -86,13 +95,16 @@ def decisions() -> dict[tuple, Decision]:
 
 def configure(*, selector: Selector | str | os.PathLike | None = None, hardware: str | None = None,
               telemetry: str | os.PathLike | None = None, group_label: str | None = None,
-              schedule: str | Schedule | None = None, explore_every: int | None = None) -> None:
+              schedule: str | Schedule | None = None, explore_every: int | None = None,
+              check_calls: bool | None = None) -> None:
     """Set the selector (object or exported folder), the hardware preset name, the
     telemetry file, the scenario ``group`` label, pin one schedule (``""`` unpins: the
     decision says ``source="pinned"`` where the schedule is legal, else the selector
     decides), or explore: every ``explore_every``-th call of a shape runs the next of its
     candidates, baseline first (``source="explore"``), so that telemetry times the
-    alternatives ``ficco train`` needs on the job's own shapes. Clears the decision cache."""
+    alternatives ``ficco train`` needs on the job's own shapes; ``check_calls=False`` skips
+    the per-call check that every rank passes the same shapes (``Settings.check_calls``).
+    Clears the decision cache."""
     if selector is not None:
         _state.settings.selector = selector if isinstance(selector, Selector) else Selector.load(selector)
     if hardware is not None:
@@ -105,6 +117,8 @@ def configure(*, selector: Selector | str | os.PathLike | None = None, hardware:
         _state.settings.schedule = parse(schedule) if isinstance(schedule, str) and schedule else schedule or None
     if explore_every is not None:
         _state.settings.explore_every = max(0, int(explore_every))
+    if check_calls is not None:
+        _state.settings.check_calls = bool(check_calls)
     _state.decisions.clear()
     _state.tables.clear()
     _state.calls.clear()

@@ -34,7 +34,8 @@ Choices a caller should know:
 - Every rank must pass the same call: each call first all-gathers every rank's description
   of it (shapes, dtype, dims, reduce op; one tiny collective on the host: the group's CPU
   backend, or a gloo group of its ranks made at its first call, so the host never waits for
-  the GPU; about 0.5 ms on this 2-core machine's gloo), and a call the ranks disagree on raises ValueError on every rank,
+  the GPU; about 0.5 ms on this 2-core machine's gloo; ``configure(check_calls=False)`` or
+  ``FICCO_CHECK_CALLS=0`` skips it, PyTorch's own contract), and a call the ranks disagree on raises ValueError on every rank,
   naming the op, the rank and both shapes (PyTorch's fallbacks check nothing: gloo aborts
   one rank and hands another garbage rows). Per call, not per shape: a rank repeating a
   shape it has seen while another passes a new one is refused too. The MoE ops check in the
@@ -248,7 +249,10 @@ def _tensor(t: torch.Tensor) -> str:
 
 def _same_call_on_every_rank(op: str, group: dist.ProcessGroup, call: str) -> None:
     """ValueError on every rank of `group` where a rank describes its call otherwise than
-    rank 0 (the ranks' shapes must match for the collective to mean anything)."""
+    rank 0 (the ranks' shapes must match for the collective to mean anything). Skipped
+    under ``configure(check_calls=False)``."""
+    if not dispatch.checks_calls():
+        return
     every = _gathered(group, call, CALL_BYTES)
     if every[0, 0] and bool((every == every[0]).all()):  # the common case: one comparison, nothing decoded
         return
