@@ -142,6 +142,45 @@ class MLP(nn.Module):
         return self.down(F.gelu(self.up(x)))
 
 
+class Checkpointed(nn.Module):
+    """The block under activation checkpointing (torchtitan's, non-reentrant): its forward,
+    ficco's ops included, runs again in the backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Block()
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
+
+
+class GatedFFN(nn.Module):
+    """Colwise linears that do not all take the prepared input, one of them twice: each then
+    multiplies its own input (the shared gather's output for it is left unused)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(DIM, HIDDEN, bias=False), nn.Linear(DIM, HIDDEN, bias=False)
+        self.c = nn.Linear(HIDDEN, DIM, bias=False)
+
+    def forward(self, x):
+        return self.c(F.silu(self.a(x)) * self.b(2 * x) + self.a(x))
+
+
+class Gated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ffn = GatedFFN()
+
+    def forward(self, x):
+        return self.ffn(x)
+
+
+def gated_plan(colwise, rowwise, prepare_input) -> dict:
+    return {"ffn": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "ffn.a": colwise(), "ffn.b": colwise(), "ffn.c": rowwise(output_layouts=Shard(1))}
+
+
 # -- one step of each, compared --------------------------------------------------------------
 def step(block: nn.Module, x_local: torch.Tensor, dy_local: torch.Tensor):
     """(output, the input's gradient, every parameter's gradient) of one forward + backward."""
@@ -283,6 +322,13 @@ def check_other_layouts(rank: int, P: int, tmp: Path) -> None:
     })
     check_plans(rank, P, MLP, sequence_parallel_mlp, sharded_in=True, sharded_out=True, expected={
         ("ag", (ROWS, DIM), HIDDEN // P), ("rs", (P * ROWS, HIDDEN // P), DIM, False),
+    })
+    check_plans(rank, P, Checkpointed, lambda *styles: {f"block.{name}": style
+                                                       for name, style in llama_plan(*styles).items()},
+                sharded_in=True, sharded_out=True, expected={("ag", (ROWS, DIM), 3 * DIM // P)})
+    check_plans(rank, P, Gated, gated_plan, sharded_in=True, sharded_out=True, expected={
+        ("ag", (ROWS, DIM), 2 * HIDDEN // P),  # a's first call: a and b's weights
+        ("ag", (ROWS, DIM), HIDDEN // P),  # b on 2x, a's second call (and c's input gradient)
     })
     check_plans(rank, P, MLP, replicated_mlp, sharded_in=False, sharded_out=False, expected={
         ("ar", (P * ROWS, HIDDEN // P), DIM),  # down: matmul_all_reduce (up has no collective to overlap)
