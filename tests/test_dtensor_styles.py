@@ -326,6 +326,9 @@ def check_other_layouts(rank: int, P: int, tmp: Path) -> None:
     check_plans(rank, P, Checkpointed, lambda *styles: {f"block.{name}": style
                                                        for name, style in llama_plan(*styles).items()},
                 sharded_in=True, sharded_out=True, expected={("ag", (ROWS, DIM), 3 * DIM // P)})
+    # Ficco's prepare and rowwise styles, PyTorch's colwise: the prepare leaves PyTorch its gather.
+    check_plans(rank, P, Block, lambda colwise, *others: llama_plan(ColwiseParallel, *others),
+                sharded_in=True, sharded_out=True, expected={("rs", (P * ROWS, DIM // P), DIM, False)})
     check_plans(rank, P, Gated, gated_plan, sharded_in=True, sharded_out=True, expected={
         ("ag", (ROWS, DIM), 2 * HIDDEN // P),  # a's first call: a and b's weights
         ("ag", (ROWS, DIM), HIDDEN // P),  # b on 2x, a's second call (and c's input gradient)

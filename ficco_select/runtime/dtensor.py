@@ -66,7 +66,7 @@ class FiccoColwiseParallel(ColwiseParallel):
                                    partial(_annotate_input, self.input_layouts),
                                    partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
         module.forward = types.MethodType(partial(_colwise_forward, input_layouts=self.input_layouts), module)
-        module._ficco_colwise = device_mesh
+        module._ficco_colwise_mesh = device_mesh
         return module
 
 
@@ -90,22 +90,37 @@ class FiccoRowwiseParallel(RowwiseParallel):
 class FiccoPrepareModuleInput(PrepareModuleInput):
     """``PrepareModuleInput`` (same arguments) that leaves a sequence-sharded input sharded
     where PyTorch's would all-gather it (``Shard(d)`` to ``Replicate()``): the module's
-    Ficco colwise linears gather it while multiplying, all those that take it in one call.
+    Ficco colwise linears gather it while multiplying, all those that take it in one call
+    (a module without them: PyTorch's gather).
 
     The input stays a DTensor of the same global shape, so DTensor code in the module sees
     the same values (only ``to_local()`` sees a shard). With ``use_local_output`` the
     module wants local tensors: PyTorch's gather then."""
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        module = super()._apply(module, device_mesh)
+        if self.with_kwargs:
+            module.register_forward_pre_hook(lambda mod, args, kwargs: self._prepare_for(
+                mod, self._prepare_input_kwarg_fn, args, kwargs, device_mesh), with_kwargs=True)
+        else:
+            module.register_forward_pre_hook(lambda mod, args: self._prepare_for(
+                mod, self._prepare_input_fn, args, device_mesh))
         module.register_forward_pre_hook(_share_gathers)  # after the preparing hook: it sees DTensors
         module.register_forward_hook(_drop_shared_gathers, always_call=True)
         return module
 
+    def _prepare_for(self, module: nn.Module, prepare, *args):
+        """PyTorch's preparation of `module`'s inputs, which leaves the gathers to the
+        module's Ficco colwise linears where it has any (else PyTorch's gathers)."""
+        self._deferring = any(_ficco_colwise(c) for c in module.children())
+        try:
+            return prepare(*args)
+        finally:
+            self._deferring = False
+
     def _prepare_input_arg(self, input, mesh: DeviceMesh, input_layout: Placement | None,
                            desired_layout: Placement | None):
-        if (not self.use_local_output and isinstance(input_layout, Shard) and isinstance(desired_layout, Replicate)
-                and isinstance(input, torch.Tensor)):
+        if (getattr(self, "_deferring", False) and not self.use_local_output and isinstance(input_layout, Shard)
+                and isinstance(desired_layout, Replicate) and isinstance(input, torch.Tensor)):
             dt = input if isinstance(input, DTensor) else DTensor.from_local(input, mesh, (input_layout,),
                                                                              run_check=False)
             if _gather_dim(dt) is not None:
@@ -185,16 +200,21 @@ class _SharedGather:
 def _share_gathers(module: nn.Module, inputs: tuple) -> None:
     """Before `module` runs: one share per sequence-sharded input, with the Ficco colwise
     children that could multiply it (its features, dtype and mesh)."""
-    children = [c for c in module.children() if getattr(c, "_ficco_colwise", None) is not None]
+    children = [c for c in module.children() if _ficco_colwise(c)]
     for x in inputs:
         if not isinstance(x, DTensor) or _gather_dim(x) is None:
             continue
-        takers = [c for c in children if c._ficco_colwise == x.device_mesh and c.weight.shape[1] == x.shape[-1]
+        takers = [c for c in children if c._ficco_colwise_mesh == x.device_mesh and c.weight.shape[1] == x.shape[-1]
                   and c.weight.dtype == x.dtype and _even(c.weight, 0)]
         if len(takers) > 1:
             share = _SharedGather(x, takers)
             for c in takers:
                 c._ficco_shared = (*getattr(c, "_ficco_shared", ()), share)
+
+
+def _ficco_colwise(module: nn.Module) -> bool:
+    """Whether `module` is a linear that ``FiccoColwiseParallel`` parallelized."""
+    return "_ficco_colwise_mesh" in vars(module)
 
 
 def _drop_shared_gathers(module: nn.Module, inputs: tuple, output) -> None:
