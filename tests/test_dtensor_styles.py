@@ -25,7 +25,12 @@ from torch.distributed.tensor.parallel import (
 )
 
 from ficco_select.runtime import dispatch
-from ficco_select.runtime.dtensor import FiccoColwiseParallel, FiccoPrepareModuleInput, FiccoRowwiseParallel
+from ficco_select.runtime.dtensor import (
+    FiccoColwiseParallel,
+    FiccoPrepareModuleInput,
+    FiccoRowwiseParallel,
+    prepare_tables,
+)
 from torch_ranks import check_close, rand, spawn
 
 BATCH, SEQ, DIM, HEADS, HIDDEN, VOCAB = 2, 8, 16, 4, 24, 20
@@ -341,3 +346,41 @@ def check_other_layouts(rank: int, P: int, tmp: Path) -> None:
 @pytest.mark.gloo
 def test_other_layouts_and_biases_equal_pytorchs_styles(tmp_path):
     spawn(check_other_layouts, 2, tmp_path)
+
+
+def check_prepared_tables(rank: int, P: int, tmp: Path) -> None:
+    mesh = init_device_mesh("cpu", (P,))
+    torch.manual_seed(0)
+    block = parallelize_module(Block(), mesh, llama_plan(*FICCO_PLAN))
+    prepare_tables(block)
+    tables = dict(dispatch._state.tables)
+    # The shared gathers (attention's, the feed-forward's) and the rowwise linears, forward and
+    # input gradient each: (op, n, k) of A (rows, k) @ B (k, n), this rank's shards.
+    layers = {(layer[0], layer[1], layer[-1]) for layer, _ in tables}
+    assert layers == {
+        ("ag", 3 * DIM // P, DIM), ("rs", DIM, 3 * DIM // P),  # wq, wk, wv
+        ("ag", 2 * HIDDEN // P, DIM), ("rs", DIM, 2 * HIDDEN // P),  # w1, w3
+        ("rs", DIM, DIM // P), ("ag", DIM // P, DIM),  # wo
+        ("rs", DIM, HIDDEN // P), ("ag", HIDDEN // P, DIM),  # w2
+    }, sorted(layers)
+    assert all(table is not None for _, table in tables.values())
+    broadcasts = []
+    real_broadcast = dist.broadcast_object_list
+
+    def counted(*args, **kw):  # the decisions' broadcasts, counted (and made)
+        broadcasts.append(1)
+        return real_broadcast(*args, **kw)
+
+    dispatch.dist.broadcast_object_list = counted
+    gen = torch.Generator().manual_seed(1)
+    for batch in (1, 3, 2):  # the token count changes; the first step decides nothing either
+        x = rand(gen, batch, SEQ, DIM).chunk(P, dim=1)[rank].clone().requires_grad_()
+        block(x).square().sum().backward()
+    dispatch.dist.broadcast_object_list = real_broadcast
+    assert broadcasts == [] and dispatch._state.tables == tables, (len(broadcasts), sorted(map(str, tables)))
+    assert {d.source for d in dispatch.decisions().values()} <= {"model", "heuristic", "fallback"}
+
+
+@pytest.mark.gloo
+def test_prepare_tables_builds_every_table_before_the_first_step(tmp_path):
+    spawn(check_prepared_tables, 2, tmp_path)

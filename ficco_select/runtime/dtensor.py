@@ -49,9 +49,16 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_modul
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 from torch.distributed.tensor.placement_types import Placement
 
-from ficco_select.runtime.torch_ops import all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
+from ficco_select.runtime.torch_ops import (
+    all_gather_matmul,
+    matmul_all_reduce,
+    matmul_reduce_scatter,
+    prepare_all_gather_matmul,
+    prepare_matmul_all_reduce,
+    prepare_matmul_reduce_scatter,
+)
 
-__all__ = ["FiccoColwiseParallel", "FiccoRowwiseParallel", "FiccoPrepareModuleInput"]
+__all__ = ["FiccoColwiseParallel", "FiccoRowwiseParallel", "FiccoPrepareModuleInput", "prepare_tables"]
 
 
 class FiccoColwiseParallel(ColwiseParallel):
@@ -84,6 +91,7 @@ class FiccoRowwiseParallel(RowwiseParallel):
                                    partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
                                    partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
         module.forward = types.MethodType(partial(_rowwise_forward, output_layout=self.output_layouts[0]), module)
+        module._ficco_rowwise_layout = self.output_layouts[0]
         return module
 
 
@@ -106,6 +114,7 @@ class FiccoPrepareModuleInput(PrepareModuleInput):
                 mod, self._prepare_input_fn, args, device_mesh))
         module.register_forward_pre_hook(_share_gathers)  # after the preparing hook: it sees DTensors
         module.register_forward_hook(_drop_shared_gathers, always_call=True)
+        module._ficco_prepares = True
         return module
 
     def _prepare_for(self, module: nn.Module, prepare, *args):
@@ -221,6 +230,59 @@ def _drop_shared_gathers(module: nn.Module, inputs: tuple, output) -> None:
     """After `module` ran (or raised): its children hold no share (nor its outputs) any longer."""
     for c in module.children():
         c.__dict__.pop("_ficco_shared", None)
+
+
+# -- decision tables before the first step -------------------------------------------------
+def prepare_tables(model: nn.Module) -> None:
+    """Build now the decision tables of the ops of every linear in `model` that ficco's styles
+    parallelized, forward and (for a trained weight) backward, for every token count, as
+    ``tp.install`` does: no step decides or waits on a broadcast, the first one included.
+    Colwise linears of a ``FiccoPrepareModuleInput`` module that take the same features are
+    prepared as their shared gather. Every rank calls it after ``parallelize_module``, with
+    the same model. A call shape it did not foresee is decided at its first call, as without."""
+    shared = set()
+    for module in model.modules():
+        if vars(module).get("_ficco_prepares"):
+            for linears in _sharing(module):
+                _prepare_colwise(linears)
+                shared.update(map(id, linears))
+    for module in model.modules():
+        if _ficco_colwise(module) and id(module) not in shared and _even(module.weight, 0):
+            _prepare_colwise([module])
+        elif "_ficco_rowwise_layout" in vars(module) and _even(module.weight, 1):
+            _prepare_rowwise(module)
+
+
+def _sharing(module: nn.Module) -> list[list[nn.Linear]]:
+    """`module`'s Ficco colwise children in the groups that share a gather (same in-features,
+    dtype and mesh), as ``_share_gathers`` groups them for an input of those features."""
+    groups: dict[tuple, list[nn.Linear]] = {}
+    for c in module.children():
+        if _ficco_colwise(c) and _even(c.weight, 0):
+            groups.setdefault((c.weight.shape[1], c.weight.dtype, c._ficco_colwise_mesh), []).append(c)
+    return list(groups.values())
+
+
+def _prepare_colwise(linears: list[nn.Linear]) -> None:
+    """AG(x) @ [W...]^T; the input's gradient RS(dy @ [W...])."""
+    w = linears[0].weight  # DTensors: their global shapes
+    n_local, k = sum(c.weight.shape[0] for c in linears) // w.device_mesh.size(), w.shape[1]
+    group = w.device_mesh.get_group()
+    prepare_all_gather_matmul(k, n_local, w.dtype, w.device, group)
+    if w.requires_grad:
+        prepare_matmul_reduce_scatter(n_local, k, w.dtype, w.device, group)
+
+
+def _prepare_rowwise(linear: nn.Linear) -> None:
+    """RS(x @ W^T), the input's gradient AG(dy) @ W; or AR(x @ W^T), whose gradient has no collective."""
+    w, layout = linear.weight, linear._ficco_rowwise_layout
+    n, k_local, group = w.shape[0], w.shape[1] // w.device_mesh.size(), w.device_mesh.get_group()
+    if isinstance(layout, Replicate):
+        prepare_matmul_all_reduce(k_local, n, w.dtype, w.device, group)
+    elif isinstance(layout, Shard):
+        prepare_matmul_reduce_scatter(k_local, n, w.dtype, w.device, group)
+        if w.requires_grad:
+            prepare_all_gather_matmul(n, k_local, w.dtype, w.device, group)
 
 
 # -- layouts ficco's ops run ---------------------------------------------------------------
