@@ -72,7 +72,8 @@ class Block(nn.Module):
         super().__init__()
         self.attention_norm, self.ffn_norm = nn.RMSNorm(DIM), nn.RMSNorm(DIM)
         self.attention, self.feed_forward = Attention(), FeedForward()
-        angles = torch.outer(torch.arange(SEQ).float(), 1e4 ** -(torch.arange(0, DIM // HEADS, 2).float() / (DIM // HEADS)))
+        head_dim = DIM // HEADS
+        angles = torch.outer(torch.arange(SEQ).float(), 1e4 ** -(torch.arange(0, head_dim, 2).float() / head_dim))
         self.register_buffer("freqs_cis", torch.polar(torch.ones_like(angles), angles), persistent=False)
 
     def forward(self, x):

@@ -11,6 +11,7 @@ A torchtitan-style plan switches by class names only:
         "feed_forward": FiccoPrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
         "feed_forward.w1": FiccoColwiseParallel(), "feed_forward.w2": FiccoRowwiseParallel(output_layouts=Shard(1)),
         "feed_forward.w3": FiccoColwiseParallel()})
+    prepare_tables(block)  # optional: every decision table now, as ``tp.install`` builds them
 
 The styles partition the weights as PyTorch's do (the same DTensor parameters: state_dict,
 optimizers and checkpoints see no difference) and produce the same output layouts, so that
@@ -30,10 +31,10 @@ linears' collectives change, in eager forward and backward:
   all their weights, the one gather PyTorch's plan makes.
 
 Where ficco's ops have nothing to overlap or cannot run the layout (a replicated input, a
-sequence length the mesh does not divide, ``Partial`` or other output layouts, an
-``nn.Embedding``), the styles run PyTorch's own path. Biases are added after the collective
-as DTensor ops (PyTorch's placements: colwise ``Shard(0)``, rowwise ``Replicate()``).
-Only 1-D meshes (the tensor-parallel mesh), as PyTorch's styles.
+sequence length or weight the mesh does not divide evenly, ``Partial`` or feature-sharded
+outputs, an ``nn.Embedding``), the styles run PyTorch's own path. Biases are added after the
+collective as DTensor ops, with PyTorch's placements and gradients' placements. Only 1-D
+meshes (the tensor-parallel mesh). Eager only: the compile path is not covered here.
 """
 
 from __future__ import annotations
