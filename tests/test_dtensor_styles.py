@@ -342,6 +342,9 @@ def check_other_layouts(rank: int, P: int, tmp: Path) -> None:
     check_plans(rank, P, MLP, replicated_mlp, sharded_in=False, sharded_out=False, expected={
         ("ar", (P * ROWS, HIDDEN // P), DIM),  # down: matmul_all_reduce (up has no collective to overlap)
     })
+    for style in FICCO_PLAN[:2]:  # the tensor-parallel mesh only
+        with pytest.raises(ValueError, match="1-D"):
+            parallelize_module(MLP(), init_device_mesh("cpu", (1, P)), {"up": style()})
 
 
 @pytest.mark.gloo
