@@ -125,6 +125,34 @@ def test_selector_tables_decide_what_is_rewritten(tmp_path):
     spawn(check_selector, 2, tmp_path)
 
 
+def check_inference_with_varying_m(rank: int, P: int, tmp: Path) -> None:
+    # Serving: no grad, the token count varies between calls (dynamic dim 0). One graph; its
+    # k and n are static, so the tables decide at compile time; the op decides each m at run time.
+    from ficco_select.runtime.compile import install_pass
+
+    torch._dynamo.reset()
+    hidden, ffn = SMALL
+    model = SequenceParallelMLP(hidden, ffn, P, 0, torch.Generator().manual_seed(7 + rank))
+    gen = torch.Generator().manual_seed(11 + rank)
+    with install_pass() as ficco_pass, torch.no_grad():
+        compiled = torch.compile(model, fullgraph=True)
+        for m in (8, 12, 20):
+            x = torch.randn(m, hidden, generator=gen)
+            torch._dynamo.mark_dynamic(x, 0)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    rewrites = ficco_pass.rewrites
+    assert _summary(rewrites) == [("all_gather_matmul", "inference", True), ("matmul_all_reduce", "inference", True),
+                                  ("matmul_reduce_scatter", "inference", True)], [r.line() for r in rewrites]
+    assert all(isinstance(r.rows, str) and isinstance(r.n, int) and isinstance(r.k, int) for r in rewrites), \
+        [r.line() for r in rewrites]
+    # One compiled graph, every m decided at run time (the all-gather matmul's rows: P * m).
+    assert {key[0][1][0] for key in dispatch.decisions() if key[0][0] == "ag"} == {8, 12, 20}
+
+
+def test_inference_with_varying_token_count_compiles_once(tmp_path):
+    spawn(check_inference_with_varying_m, 2, tmp_path)
+
+
 def check_install_and_remove(rank: int, P: int, tmp: Path) -> None:
     import torch._inductor.config as inductor_config
 

@@ -17,8 +17,8 @@ import torch.distributed._functional_collectives as funcol
 from ficco_select.runtime import library, torch_ops  # noqa: F401 - library registers torch.ops.ficco
 from torch_ranks import check_close, rand, spawn
 
-# Tier: real ranks (processes over gloo); deselect with -m "not gloo"
-pytestmark = pytest.mark.gloo
+# Tier: real ranks (processes over gloo) for every test but the import check; deselect with -m "not gloo"
+gloo = pytest.mark.gloo
 
 OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 """All of opcheck's default utils: each runs on every rank in the same order."""
@@ -61,6 +61,7 @@ def check_opcheck(rank: int, P: int, tmp: Path) -> None:
     assert not failures, f"rank {rank}:\n" + "\n".join(failures)
 
 
+@gloo
 def test_every_op_passes_opcheck(tmp_path):
     spawn(check_opcheck, 2, tmp_path)
 
@@ -82,6 +83,7 @@ def check_fake_shapes(rank: int, P: int, tmp: Path) -> None:
     assert not failures, f"rank {rank}:\n" + "\n".join(failures)
 
 
+@gloo
 def test_fake_shapes_are_the_real_ones(tmp_path):
     spawn(check_fake_shapes, 2, tmp_path)
 
@@ -164,6 +166,7 @@ def check_values_and_gradients(rank: int, P: int, tmp: Path) -> list[str]:
     return sources
 
 
+@gloo
 @pytest.mark.parametrize("schedule", ["", "pinned"])
 def test_values_and_gradients_equal_torch_ops_and_pytorch(schedule, tmp_path):
     spawn(check_pinned_values_and_gradients if schedule else check_values_and_gradients, 2, tmp_path)
@@ -174,3 +177,15 @@ def check_pinned_values_and_gradients(rank: int, P: int, tmp: Path) -> None:
     torch_ops.configure(schedule="shard.ring.sm")
     sources = check_values_and_gradients(rank, P, tmp)
     assert sources.count("pinned") >= len(sources) // 2, sources
+
+
+def test_the_registered_ops_and_the_compile_pass_stay_light():
+    # What a compiled job imports: no offline tool (the runtime's rule, tests/test_import_graph.py).
+    import subprocess
+    import sys
+
+    code = ("import sys, ficco_select.runtime.library, ficco_select.runtime.compile\n"
+            "print(' '.join(sorted(sys.modules)))")
+    mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert {"ficco_select.runtime.library", "ficco_select.runtime.compile"} <= mods
+    assert not mods & {"pandas", "sklearn", "mlflow", "xgboost", "data", "train", "ficco_cli"}
