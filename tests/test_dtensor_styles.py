@@ -1,9 +1,12 @@
 """Ficco's DTensor parallel styles against PyTorch's, on a Llama-style block over real gloo ranks.
 
 The same block, weights and inputs are parallelized twice, with torchtitan's sequence-parallel
-plan in PyTorch's styles and in ficco's (the class names differ, nothing else): the outputs and
-the gradients of the input and of every weight agree, and ficco's ops ran for the calls'
-shapes, forward and backward.
+plan in PyTorch's styles and in ficco's (the class names differ, nothing else): the outputs,
+the gradients of the input and of every weight (and their placements) agree, with each other
+and with the unsharded block's, after an optimizer step too, and ficco's ops ran for the
+calls' shapes, forward and backward. Also: the whole model's plan (embedding, output), the
+plan without ``PrepareModuleInput``, biased and replicated MLPs, activation checkpointing,
+linears that do not all take the prepared input, and the tables ``prepare_tables`` builds.
 """
 
 import copy
@@ -208,6 +211,7 @@ def check_plans(rank: int, P: int, make_model, plan, sharded_in: bool, sharded_o
     shapes `expected` (their keys without dtype and device). With `tokens` the input is token
     ids and the output logits."""
     mesh = init_device_mesh("cpu", (P,))
+    dispatch.configure()  # no decisions yet: those below are this check's
     torch.manual_seed(0)  # the same full weights and inputs on every rank
     reference = make_model()
     gen = torch.Generator().manual_seed(1)
