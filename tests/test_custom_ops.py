@@ -189,3 +189,39 @@ def test_the_registered_ops_and_the_compile_pass_stay_light():
     mods = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
     assert {"ficco_select.runtime.library", "ficco_select.runtime.compile"} <= mods
     assert not mods & {"pandas", "sklearn", "mlflow", "xgboost", "data", "train", "ficco_cli"}
+
+
+def check_compiled_ops(rank: int, P: int, tmp: Path) -> None:
+    # A model calling the registered ops directly: one graph (no break), compiled by
+    # Inductor with the ops as extern kernels, its values and gradients the eager ones.
+    torch_ops.configure(schedule="shard.ring.sm")
+    g = dist.group.WORLD.group_name
+    recv, send = _moe_routing(rank, P)
+
+    def block(x, w_up, w_down, w_head, w_expert):
+        _, (h,) = torch.ops.ficco.all_gather_matmul(x, [w_up], 0, g)
+        y = torch.ops.ficco.matmul_reduce_scatter(torch.relu(h), w_down, "sum", 0, g)
+        z = torch.ops.ficco.matmul_all_reduce(y, w_head, "sum", g)
+        routed = z[: sum(send)]
+        expert, _ = torch.ops.ficco.all_to_all_matmul(routed, w_expert, recv, send, g)
+        return z, torch.ops.ficco.matmul_all_to_all(expert, w_expert.t(), send, recv, g)
+
+    gen = torch.Generator().manual_seed(500 + rank)
+    args = [rand(gen, 8, 16), rand(gen, 16, 32), rand(gen, 32, 16), rand(gen, 16, 8), rand(gen, 8, 6)]
+    explained = torch._dynamo.explain(block)(*args)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    results = []
+    for fn in (block, torch.compile(block, fullgraph=True)):
+        leaves = [a.clone().requires_grad_() for a in args]
+        outs = fn(*leaves)
+        sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum() for o in outs).backward()
+        results.append(([o.detach() for o in outs], [t.grad for t in leaves]))
+    (want_outs, want_grads), (got_outs, got_grads) = results
+    for got, want in zip(got_outs + got_grads, want_outs + want_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert torch_ops.last_decision.source == "pinned"
+
+
+@gloo
+def test_the_ops_compile_into_one_graph_with_eager_values_and_gradients(tmp_path):
+    spawn(check_compiled_ops, 2, tmp_path)

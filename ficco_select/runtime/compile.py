@@ -173,7 +173,7 @@ class FiccoPass(CustomGraphPass):
         if ag.gather_dim % shard.ndim == shard.ndim - 1:
             keep, reason = True, "gathers the contraction dim: ficco would run PyTorch's implementation"
         else:
-            keep, reason = _serial_everywhere("ag_gemm", n, k, shard, P, lambda: scenario_for(
+            keep, reason = _serial_everywhere(n, k, lambda: scenario_for(
                 "ag_gemm", P * TABLE_ROWS, P * n, k, shard.dtype, P, shard.device))
         self._record(_rewrite("all_gather_matmul", kind, rows, n, k, shard, P, keep, reason))
         if keep:
@@ -208,7 +208,7 @@ class FiccoPass(CustomGraphPass):
         elif dim == A.ndim - 1:
             keep, reason = False, "scatters the last dim: no layer table at compile time, decided per call"
         else:
-            keep, reason = _serial_everywhere("gemm_rs", n, k, A, P, lambda: scenario_for(
+            keep, reason = _serial_everywhere(n, k, lambda: scenario_for(
                 "gemm_rs", P * TABLE_ROWS, n, P * k, A.dtype, P, A.device))
         self._record(_rewrite("matmul_reduce_scatter", kind, rows, n, k, A, P, keep, reason))
         if keep:
@@ -238,7 +238,7 @@ class FiccoPass(CustomGraphPass):
             keep, reason = True, (f"reduce op {reduce_op!r} / {rows} rows over {P} ranks: "
                                   "ficco would run PyTorch's mm + all_reduce")
         else:
-            keep, reason = _serial_everywhere("gemm_ar", n, k, A, P, lambda: scenario_for(
+            keep, reason = _serial_everywhere(n, k, lambda: scenario_for(
                 "gemm_ar", P * TABLE_ROWS, n, P * k, A.dtype, P, A.device))
         self._record(_rewrite("matmul_all_reduce", kind, rows, n, k, A, P, keep, reason))
         if keep:
@@ -263,7 +263,7 @@ def install_pass() -> FiccoPass:
 
 
 # -- deciding at compile time -----------------------------------------------------------------
-def _serial_everywhere(op: str, n, k, like: torch.Tensor, P: int, make_scenario) -> tuple[bool, str]:
+def _serial_everywhere(n, k, make_scenario) -> tuple[bool, str]:
     """(keep the serial pattern, why): True where the layer's table says the baseline at
     every m it covers. Built on this rank's selector, with no collective (see the module)."""
     if dispatch._state.settings.schedule is not None:
