@@ -88,17 +88,23 @@ def sim() -> None:
                    "predicted on the preset of its device.")
 @click.option("--hardware", "overrides", multiple=True, metavar="PRESET=SPEC.yaml",
               help="With --published: predict PRESET's points on this spec file instead (repeatable).")
+@click.option("--model", "model_dir", type=click.Path(file_okay=False), default=None,
+              help="With --published: the exported selector whose calls are judged (default: the exported "
+                   "champion, else the heuristic alone).")
 @click.option("--devices", type=int, default=None,
               help="Devices of the measured machine (the cpu backend: its cores). Default: its spec's.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the scenario split.")
 @json_option()
-def sim_validate(dataset_path, published_path, overrides, devices, seed, as_json) -> None:
+def sim_validate(dataset_path, published_path, overrides, model_dir, devices, seed, as_json) -> None:
     """The simulator against measurements: a measured dataset (calibrate on half the
-    scenarios, predict the other half) or published GPU points (each predicted on its preset)."""
+    scenarios, predict the other half) or published GPU points (each predicted on its preset,
+    and the selector's pick there judged against what was measured)."""
     if (dataset_path is None) == (published_path is None):
         raise click.UsageError("give one of --dataset or --published")
     if published_path is not None:
-        return _validate_published(published_path, overrides, as_json)
+        return _validate_published(published_path, overrides, model_dir, as_json)
+    if model_dir is not None:
+        raise click.UsageError("--model goes with --published (the selector's calls on published points)")
     from data.calibrate import measured_rows, validate_simulator
     from data.dataset import DatasetError, read_dataset
 
@@ -109,13 +115,20 @@ def sim_validate(dataset_path, published_path, overrides, devices, seed, as_json
         "largest errors:", *(f"  {row}" for row in report["largest_errors"])])
 
 
-def _validate_published(path, overrides, as_json) -> None:
+def _validate_published(path, overrides, model_dir, as_json) -> None:
     from data.published import compare, read_published
+    from data.published_calls import judge_calls
     from ficco_select.hardware import HardwareError
+    from ficco_select.runtime.selector import Selector
 
+    selector = Selector.load(model_dir)
+    if model_dir is not None and selector.model is None:
+        raise click.ClickException(f"--model {model_dir}: no usable exported selector there (the warning above "
+                                   "says why)")
     with reported(HardwareError, ValueError):
         report = compare(read_published(path), _override_specs(overrides))
-    show(as_json, report, lambda: _published_lines(report))
+        report["calls"] = judge_calls(path, selector)
+    show(as_json, report, lambda: _published_lines(report) + _call_lines(report["calls"]))
 
 
 def _override_specs(overrides) -> dict:
@@ -166,6 +179,28 @@ def _published_lines(report: dict) -> list[str]:
         lines.append(f"{preset}: median " + "; ".join(parts))
     if report["unmatched"]:
         lines.append(f"not compared (no preset is their device): rows {', '.join(map(str, report['unmatched']))}")
+    return lines
+
+
+def _call_lines(calls: dict) -> list[str]:
+    """The selector's calls (``data.published_calls``): a line per point, then the counts."""
+    chosen = "an exported model" if calls["selector"] == "model" else "the heuristic alone: no exported model"
+    lines = ["", f"the selector's calls on the collective + GEMM points, by {chosen} (right: its pick paid, or "
+                 "the baseline where every measured method lost)"]
+    for c in calls["points"]:
+        rows = ",".join(map(str, c["rows"]))
+        measured = ", ".join(f"{m['label']} {m['speedup']:.3f}" for m in c["measured"]) or "none timed"
+        lines.append(f"  rows {rows:<8} {c['hardware']} {c['op']} {c['m']}x{c['n']}x{c['k']} {c['dtype']} "
+                     f"P={c['world_size']}: pick {c['pick']} ({c['decided_by']}); measured {measured} "
+                     f"-> {c['verdict'].upper()}: {c['why']}")
+    s = calls["summary"]
+    lines.append(f"calls on {s['points']} points: right {s['right']}, wrong {s['wrong']} (twin loses by more than "
+                 f"10%: {s['twin_loses_over_10pct']}), unverifiable {s['unverifiable']} (every measured method "
+                 f"loses: {s['unverifiable_all_lose']}); decided by "
+                 + ", ".join(f"{who} {n}" for who, n in s["decided_by"].items()))
+    if calls["not_compared"]:
+        rows = ", ".join(map(str, calls["not_compared"]))
+        lines.append(f"calls not compared (no preset is their device): rows {rows}")
     return lines
 
 
