@@ -110,6 +110,48 @@ def test_pinned_schedule_rewrites_every_match_and_matches_eager(tmp_path):
     spawn(check_pinned, 2, tmp_path)
 
 
+class LastDimsMLP(nn.Module):
+    """Tensor parallelism over the features: all-gather the input's feature shards (the
+    contraction dim), reduce-scatter the output's features (the last dim)."""
+
+    def __init__(self, hidden: int, ffn: int, P: int, gen: torch.Generator, dtype: torch.dtype):
+        super().__init__()
+        self.group = dist.group.WORLD.group_name
+        self.up = nn.Parameter((torch.randn(hidden, ffn, generator=gen) / hidden ** 0.5).to(dtype))
+        self.down = nn.Parameter((torch.randn(ffn, hidden, generator=gen) / ffn ** 0.5).to(dtype))
+
+    def forward(self, x_shard):
+        x = funcol.all_gather_tensor(x_shard, 1, self.group)
+        return funcol.reduce_scatter_tensor(torch.relu(x @ self.up) @ self.down, "sum", 1, self.group)
+
+
+def check_last_dims(rank: int, P: int, tmp: Path) -> None:
+    # A gather along the contraction dim stays serial (ficco would run PyTorch's form there);
+    # a scatter along the last dim becomes the ficco op, decided per call. In bfloat16.
+    from ficco_select.runtime.compile import install_pass
+
+    torch_ops.configure(schedule="shard.ring.sm")
+    hidden, ffn = SMALL
+    model = LastDimsMLP(hidden, ffn, P, torch.Generator().manual_seed(7), torch.bfloat16)
+    x = torch.randn(8, hidden // P, generator=torch.Generator().manual_seed(11 + rank)).to(torch.bfloat16)
+    want = _run(model, x)
+    with install_pass() as ficco_pass:
+        got = _run(torch.compile(model, fullgraph=True), x)
+    for g, w in zip([got[0], got[1], *got[2]], [want[0], want[1], *want[2]]):
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)
+    lines = [r.line() for r in ficco_pass.rewrites]
+    assert _summary(ficco_pass.rewrites) == [
+        ("all_gather_matmul", "backward", False), ("all_gather_matmul", "forward", False),
+        ("matmul_reduce_scatter", "backward", True), ("matmul_reduce_scatter", "forward", True)], lines
+    forward_ag = next(r for r in ficco_pass.rewrites if r.op == "all_gather_matmul" and r.graph == "forward")
+    assert (forward_ag.rows, forward_ag.n, forward_ag.k, forward_ag.dtype) == (8, ffn, hidden, "bfloat16"), lines
+    assert all("contraction dim" in r.reason for r in ficco_pass.rewrites if not r.rewritten), lines
+
+
+def test_last_dim_gather_stays_serial_and_last_dim_scatter_is_rewritten(tmp_path):
+    spawn(check_last_dims, 2, tmp_path)
+
+
 def check_selector(rank: int, P: int, tmp: Path) -> None:
     # The cpu heuristic: a small layer's table overlaps somewhere (rewritten, decided per
     # call at run time), a large one's says the baseline at every m (kept serial).

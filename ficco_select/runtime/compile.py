@@ -169,9 +169,11 @@ class FiccoPass(CustomGraphPass):
             return
         shard, P = _val(ag.shard_node), _world(ag.group_name)
         k, n = shard.shape[-1], sum(_val(mm.B_node).shape[-1] for mm in matmuls)
-        rows = P * shard.numel() // k if k else 0
-        if ag.gather_dim % shard.ndim == shard.ndim - 1:
+        contraction = ag.gather_dim % shard.ndim == shard.ndim - 1
+        rows = shard.numel() // k * (1 if contraction else P) if k else 0
+        if contraction:
             keep, reason = True, "gathers the contraction dim: ficco would run PyTorch's implementation"
+            k = P * k  # the GEMM's
         else:
             keep, reason = _serial_everywhere(n, k, lambda: scenario_for(
                 "ag_gemm", P * TABLE_ROWS, P * n, k, shard.dtype, P, shard.device))
