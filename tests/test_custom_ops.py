@@ -2,7 +2,9 @@
 
 Each op passes ``torch.library.opcheck`` (schema, autograd registration, fake tensors,
 AOTAutograd with dynamic shapes: every util runs the op the same number of times with the
-same shapes on every rank, so the ranks' collectives stay in lockstep); its fake shapes
+same shapes on every rank, so the ranks' collectives stay in lockstep; a util failing on
+one rank only breaks that lockstep, and shows as gloo aborting a rank on a collective
+mismatch: run one util at a time with a barrier between to see which); its fake shapes
 are its real ones; its values and gradients equal the eager ``torch_ops`` path and
 PyTorch's differentiable collectives.
 """
@@ -20,8 +22,10 @@ from torch_ranks import check_close, rand, spawn
 # Tier: real ranks (processes over gloo) for every test but the import check; deselect with -m "not gloo"
 gloo = pytest.mark.gloo
 
-OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-"""All of opcheck's default utils: each runs on every rank in the same order."""
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_static",
+                 "test_aot_dispatch_dynamic")
+"""Every opcheck util (the defaults and the deprecated static AOT one): each runs on every rank in the
+same order, so the ranks' collectives stay in lockstep."""
 
 
 def _moe_routing(rank: int, P: int) -> tuple[list[int], list[int]]:
