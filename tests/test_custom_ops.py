@@ -1,7 +1,7 @@
 """The registered ops (``torch.ops.ficco.*``, ``runtime/library.py``) on real gloo ranks.
 
 Each op passes ``torch.library.opcheck`` (schema, autograd registration, fake tensors,
-AOTAutograd with dynamic shapes: every util runs the op the same number of times with the
+AOTAutograd with static and dynamic shapes: every util runs the op the same number of times with the
 same shapes on every rank, so the ranks' collectives stay in lockstep; a util failing on
 one rank only breaks that lockstep, and shows as gloo aborting a rank on a collective
 mismatch: run one util at a time with a barrier between to see which); its fake shapes
