@@ -268,12 +268,12 @@ def install_pass() -> FiccoPass:
 def _serial_everywhere(n, k, make_scenario) -> tuple[bool, str]:
     """(keep the serial pattern, why): True where the layer's table says the baseline at
     every m it covers. Built on this rank's selector, with no collective (see the module)."""
-    if dispatch._state.settings.schedule is not None:
-        return False, f"pinned schedule {dispatch._state.settings.schedule.name}"
+    if dispatch.pinned_schedule() is not None:
+        return False, f"pinned schedule {dispatch.pinned_schedule().name}"
     if not (_concrete(n) and _concrete(k)):
         return False, "symbolic k or n: no layer table at compile time, decided per call"
     try:
-        table = dispatch._selector().layer_table(make_scenario())
+        table = dispatch.selector().layer_table(make_scenario())
     except Exception as e:  # noqa: BLE001 - no table: the op decides per call at run time
         return False, f"no layer table ({type(e).__name__}: {e}): decided per call"
     if table is None:

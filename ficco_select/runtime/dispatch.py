@@ -83,6 +83,16 @@ def last_decision() -> Decision | None:
     return _state.last_decision
 
 
+def pinned_schedule() -> Schedule | None:
+    """The schedule ``configure(schedule=...)`` pinned, or None (the selector decides)."""
+    return _state.settings.schedule
+
+
+def selector() -> Selector:
+    """The selector the ops decide with (``configure``; default: the exported champion)."""
+    return _selector()
+
+
 def checks_calls() -> bool:
     """Whether each call first checks that every rank passes the same call (``configure``)."""
     return _state.settings.check_calls
