@@ -216,6 +216,13 @@ def write_report(folder: str | Path, title: str = "ficco-select training", *,
         if not abstentions.empty:
             parts.append("<h2>Where the shipped policy's model stepped aside, and what ran</h2>")
             parts.append(abstentions.to_html(index=False, float_format=lambda x: f"{x:.3f}"))
+    if (folder / "measured_holdout.csv").exists():
+        holdout = pd.read_csv(folder / "measured_holdout.csv")
+        parts.append("<h2>Measured machines held out (zero-shot on the spec; judged on the second sweep; "
+                     "ceiling = repeat oracle)</h2>")
+        for machine, table in holdout.groupby("machine", sort=False):
+            parts.append(f"<h3>{html.escape(str(machine))}</h3>")
+            parts.append(table.drop(columns="machine").to_html(index=False, float_format=lambda x: f"{x:.3f}"))
     chosen = meta.get("chosen")
     grouped = [s for s in ("family", "hardware") if s in set(choices["split"])]
     if chosen and grouped:
