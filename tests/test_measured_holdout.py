@@ -58,10 +58,14 @@ def test_the_tables_judge_the_fold_on_the_second_sweep_beside_the_best_fixed_rul
     assert table.loc["shipped", "slower_than_baseline"] == pytest.approx(1 / 3)
     # The best fixed rule on the truth: shard everywhere loses at b and c; the baseline everywhere
     # misses only a's 0.85; so none.sm is the best rule, at capture (0.85 / 1)^(1/3).
-    assert "fixed none.sm" in table.index
+    rules = [name for name in table.index if name.startswith("fixed ")]
+    assert rules == ["fixed none.sm", "fixed shard.ring.sm", "fixed ficco.d2.ring.gemm_per_step.m.sm"]  # best first
     assert table.loc["fixed none.sm", "oracle_capture"] == pytest.approx(0.85 ** (1 / 3))
+    assert table.loc["fixed shard.ring.sm", "oracle_capture"] == pytest.approx((1 / 1.25 / 1.1) ** (1 / 3))
     assert list(table.index)[-1] == "ceiling"
-    assert "-- cpu-1gbit --" in holdout_text(tables) and holdout_text({}) == ""
+    text = holdout_text(tables)
+    assert "-- cpu-1gbit --" in text and "fixed none.sm" in text and "fixed shard.ring.sm" not in text
+    assert holdout_text({}) == ""
 
 
 def test_the_fabric_sweeps_are_default_training_data_on_their_first_sweeps_spec():

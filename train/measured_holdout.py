@@ -9,8 +9,9 @@ profiled link). This module reads those folds back as one table per machine, jud
 the second sweep, beside what a user could run without a model:
 
 - every **fixed rule**: one schedule wherever it is legal, else the baseline (rules of a
-  schedule that at least half of the machine's scenarios have); the table shows the best
-  of them on the machine's truth, which no rule chosen beforehand can beat;
+  schedule that at least half of the machine's scenarios have); the tables hold every
+  rule (``measured_holdout.csv``), comparison.txt the best of them on the machine's truth,
+  which no rule chosen beforehand can beat;
 - the **ceiling**: the first sweep's best, judged on the second (the repeat oracle).
 """
 
@@ -49,8 +50,8 @@ def fixed_rules(rows: pd.DataFrame) -> dict[str, dict[str, str]]:
 
 def holdout_tables(df: pd.DataFrame, results: dict) -> dict[str, pd.DataFrame]:
     """{machine: comparison table} for every measured machine the ``hardware`` split held
-    out: its fold's selectors (zero-shot), the best fixed rule (``fixed <schedule>``) and
-    the ceiling last; every row judged on the second sweep (``train.metrics``)."""
+    out: its fold's selectors (zero-shot), every fixed rule (``fixed <schedule>``, the best
+    first) and the ceiling last; every row judged on the second sweep (``train.metrics``)."""
     folds = results.get("splits", {}).get(SPLIT, {}).get("folds", {})
     out = {}
     for machine in measured_machines(df):
@@ -59,9 +60,9 @@ def holdout_tables(df: pd.DataFrame, results: dict) -> dict[str, pd.DataFrame]:
             continue
         rows = df[df["hardware"] == machine]
         rules = {f"fixed {rule}": score(rows, chosen) for rule, chosen in fixed_rules(rows).items()}
-        best_rule = max(rules, key=lambda r: rules[r]["oracle_capture"]) if rules else None
+        by_capture = sorted(rules, key=lambda r: -rules[r]["oracle_capture"])
         selectors = {name: scores for name, scores in fold.items() if name != "ceiling"}
-        table = {**selectors, **({best_rule: rules[best_rule]} if best_rule else {})}
+        table = {**selectors, **{rule: rules[rule] for rule in by_capture}}
         if "ceiling" in fold:
             table["ceiling"] = fold["ceiling"]
         out[machine] = comparison_table(table)
@@ -75,4 +76,11 @@ def holdout_text(tables: dict[str, pd.DataFrame]) -> str:
 
     head = ("== measured hold-out by machine (hardware split: trained without the machine, zero-shot on its "
             "spec; judged on its second sweep; ceiling = repeat oracle) ==")
-    return "\n\n".join([head, *(f"-- {machine} --\n{format_table(t)}" for machine, t in tables.items())])
+    parts = [f"-- {machine} --\n{format_table(_best_rule_only(t))}" for machine, t in tables.items()]
+    return "\n\n".join([head, *parts])
+
+
+def _best_rule_only(table: pd.DataFrame) -> pd.DataFrame:
+    """`table` with only the first (best) of its fixed rules."""
+    rules = [name for name in table.index if name.startswith("fixed ")]
+    return table.drop(index=rules[1:])
