@@ -34,7 +34,12 @@ Where ficco's ops have nothing to overlap or cannot run the layout (a replicated
 sequence length or weight the mesh does not divide evenly, ``Partial`` or feature-sharded
 outputs, an ``nn.Embedding``), the styles run PyTorch's own path. Biases are added after the
 collective as DTensor ops, with PyTorch's placements and gradients' placements. Only 1-D
-meshes (the tensor-parallel mesh). Eager only: the compile path is not covered here.
+meshes (the tensor-parallel mesh).
+
+Under ``torch.compile`` the styles call the registered ops (``torch.ops.ficco``,
+``library.py``: one graph node each, no graph break; ``torch_ops``' autograd Functions and
+the executor's Python would be traced into and fail), the shared gather included: the
+compiled block runs the same ops as eager (``tests/test_dtensor_compile.py``).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_modul
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 from torch.distributed.tensor.placement_types import Placement
 
+from ficco_select.runtime import library  # noqa: F401 - registers torch.ops.ficco (the compiled path)
 from ficco_select.runtime.torch_ops import (
     all_gather_matmul,
     matmul_all_reduce,
@@ -75,6 +81,7 @@ class FiccoColwiseParallel(ColwiseParallel):
                                    partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
         module.forward = types.MethodType(partial(_colwise_forward, input_layouts=self.input_layouts), module)
         module._ficco_colwise_mesh = device_mesh
+        module._ficco_group_name = device_mesh.get_group().group_name  # a constant for torch.compile
         return module
 
 
@@ -93,6 +100,7 @@ class FiccoRowwiseParallel(RowwiseParallel):
                                    partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
         module.forward = types.MethodType(partial(_rowwise_forward, output_layout=self.output_layouts[0]), module)
         module._ficco_rowwise_layout = self.output_layouts[0]
+        module._ficco_group_name = device_mesh.get_group().group_name
         return module
 
 
@@ -153,8 +161,11 @@ def _colwise_forward(linear: nn.Linear, x: DTensor, *, input_layouts: tuple[Plac
 def _gather_matmul(x: DTensor, linears: list[nn.Linear]) -> list[DTensor]:
     """Every linear's output for the sequence-sharded x, from one ``all_gather_matmul``."""
     mesh = x.device_mesh
-    _, ys = all_gather_matmul(x.to_local(), [linear.weight.to_local().t() for linear in linears], _gather_dim(x),
-                              mesh.get_group(), return_A=False)
+    Bs = [linear.weight.to_local().t() for linear in linears]
+    if torch.compiler.is_compiling():  # the registered op: one node in the graph (see the module)
+        _, ys = torch.ops.ficco.all_gather_matmul(x.to_local(), Bs, _gather_dim(x), linears[0]._ficco_group_name)
+    else:
+        _, ys = all_gather_matmul(x.to_local(), Bs, _gather_dim(x), mesh.get_group(), return_A=False)
     outs = [DTensor.from_local(y, mesh, (Shard(y.ndim - 1),), run_check=False) for y in ys]
     return [out if linear.bias is None else out + linear.bias for out, linear in zip(outs, linears)]
 
@@ -165,11 +176,14 @@ def _rowwise_forward(linear: nn.Linear, x: DTensor, *, output_layout: Placement)
     if not _features_sharded(x) or not _even(linear.weight, 1):  # PyTorch's path
         return F.linear(x, linear.weight, linear.bias)
     local, W = x.to_local(), linear.weight.to_local().t()
+    compiling, name = torch.compiler.is_compiling(), linear._ficco_group_name  # compiled: the registered ops
     if isinstance(output_layout, Replicate):
-        y = matmul_all_reduce(local, W, "sum", mesh.get_group())
+        y = (torch.ops.ficco.matmul_all_reduce(local, W, "sum", name) if compiling
+             else matmul_all_reduce(local, W, "sum", mesh.get_group()))
     elif isinstance(output_layout, Shard) and _scatterable(output_layout.dim, x, mesh):
         output_layout = Shard(output_layout.dim % x.ndim)
-        y = matmul_reduce_scatter(local, W, "sum", output_layout.dim, mesh.get_group())
+        y = (torch.ops.ficco.matmul_reduce_scatter(local, W, "sum", output_layout.dim, name) if compiling
+             else matmul_reduce_scatter(local, W, "sum", output_layout.dim, mesh.get_group()))
     else:  # Partial, a scatter of the features or of an extent the mesh does not divide: PyTorch's path
         return F.linear(x, linear.weight, linear.bias)
     out = DTensor.from_local(y, mesh, (output_layout,), run_check=False)
