@@ -230,7 +230,8 @@ def adapt_cmd(hardware, backend, ranks, fabric, start, budget, rounds, strategy,
             s = r.scores
             click.echo(f"{100 * r.fraction:5.1f}% measured ({r.measured:4d} scenarios): " + (
                 f"near-opt@2% {s['near_opt_2']:.3f} (simulator on the adapted spec {s['simulator']['near_opt_2']:.3f}; "
-                f"ceiling {s['ceiling']['near_opt_2']:.3f})"
+                f"ceiling {s['ceiling']['near_opt_2']:.3f}), capture {s['oracle_capture']:.3f} (ceiling "
+                f"{s['ceiling']['oracle_capture']:.3f})"
                 if s else "no truth to score against"))
 
     with reported(ValueError):
