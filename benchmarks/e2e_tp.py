@@ -38,6 +38,25 @@ Ways:
   replaced by a local copy of the same shape. ``comm / compute`` = (pytorch - compute-only)
   / compute-only says whether communication or compute dominates a configuration.
 
+With ``--dtensor``, the ways a DTensor user has, on the same block in torchtitan's form
+(unfused ``wq``/``wk``/``wv``/``wo``, ``w1``/``w2``/``w3``, input (batch, seq / P, hidden)) and
+torchtitan's plan (``SequenceParallel`` norms, ``PrepareModuleInput``, ``ColwiseParallel`` /
+``RowwiseParallel``), each from the same full weights; speedups still over ``pytorch`` (so
+``dtensor``'s says what DTensor itself costs against the plain tensor-parallel step):
+- ``dtensor``: the plan, eager;
+- ``dtensor-compiled``: the plan under ``torch.compile`` (Inductor);
+- ``dtensor-compiled+micro-pipeline``: the same with Inductor's async-TP pass
+  (``torch._inductor.config._micro_pipeline_tp``); it fuses only on NCCL with symmetric
+  memory, so where it fuses nothing (gloo: always) the way is reported "not on this backend"
+  instead of a number;
+- ``ficco-styles``: the plan in ficco's drop-in styles (``runtime/dtensor.py``:
+  ``FiccoColwiseParallel``, ``FiccoRowwiseParallel``, ``FiccoPrepareModuleInput``), eager,
+  the tables built first (``prepare_tables``);
+- ``dtensor-compiled+ficco``: the plan compiled with ficco's Inductor pass
+  (``runtime/compile.py``, ``install_pass``); rank 0 prints what the pass rewrote.
+Each compiled way compiles (forward and backward) in its warm-up step, before any timing;
+after the warm-ups a recompilation raises (``torch._dynamo.config.error_on_recompile``).
+
 Prints, per configuration, each way's median step time and its speedup over ``pytorch``:
 the median of the per-repeat ratios with its 95% confidence interval (distribution-free,
 from order statistics), the best fixed rule, and the oracle's and the retrained
@@ -45,12 +64,14 @@ selector's schedule per shape.
 
     python benchmarks/e2e_tp.py [--configs 2:4096:256,...] [--reps 20] [--steps 2]
                                 [--explore-steps 36] [--retrain] [--model DIR] [--workdir DIR] [--fabric RATE]
-                                [--json] [--plot docs/e2e_tp.png]
+                                [--dtensor] [--json] [--plot docs/e2e_tp.png]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import json
 import math
 import os
@@ -66,6 +87,7 @@ import torch.distributed._symmetric_memory as symm_mem
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
+from torch._inductor.custom_graph_pass import CustomGraphPass
 
 HEAD_DIM = 32
 RETRAIN = ("--splits", "family,hardware", "--selectors", "fast")
@@ -75,6 +97,8 @@ FICCO = ("ficco.d2.a2a.gemm_per_step.m.sm",)
 """The best single ficco schedule as a fixed rule (where legal, else the baseline) among those
 that at least half the cpu catalog's scenarios have: capture 0.811 on its second sweep
 (data/measured/cpu_catalog_repeat.parquet), against 0.851 for the baseline everywhere."""
+DTENSOR = ("dtensor", "dtensor-compiled", "dtensor-compiled+micro-pipeline", "ficco-styles", "dtensor-compiled+ficco")
+"""The ways of ``--dtensor``: a DTensor user's."""
 
 
 class Block(nn.Module):
@@ -200,6 +224,145 @@ def oracle_selector(best: dict):
     return Oracle()
 
 
+# -- the DTensor ways ---------------------------------------------------------------------------
+class DTBlock(nn.Module):
+    """The same block in torchtitan's form (its names, unfused projections) for DTensor plans."""
+
+    def __init__(self, hidden: int, heads: int, ffn: int) -> None:
+        super().__init__()
+        self.attention_norm, self.ffn_norm = nn.RMSNorm(hidden), nn.RMSNorm(hidden)
+        self.attention, self.feed_forward = _DTAttention(hidden, heads), _DTFeedForward(hidden, ffn)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (batch, seq / P, hidden), this rank's shard
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class _DTAttention(nn.Module):
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.head_dim = hidden // heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(hidden, hidden, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        batch, seq, _ = x.shape
+        q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # this rank's heads
+        return self.wo(attn.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class _DTFeedForward(nn.Module):
+    def __init__(self, hidden: int, ffn: int) -> None:
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(hidden, ffn, bias=False), nn.Linear(hidden, ffn, bias=False)
+        self.w2 = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def dtensor_plan(colwise, rowwise, prepare_input) -> dict:
+    """torchtitan's tensor-parallel plan of a block, in the given styles."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    return {
+        "attention_norm": SequenceParallel(),
+        "attention": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        **{f"attention.{w}": colwise() for w in ("wq", "wk", "wv")},
+        "attention.wo": rowwise(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": colwise(), "feed_forward.w3": colwise(),
+        "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+    }
+
+
+def dtensor_ways(config: dict, P: int, rank: int) -> dict:
+    """{way: {"model", "x", "opt", "parallel"}} of ``--dtensor``: each way its own parallelized
+    copy of the same full block (compiled ways: ``model`` is the compiled module), one input."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from ficco_select.runtime.dtensor import FiccoColwiseParallel, FiccoPrepareModuleInput, FiccoRowwiseParallel
+
+    mesh = init_device_mesh("cpu", (P,))
+    hidden = config["hidden"]
+    torch.manual_seed(1)  # the same full weights and input on every rank
+    full = DTBlock(hidden, config["heads"], 3 * hidden)
+    x = torch.randn(config["batch"], config["seq"], hidden).chunk(P, dim=1)[rank].clone()
+    pytorch_styles = (ColwiseParallel, RowwiseParallel, PrepareModuleInput)
+    ficco_styles = (FiccoColwiseParallel, FiccoRowwiseParallel, FiccoPrepareModuleInput)
+    ways = {}
+    for way in DTENSOR:
+        parallel = parallelize_module(copy.deepcopy(full), mesh,
+                                      dtensor_plan(*(ficco_styles if way == "ficco-styles" else pytorch_styles)))
+        if "compiled" in way:
+            # Its own class: Dynamo guards the module's type, so each compiled way compiles its own
+            # graphs under its settings (same-typed modules would share the first way's).
+            parallel.__class__ = type(f"DTBlock[{way}]", (DTBlock,), {})
+        model = torch.compile(parallel) if "compiled" in way else parallel
+        ways[way] = {"model": model, "x": x, "opt": torch.optim.SGD(parallel.parameters(), lr=1e-4),
+                     "parallel": parallel}
+    return ways
+
+
+class _FusedCount(CustomGraphPass):
+    """A post-grad custom pass that counts the symmetric-memory fused ops that Inductor's
+    micro-pipeline pass (which runs before it) left in the graphs."""
+
+    def __init__(self) -> None:
+        self.fused = 0
+
+    def __call__(self, graph) -> None:
+        self.fused += sum(n.op == "call_function" and str(n.target).startswith("symm_mem.fused") for n in graph.nodes)
+
+    def uuid(self) -> None:  # Inductor's FX graph cache bypassed: the count always runs
+        return None
+
+
+@contextlib.contextmanager
+def compiling(way: str, group, notes: dict):
+    """Around a compiled way's warm-up step (its forward and backward compile in it): the
+    way's Inductor settings. Writes to `notes` what the passes did (rank 0 prints it) and,
+    for the micro-pipeline, why it does not run (then the way is not timed)."""
+    import torch._inductor.config as inductor_config
+
+    if way == "dtensor-compiled+ficco":
+        from ficco_select.runtime.compile import install_pass
+
+        with install_pass() as ficco_pass:
+            yield
+        done = [r for r in ficco_pass.rewrites if r.rewritten]
+        notes[way] = (f"ficco's pass: {len(ficco_pass.rewrites)} matches, {len(done)} rewritten"
+                      + "".join(f"\n    {r.line()}" for r in ficco_pass.rewrites))
+    elif way == "dtensor-compiled+micro-pipeline":
+        counter = _FusedCount()
+        nccl = dist.is_nccl_available()
+        if nccl:  # what the pass wants of the group (on gloo it returns before asking)
+            symm_mem.enable_symm_mem_for_group(group.group_name)
+        error = None
+        with inductor_config.patch(_micro_pipeline_tp=True, post_grad_custom_post_pass=counter):
+            try:
+                yield
+            except Exception as e:  # noqa: BLE001 - the way cannot run here: said, not timed
+                error = f"{type(e).__name__}: {str(e)[:200]}"
+        ok = torch.tensor([int(error is None and counter.fused > 0)])
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # every rank times the same ways
+        if not ok.item():
+            notes[way] = "not on this backend: " + (error or (
+                f"Inductor's micro-pipeline pass fused nothing ({counter.fused} symm_mem ops; it needs NCCL and "
+                f"symmetric memory; this job is {dist.get_backend(group)}, "
+                f"torch.distributed.is_nccl_available() = {nccl})"))
+    else:
+        yield
+
+
 # -- one rank ----------------------------------------------------------------------------------
 def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
     from ficco_select.runtime import torch_ops
@@ -222,12 +385,14 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     x = torch.randn(config["seq"], config["batch"], hidden).chunk(P)[rank].clone()
 
+    run = {"model": model, "x": x, "opt": opt}  # what step() runs: the block's, or a DTensor way's
+
     def step() -> float:
         dist.barrier()
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        model(x).square().mean().backward()
-        opt.step()
+        run["opt"].zero_grad(set_to_none=True)
+        run["model"](run["x"]).square().mean().backward()
+        run["opt"].step()
         elapsed = torch.tensor([time.perf_counter() - t0])
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's step
         return float(elapsed)
@@ -246,12 +411,22 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
     selectors = {"ficco": champion, "ficco-unchecked": champion, "oracle": oracle_selector(config["oracle"]),
                  "ficco+telemetry": Selector.load(config["retrained"]) if config["retrained"] else None}
     handle = None
+    dtensor = dtensor_ways(config, P, rank) if any(w in DTENSOR for w in config["ways"]) else {}
 
     def use(way: str) -> None:
         nonlocal handle
         restore(layers, handle)
         handle = None
-        if way == "async-tp":
+        run.update(model=model, x=x, opt=opt)
+        if way in dtensor:
+            run.update({k: dtensor[way][k] for k in ("model", "x", "opt")})
+            if way in ("ficco-styles", "dtensor-compiled+ficco"):  # ficco's ops decide with the selector
+                torch_ops.configure(selector=champion, hardware=hardware, schedule="", check_calls=True)
+            if way == "ficco-styles":
+                from ficco_select.runtime.dtensor import prepare_tables
+
+                prepare_tables(dtensor[way]["parallel"])  # the tables of every layer, before any step
+        elif way == "async-tp":
             for layer in layers:
                 _async_tp(layer)
         elif way == "compute-only":
@@ -265,9 +440,20 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
 
     ways = config["ways"]
     times = {w: [] for w in ways}
-    for way in ways:  # warm every way once
+    notes = {}
+    for way in ways:  # warm every way once (a compiled way compiles here)
         use(way)
-        step()
+        with compiling(way, group, notes) if way in dtensor else contextlib.nullcontext():
+            step()
+    if dtensor:
+        torch._dynamo.config.error_on_recompile = True  # no compilation inside the timed steps
+        if rank == 0:
+            for way, note in notes.items():
+                print(f"{way}: {note}", flush=True)
+        for way, note in notes.items():
+            if note.startswith("not on this backend"):
+                ways = [w for w in ways if w != way]
+                times[way] = note  # reported instead of a number
     for r in range(config["reps"]):
         for way in ways[r % len(ways):] + ways[:r % len(ways)]:
             use(way)
@@ -318,6 +504,9 @@ def summarize(P: int, config: dict, times: dict) -> dict:
     if config["spec"]:
         out["link_bw_gbps"] = round(config["spec"]["link_bw_gbps"], 4)
     for way, ts in times.items():
+        if isinstance(ts, str):  # a way that cannot run here: why
+            out["ways"][way] = {"not_run": ts}
+            continue
         mid, lo, hi = median_ci([b / t for b, t in zip(base, ts)])  # speedup over the same repeat's unhooked step
         out["ways"][way] = {"step_ms": round(1e3 * statistics.median(ts), 2), "speedup": round(mid, 3),
                             "ci": [round(lo, 3), round(hi, 3)]}
@@ -361,6 +550,9 @@ def main() -> None:
                     help="Run every rank on a shaped fabric of this host (tc's rate, e.g. 1gbit; `ficco measure "
                          "--fabric`): the script re-runs itself inside one, profiles it, and the selector decides "
                          "for its machine, cpu-RATE.")
+    ap.add_argument("--dtensor", action="store_true",
+                    help="Also time the ways a DTensor user has (torchtitan's plan eager, compiled, compiled with "
+                         "Inductor's micro-pipeline pass, in ficco's styles, compiled with ficco's pass).")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default=None, help="Write a bar chart of the speedups here (PNG).")
     args = ap.parse_args()
@@ -388,7 +580,7 @@ def main() -> None:
         retrained, summary = retrain([f for files in explorations for f in files], workdir) if args.retrain else (None, None)
         ways = ["pytorch", "async-tp", "ficco", "ficco-unchecked", *(["ficco+telemetry"] if retrained else []),
                 *FIXED, *FICCO,
-                "oracle", "compute-only"]
+                "oracle", *(DTENSOR if args.dtensor else ()), "compute-only"]
         rows = []
         for files, (P, config) in zip(explorations, configs):  # 3. time
             best, shapes = explored(files)
@@ -433,7 +625,8 @@ def _decisions(folder: str, shapes: dict) -> dict:
 
 def _print_row(r: dict) -> None:
     print(f"{r['hardware']} P={r['world_size']} seq={r['seq']} hidden={r['hidden']} (comm/compute {r['comm_per_compute']:.2f}): "
-          + ", ".join(f"{w} {v['step_ms']:.0f} ms x{v['speedup']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
+          + ", ".join(f"{w} {v['not_run']}" if "not_run" in v else
+                      f"{w} {v['step_ms']:.0f} ms x{v['speedup']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
                       for w, v in r["ways"].items()) + f"; best fixed {r['best_fixed']}", flush=True)
 
 
@@ -443,7 +636,8 @@ def _plot(rows: list[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ways = [w for w in rows[0]["ways"] if w not in ("pytorch", "compute-only")]
+    ways = [w for w in rows[0]["ways"] if w not in ("pytorch", "compute-only")
+            and all("speedup" in r["ways"][w] for r in rows)]
     fig, ax = plt.subplots(figsize=(11, 4.5))
     width = 0.8 / len(ways)
     for i, way in enumerate(ways):
