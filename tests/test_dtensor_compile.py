@@ -14,6 +14,8 @@ norms, ``PrepareModuleInput``, colwise / rowwise linears; the block and plan of
   (``torch.ops.ficco``, one graph node each: one gather for wq, wk, wv, one for w1, w3), with
   or without the pass (which then finds nothing left to rewrite), and equal PyTorch's plan
   uncompiled.
+- Batch 1: compiled values equal too, but the sequence gathers are not matched (xfail: the
+  all-gather lowers to all-gather + reshape, which PyTorch's pattern finder does not take).
 """
 
 import copy
@@ -173,3 +175,42 @@ def check_ficco_styles_compiled(rank: int, P: int, tmp: Path) -> None:
 
 def test_ficco_styles_compile_without_graph_breaks_and_equal_pytorchs_plan(tmp_path):
     spawn(check_ficco_styles_compiled, 2, tmp_path)
+
+
+def check_batch_one(rank: int, P: int, tmp: Path) -> None:
+    import json
+
+    from ficco_select.runtime.compile import install_pass
+
+    torch_ops.configure(schedule="shard.ring.sm")
+    mesh = init_device_mesh("cpu", (P,))
+    torch.manual_seed(0)
+    reference = Block()
+    gen = torch.Generator().manual_seed(1)
+    x, dy = (rand(gen, 1, SEQ, DIM).chunk(P, dim=1)[rank] for _ in range(2))
+    eager = parallelize_module(copy.deepcopy(reference), mesh, llama_plan(*TORCH_PLAN))
+    want = step(eager, x, dy)
+    model = parallelize_module(copy.deepcopy(reference), mesh, llama_plan(*TORCH_PLAN))
+    with install_pass() as ficco_pass:
+        got = step(torch.compile(model), x, dy)
+    failures = []
+    _compare(got, want, model, eager, "batch 1, compiled with ficco's pass", failures)
+    assert not failures, f"rank {rank}:\n" + "\n".join(failures)
+    if rank == 0:
+        (tmp / "rewrites.json").write_text(json.dumps([[r.op, r.graph] for r in ficco_pass.rewrites]))
+
+
+def test_batch_one_compiles_equal_and_its_sequence_gathers_are_matched(tmp_path):
+    """With batch 1 DTensor's sequence gather (``Shard(1)`` to ``Replicate()``) lowers to an
+    all-gather along dim 0 then a reshape (no split + cat), which PyTorch's pattern finder
+    (``find_all_gather_patterns``, that ficco's pass uses) does not take for a gather along
+    dim 1: only the forward's two mm + reduce-scatter are rewritten. Values are right either way."""
+    import json
+
+    spawn(check_batch_one, 2, tmp_path)
+    rewrites = json.loads((tmp_path / "rewrites.json").read_text())
+    gathers = [graph for op, graph in rewrites if op == "all_gather_matmul"]
+    if not gathers:
+        pytest.xfail(f"batch 1: no all-gather + mm matched (all-gather then reshape, not split + cat); "
+                     f"rewrites {rewrites}")
+    assert sorted(gathers) == ["backward", "backward", "forward", "forward"], rewrites
