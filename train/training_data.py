@@ -33,7 +33,7 @@ MEASURED_REPEAT: str | None = "cpu_catalog_repeat.parquet"
 """An independent second sweep of every one of its scenarios (data/scenarios/catalog_cpu_repeat.csv),
 measured with the same harness in fresh ranks (None: no repeat, every row judged on its own
 labels). A repeat taken with another harness would judge the labels on other labels' noise."""
-FABRICS = ("2gbit", "1gbit")
+FABRICS = ("2gbit", "1gbit", "500mbit")
 """The shaped fabrics of this host with a committed sweep and second sweep (``fabric_<rate>[_repeat].parquet``)."""
 MEASURED_SWEEPS: tuple[tuple[str, str | None], ...] = (
     (MEASURED, MEASURED_REPEAT),
