@@ -21,7 +21,7 @@ from torch.distributed import distributed_c10d as c10d
 from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.operators import TOLERANCE, relative_error
 from ficco_select.executor.peer import CudaPeerMemory, HostPeerMemory, NcclComm, PeerCopyComm
-from ficco_select.hardware import preset_for_device
+from ficco_select.hardware import HardwareError, load_hardware, preset_for_device
 from ficco_select.runtime.decision import Decision
 from ficco_select.runtime.layers import LayerTable
 from ficco_select.runtime.selector import Selector
@@ -252,7 +252,12 @@ def _explore(key: tuple, scenario: Scenario, decision: Decision) -> tuple[Scenar
 
 
 def _backend(scenario: Scenario) -> str:
-    return "cpu" if scenario.hardware == "cpu" else "cuda"
+    """The backend whose schedules a call may run: the cpu backend's on a machine without
+    copy engines, whatever its name (a shaped fabric's ``cpu-1gbit`` too), else a GPU's."""
+    try:
+        return "cuda" if load_hardware(scenario.hardware).copy_engines else "cpu"
+    except HardwareError:  # a name no spec describes: the cpu preset's name alone is the cpu
+        return "cpu" if scenario.hardware == "cpu" else "cuda"
 
 
 HOST_SLOT_BYTES = 1 << 20
