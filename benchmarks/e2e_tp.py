@@ -645,7 +645,7 @@ def _plot(rows: list[dict], path: str) -> None:
         mid = [r["ways"][way]["speedup"] for r in rows]
         err = [[m - r["ways"][way]["ci"][0] for m, r in zip(mid, rows)],
                [r["ways"][way]["ci"][1] - m for m, r in zip(mid, rows)]]
-        ax.bar(xs, mid, width, yerr=err, capsize=2, label=way)
+        ax.bar(xs, mid, width, yerr=err, capsize=2, label=way, color=plt.cm.tab20(i % 20))  # a color per way
     ax.axhline(1.0, color="black", linewidth=0.8)
     low = min(r["ways"][w]["ci"][0] for r in rows for w in ways)
     ax.set_ylim(min(0.9, low - 0.05), None)  # ratios around 1: the differences, not the bars' length
@@ -653,9 +653,9 @@ def _plot(rows: list[dict], path: str) -> None:
                   [f"P={r['world_size']} seq {r['seq']}\nhidden {r['hidden']}\ncomm/compute {r['comm_per_compute']:.2f}"
                    for r in rows])
     ax.set_ylabel("step speedup over unhooked PyTorch\n(median, 95% CI)")
-    ax.legend(fontsize=7, ncol=len(ways), loc="upper center", bbox_to_anchor=(0.5, -0.3))
+    ax.legend(fontsize=7, ncol=min(len(ways), 6), loc="upper center", bbox_to_anchor=(0.5, -0.3))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # the legend below the axes, whole
 
 
 if __name__ == "__main__":
