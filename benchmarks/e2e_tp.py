@@ -421,7 +421,8 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
         if way in dtensor:
             run.update({k: dtensor[way][k] for k in ("model", "x", "opt")})
             if way in ("ficco-styles", "dtensor-compiled+ficco"):  # ficco's ops decide with the selector
-                torch_ops.configure(selector=champion, hardware=hardware, schedule="", check_calls=True)
+                torch_ops.configure(selector=champion, hardware=hardware, schedule="",
+                                    check_calls=not config["dtensor_unchecked"])
             if way == "ficco-styles":
                 from ficco_select.runtime.dtensor import prepare_tables
 
@@ -553,6 +554,8 @@ def main() -> None:
     ap.add_argument("--dtensor", action="store_true",
                     help="Also time the ways a DTensor user has (torchtitan's plan eager, compiled, compiled with "
                          "Inductor's micro-pipeline pass, in ficco's styles, compiled with ficco's pass).")
+    ap.add_argument("--dtensor-unchecked", action="store_true",
+                    help="With --dtensor: ficco's styles and pass run without the per-call shape check.")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default=None, help="Write a bar chart of the speedups here (PNG).")
     args = ap.parse_args()
@@ -568,7 +571,7 @@ def main() -> None:
             ap.error(f"--configs {item}: hidden must be a multiple of {HEAD_DIM} with hidden/{HEAD_DIM} heads "
                      "divisible by P, and seq divisible by P")
         configs.append((P, {"seq": seq, "hidden": hidden, "heads": heads, "batch": args.batch, "model": args.model,
-                            "spec": spec}))
+                            "spec": spec, "dtensor_unchecked": args.dtensor_unchecked}))
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or tmp
         os.makedirs(workdir, exist_ok=True)
