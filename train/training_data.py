@@ -80,16 +80,19 @@ def sampled(*, per_preset: int = SAMPLED_PER_PRESET, spread: float = SAMPLED_SPR
     return [simulated(hw.name, noise=noise, seed=seed + 1 + i, share=share) for i, hw in enumerate(machines)]
 
 
+def measured_sweep(name: str, repeat: str | None, *, register: bool = True) -> pd.DataFrame:
+    """The committed sweep `name` with its second sweep `repeat`'s times attached
+    (``attach_repeat``; None: none). The second sweep never registers its spec: a fabric's
+    profiled the fabric again (a spec a few percent off under the same name), and the first
+    sweep's spec is the machine's, as its labels are. `register` False: the first's neither
+    (a run that believes a spec of its own, ``ficco adapt``)."""
+    sweep = read_dataset(measured_path(name), register=register)
+    return sweep if repeat is None else attach_repeat(sweep, read_dataset(measured_path(repeat), register=False))
+
+
 def measured_rows() -> pd.DataFrame:
     """Every committed cpu sweep (``MEASURED_SWEEPS``), each with its repeat's times attached."""
-    frames = []
-    for name, repeat in MEASURED_SWEEPS:
-        sweep = read_dataset(measured_path(name))
-        # A fabric's second sweep profiled the fabric again (a spec a few percent off under the
-        # same name): the first sweep's spec is the machine's, as its labels are.
-        again = read_dataset(measured_path(repeat), register=False) if repeat is not None else None
-        frames.append(sweep if again is None else attach_repeat(sweep, again))
-    return pd.concat(frames, ignore_index=True)
+    return pd.concat([measured_sweep(name, repeat) for name, repeat in MEASURED_SWEEPS], ignore_index=True)
 
 
 def default_training_data(*, noise: float = SIM_NOISE, seed: int = 0, extra: list[pd.DataFrame] = (),

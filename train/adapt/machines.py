@@ -121,15 +121,12 @@ def cpu_machine(name: str, start: HardwareSpec, out_dir: str | Path, *, progress
     (gloo ranks, the ``ficco measure`` defaults; ``_measured_as``); the truth to score
     against is the committed full measurement (its repeat sweep where there is one:
     ``train.metrics``)."""
-    from data.dataset import attach_repeat, read_dataset
     from data.scenarios import packaged, read_scenarios
-    from train.training_data import MEASURED_REPEAT, measured_path
+    from train.training_data import MEASURED, MEASURED_REPEAT, measured_sweep
 
     grid, measure_here, relabel = _measured_as(name, read_scenarios(packaged("catalog_cpu.csv"), backend="cpu"),
                                                out_dir, backend="cpu", progress=progress)
-    truth = read_dataset(measured_path())
-    if MEASURED_REPEAT is not None:
-        truth = attach_repeat(truth, read_dataset(measured_path(MEASURED_REPEAT)))
+    truth = measured_sweep(MEASURED, MEASURED_REPEAT)
     return Machine(name, dataclasses.replace(start, name=name), grid, measure_here, truth=relabel(truth))
 
 
@@ -146,12 +143,11 @@ def fabric_machine(fabric, out_dir: str | Path, *, progress: bool = True) -> Mac
     start); each round's scenarios are timed by the harness on the fabric's gloo ranks. The
     truth to score against: the committed sweep of that fabric (``data/measured/
     fabric_<rate>.parquet``), judged on its second sweep, where there is one."""
-    from data.dataset import attach_repeat, read_dataset
     from data.measure.config import MeasureConfig
     from data.measure.fabric_profile import on_fabric
     from data.measure.sweep import measure
     from data.scenarios import packaged, read_scenarios
-    from train.training_data import measured_path
+    from train.training_data import measured_path, measured_sweep
 
     on_host = read_scenarios(packaged(FABRIC_CATALOG), backend="cpu")
     harness = Path(out_dir) / "harness.parquet"
@@ -165,11 +161,9 @@ def fabric_machine(fabric, out_dir: str | Path, *, progress: bool = True) -> Mac
         return rows[rows["scenario_id"].isin(ids)]  # the harness file holds earlier rounds too
 
     truth = None
-    sweep, repeat = measured_path(f"fabric_{fabric.rate}.parquet"), measured_path(f"fabric_{fabric.rate}_repeat.parquet")
-    if sweep.is_file():  # read for its times: its own profile must not replace this run's spec
-        truth = read_dataset(sweep, register=False)
-        if repeat.is_file():
-            truth = attach_repeat(truth, read_dataset(repeat, register=False))
+    sweep, repeat = f"fabric_{fabric.rate}.parquet", f"fabric_{fabric.rate}_repeat.parquet"
+    if measured_path(sweep).is_file():  # read for its times: its profile must not replace this run's spec
+        truth = measured_sweep(sweep, repeat if measured_path(repeat).is_file() else None, register=False)
         truth = truth[truth["scenario_id"].isin(host_of)]
     return Machine(fabric.name, load_hardware(fabric.name), grid, measure_here, truth=truth)
 
