@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from train.shipped import FIXED_PREFIX, SLOWDOWN_CAP, _fixed_rules, _margin_rule, tail_guard
+from train.shipped import FIXED_PREFIX, SLOWDOWN_CAP, fixed_rule_schedules, _margin_rule, tail_guard
 
 
 def outcomes(**columns) -> pd.DataFrame:
@@ -79,7 +79,7 @@ def test_the_fixed_rules_tried_are_the_schedules_most_scenarios_have_baselines_a
     rows += [("a", "ficco.d2.ring.gemm_per_piece.m.sm"), ("b", "ficco.d2.ring.gemm_per_piece.m.sm"),
              ("c", "ficco.d4.ring.gemm_per_piece.m.sm")]
     ok = pd.DataFrame(rows, columns=["scenario_id", "schedule"])
-    assert _fixed_rules(ok) == ["ficco.d2.ring.gemm_per_piece.m.sm", "shard.ring.sm"]
+    assert fixed_rule_schedules(ok) == ["ficco.d2.ring.gemm_per_piece.m.sm", "shard.ring.sm"]
 
 
 def direct_rule(v: pd.DataFrame) -> tuple:

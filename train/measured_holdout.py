@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from train.metrics import BASELINE_PREFIX, comparison_table, format_table, score, usable_rows
+from train.metrics import BASELINE_NAME, BASELINE_PREFIX, comparison_table, format_table, score, usable_rows
+from train.shipped import fixed_rule_schedules
 
 SPLIT = "hardware"
-FIXED_SHARE = 0.5
-"""A fixed rule is one schedule everywhere: kept where at least this share of the machine's scenarios have it."""
 
 
 def measured_machines(df: pd.DataFrame) -> list[str]:
@@ -35,13 +34,13 @@ def measured_machines(df: pd.DataFrame) -> list[str]:
 
 
 def fixed_rules(rows: pd.DataFrame) -> dict[str, dict[str, str]]:
-    """{rule: {scenario_id: schedule}}: for each schedule that at least ``FIXED_SHARE`` of
-    the scenarios of `rows` can run, that schedule where it is a usable row, else the
-    scenario's baseline (``none.sm``, or its first ``none.*``)."""
+    """{rule: {scenario_id: schedule}}: the baseline everywhere, and for each schedule that
+    the shipped policy's fallbacks may use (``train.shipped.fixed_rule_schedules``: one that
+    at least half of the scenarios of `rows` can run), that schedule where it is a usable
+    row, else the scenario's baseline (``none.sm``, or its first ``none.*``)."""
     ok = usable_rows(rows)
     by_scenario = ok.groupby("scenario_id")["schedule"].agg(set)
-    counts = pd.Series([name for names in by_scenario for name in names]).value_counts()
-    common = sorted(counts.index[counts >= FIXED_SHARE * len(by_scenario)])
+    common = [BASELINE_NAME, *fixed_rule_schedules(ok)]
     baseline = {sid: ("none.sm" if "none.sm" in names else sorted(n for n in names if n.startswith(BASELINE_PREFIX))[0])
                 for sid, names in by_scenario.items()}
     return {rule: {sid: rule if rule in names else baseline[sid] for sid, names in by_scenario.items()}

@@ -116,7 +116,7 @@ def fit_abstention(make: Callable[[], BaseSelector], df: pd.DataFrame, folds: in
     # Dealt round-robin in a fixed shuffled order, so that every fold gets some groups.
     order = sorted(set(key), key=lambda v: (zlib.crc32(str(v).encode()), str(v)))
     fold_of = key.map({v: i % folds for i, v in enumerate(order)})
-    fixed = _fixed_rules(ok)
+    fixed = fixed_rule_schedules(ok)
     parts = [_beyond_ranges(_validation_outcomes(make().fit(ok[fold_of != f]), ok[fold_of == f], fixed), ok[fold_of != f])
              for f in range(folds) if (fold_of != f).any() and (fold_of == f).any()]
     if not parts:  # nothing to validate on: the runtime's own default
@@ -358,7 +358,7 @@ def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abst
     ok = usable_rows(df)
     specs = {h: load_hardware(h) for h in sorted(ok["hardware"].unique(), key=lambda h: zlib.crc32(h.encode()))}
     rule: dict = {"decide": "heuristic", "kinds": {}, "validation": {}}
-    fixed = _fixed_rules(ok)
+    fixed = fixed_rule_schedules(ok)
     held_out = []  # every kind's validation outcomes on held-out machines
     for kind in sorted({machine_kind(hw) for hw in specs.values()}):
         mine = [h for h, hw in specs.items() if machine_kind(hw) == kind]
@@ -468,7 +468,7 @@ MIN_FIXED_SHARE = 0.5
 """A schedule is tried as a fixed-rule fallback if at least this share of validation scenarios has it."""
 
 
-def _fixed_rules(ok: pd.DataFrame) -> list[str]:
+def fixed_rule_schedules(ok: pd.DataFrame) -> list[str]:
     """The schedules (not baselines) that at least ``MIN_FIXED_SHARE`` of `ok`'s scenarios have:
     the fixed rules a fitted abstention rule may fall back to."""
     share = ok.groupby("schedule")["scenario_id"].nunique() / ok["scenario_id"].nunique()
