@@ -64,10 +64,10 @@ def test_the_runtime_imports_features_from_the_selector_only():
 
 def test_the_runtime_on_the_heuristic_path_stays_light():
     # What a training job imports: the ops (registered too), the hooks, the DTensor styles, the
-    # compile pass, the selector with a decision made.
+    # compile pass, the scheduler's estimates, the selector with a decision made.
     mods = loaded_after(
         "import ficco_select.runtime.tp, ficco_select.runtime.torch_ops, ficco_select.runtime.library\n"
-        "import ficco_select.runtime.dtensor, ficco_select.runtime.compile\n"
+        "import ficco_select.runtime.dtensor, ficco_select.runtime.compile, ficco_select.runtime.estimate\n"
         "from ficco_select.runtime.selector import Selector\n"
         "from ficco_select import Scenario\n"
         "d = Selector.load('/nonexistent').select(Scenario(group='g', op='ag_gemm', m=64, n=64, k=64,"
