@@ -45,7 +45,7 @@ from ficco_select import __version__
 from ficco_select.hardware import (
     HardwareError,
     load_hardware,
-    preset_names,
+    shipped_names,
     register_hardware,
     spec_as_dict,
     spec_from_dict,
@@ -141,7 +141,7 @@ def user_specs(df: pd.DataFrame) -> dict[str, dict]:
     knows them: what a dataset file and a model carry so that the names resolve elsewhere."""
     if "hardware" not in df.columns:
         return {}
-    presets = set(preset_names())
+    presets = shipped_names()
     specs = {}
     for name in sorted(set(df["hardware"].dropna().astype(str)) - presets):
         try:

@@ -360,7 +360,7 @@ def _probe() -> tuple[list[dict], list[str], dict[str, HardwareSpec]]:
     specs["probe-no-dma"] = HardwareSpec(name="probe-no-dma", **{**base, "topology": "switch", "copy_engines": 0})
     specs["probe-library"] = HardwareSpec(name="probe-library", **{  # every fitted term on
         **base, "topology": "switch", "gemm_mem_efficiency": 0.5, "coll_latency_us": 14.0, "coll_bw_gbps": 280.0,
-        "step_sync_us": 1.0})
+        "step_sync_us": 1.0, "overlap_efficiency": 0.8, "overlap_call_us": 20.0, "fp8_gemm_efficiency": 1.2})
     records, names = [], []
     for name, spec in specs.items():
         for op in OPS:

@@ -20,10 +20,10 @@ def hardware() -> None:
 
 @hardware.command("list")
 def hardware_list() -> None:
-    """Print the preset names."""
-    from ficco_select.hardware import preset_names
+    """Print the preset names, then the data-sheet machines (never trained on)."""
+    from ficco_select.hardware import datasheet_names, preset_names
 
-    click.echo("\n".join(preset_names()))
+    click.echo("\n".join(preset_names() + [f"{name}  (data sheet)" for name in datasheet_names()]))
 
 
 @hardware.command("show")
@@ -211,10 +211,12 @@ def _call_lines(calls: dict) -> list[str]:
 @click.option("--fields", default=None, help="Comma-separated spec fields to fit (default: data.published.FITTED).")
 @click.option("--kinds", default=None,
               help="Comma-separated kinds of point to fit to (default: overlap,collective).")
+@click.option("--rows", "row_range", default=None, metavar="FIRST-LAST",
+              help="Only the table's rows FIRST to LAST (1-based, header excluded), e.g. 49-54.")
 @click.option("--set", "settings", multiple=True, metavar="FIELD=VALUE",
               help="Set a spec number before fitting (a cited figure, e.g. dma_bw_gbps=396.4; repeatable).")
 @json_option()
-def sim_fit(published_path, name, fields, kinds, settings, as_json) -> None:
+def sim_fit(published_path, name, fields, kinds, row_range, settings, as_json) -> None:
     """Fit a preset's model terms to the published points of its device; prints the fitted
     numbers, the rows they were fitted to, and the agreement before and after."""
     import dataclasses
@@ -231,7 +233,13 @@ def sim_fit(published_path, name, fields, kinds, settings, as_json) -> None:
                 raise ValueError(f"--set {item!r}: expected FIELD=VALUE with a spec field")
             changes[field] = float(value)
         spec = dataclasses.replace(spec, **changes)
-        _, report = fit(read_published(published_path), spec,
+        points = read_published(published_path)
+        if row_range:
+            first, sep, last = row_range.partition("-")
+            if not (sep and first.isdigit() and last.isdigit() and int(first) <= int(last)):
+                raise ValueError(f"--rows {row_range!r}: expected FIRST-LAST, e.g. 49-54")
+            points = [p for p in points if int(first) <= p.row <= int(last)]
+        _, report = fit(points, spec,
                         fields=tuple(fields.split(",")) if fields else FITTED,
                         kinds=tuple(kinds.split(",")) if kinds else FIT_KINDS)
     report["set"] = changes

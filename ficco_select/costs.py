@@ -50,6 +50,8 @@ def _gemm_time(hw, M, N, K, dtype_bytes, peak_flops, units_free, mem_slowdown):
     waves = np.ceil(tiles / units_at_least_1)
     utilization = np.where(tiles > 0, tiles / np.maximum(waves * units, 1), 1.0)
     rate = peak_flops * hw.gemm_efficiency * efficiency * utilization
+    if hw.fp8_gemm_efficiency != 1.0:  # 1-byte operands are fp8's (x * 1.0 would be x, bit for bit)
+        rate = rate * np.where(np.asarray(dtype_bytes) == 1, hw.fp8_gemm_efficiency, 1.0)
     if not (scalar_units and units_free == 1):  # x * 1.0 is x, bit for bit
         rate = rate * units_free
     compute = np.minimum.reduce(flops / rate, axis=0)  # the fastest tile choice
@@ -127,6 +129,15 @@ def reduction_time(hw: HardwareSpec, op, shard_bytes, P):
     bandwidth); 0 for the other operators."""
     reduces = (op == OP_CODES["gemm_rs"]) | (op == OP_CODES["gemm_ar"])
     return np.where(reduces, (P - 1) * 3 * shard_bytes / (hw.mem_bw_gbps * GB), 0.0)
+
+
+def overlapped(hw: HardwareSpec, g, c):
+    """Time of a GEMM of time g and a transfer of time c run beside each other: the longer,
+    plus the part of the shorter that ``overlap_efficiency`` says is not hidden."""
+    longer = np.maximum(g, c)
+    if hw.overlap_efficiency == 1.0:  # the ideal: the longer alone, bit for bit
+        return longer
+    return longer + (1.0 - hw.overlap_efficiency) * np.minimum(g, c)
 
 
 def contended(hw: HardwareSpec, g, c, dma):
@@ -248,10 +259,12 @@ def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_bytes, 
     # Local work that overlaps the first transfer: the local shard (ring), or the first
     # local piece (a2a pattern, GEMM per piece); a per-step a2a GEMM waits for its step.
     g_local = np.where(a2a, np.where(per_step, 0.0, g_piece), np.where(per_step, g_shard, dd * g_piece))
-    first = np.maximum(contended(hw, g_local, c_step, dma), c_step)
-    middle = (steps - 1) * np.maximum(g_step_c, c_step)
-    # Each step also waits on its peer's signal and orders the streams (``step_sync_us``).
-    t_over = first + middle + g_step + rs_adds / np.maximum(steps, 1) + steps * (hw.step_sync_us * US)
+    first = overlapped(hw, contended(hw, g_local, c_step, dma), c_step)
+    middle = (steps - 1) * overlapped(hw, g_step_c, c_step)
+    # Each step also waits on its peer's signal and orders the streams (``step_sync_us``);
+    # each call sets up once with each peer (``overlap_call_us``).
+    t_over = (first + middle + g_step + rs_adds / np.maximum(steps, 1) + steps * (hw.step_sync_us * US)
+              + (P - 1) * hw.overlap_call_us * US)
     # gemm_ar's reduce-scatter + all-gather form: the reduced blocks' all-gather comes last.
     all_gather = collective_time(hw, OP_CODES["ag_gemm"], shard_bytes, P)
     t_over = np.where(is_ar & ~np.asarray(a2a, dtype=bool), t_over + all_gather, t_over)

@@ -109,6 +109,22 @@ class HardwareSpec:
     """Fixed cost per step of a decomposed schedule beyond its transfer and its GEMM: waiting
     on the peer's signal, ordering the streams, us."""
 
+    overlap_efficiency: float = _field("fraction", "fraction", 1.0, low=0.0, high=1.0, high_open=False,
+                                       sample=(0.5, 1.0))
+    """Realized fraction of the ideal overlap, in (0, 1]: a step of an overlapped schedule
+    takes max(GEMM, transfer) + (1 - this) x min(GEMM, transfer). What interference between
+    the overlapped GEMM and the transfer costs beyond ``sm_comm_units`` and
+    ``dma_mem_contention`` (L2 and HBM traffic, the scheduler's own waits). 1 (the
+    default): the ideal overlap."""
+    overlap_call_us: float = _field("us", "latency", 0.0)
+    """Fixed cost of one call of an overlapped schedule per peer, beyond its steps (the
+    barrier and symmetric-memory handshake with each peer before the first transfer, extra
+    launches), us: a call pays (P - 1) x this. What dominates at decode sizes."""
+    fp8_gemm_efficiency: float = _field("fraction", "fraction", 1.0, low=0.0, high=2.0, high_open=False,
+                                        sample=(0.5, 2.0))
+    """An fp8 GEMM's efficiency relative to ``gemm_efficiency`` (of the fp8 peak), in (0, 2]:
+    fp8 kernels reach another fraction of their peak than bf16's. 1 (the default): the same."""
+
     def peak_of(self, dtype: str) -> float:
         """Dense peak TFLOP/s of `dtype`, float32's where the spec gives none: the one rule the
         simulator, the features, the heuristic and the runtime's range check read it by."""
@@ -191,9 +207,11 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
                            "peak_tflops": {k: float(v) for k, v in spec["peak_tflops"].items()}})
 
 
-GPU_PRESETS = (("H200", "h200-nvswitch"), ("H100", "h100-nvswitch"), ("A100", "a100-nvswitch"),
-               ("L40S", "l40s-pcie-8"), ("MI300", "mi300x-8"), ("MI250", "mi250x-8"))
-"""(device-name substring, preset), first match wins: the preset of a GPU by its name."""
+GPU_PRESETS = (("H200", "h200-nvswitch"), ("H100", "h100-nvswitch"), ("H800", "h800-nvswitch"),
+               ("A100", "a100-nvswitch"), ("L40S", "l40s-pcie-8"), ("MI300", "mi300x-8"), ("MI250", "mi250x-8"),
+               ("GB200", "gb200-nvl72"), ("B200", "b200-nvswitch"), ("B300", "b300-nvswitch"))
+"""(device-name substring, preset), first match wins: the preset of a GPU by its name (a
+data-sheet machine's too: ``datasheet_names``)."""
 
 
 def preset_for_device(device_name: str) -> str | None:
@@ -207,7 +225,28 @@ def presets_dir() -> Path:
 
 
 def preset_names() -> list[str]:
+    """The presets the training data simulates, and every hold-out scores."""
     return sorted(p.stem for p in presets_dir().glob("*.yaml"))
+
+
+def datasheet_names() -> list[str]:
+    """Data-sheet machines (``presets/datasheet/``): GPUs with published rows but no fit of
+    their own (H800, Blackwell), loaded by name like a preset but never trained on: the
+    simulator's zero-shot check on machines it was not fitted to."""
+    return sorted(p.stem for p in (presets_dir() / "datasheet").glob("*.yaml"))
+
+
+def shipped_names() -> set[str]:
+    """Every machine shipped with the package (presets and data-sheet machines): names that
+    mean one spec everywhere."""
+    return set(preset_names()) | set(datasheet_names())
+
+
+def _preset_path(name: str) -> Path | None:
+    for path in (presets_dir() / f"{name}.yaml", presets_dir() / "datasheet" / f"{name}.yaml"):
+        if name and path.is_file():
+            return path
+    return None
 
 
 def is_spec_path(value: str | Path) -> bool:
@@ -230,7 +269,7 @@ def register_hardware(spec: HardwareSpec, where: str = "", *, replace: bool = Fa
     the latest spec wins, with a warning when its numbers changed, unless `replace` says
     that is the point (``ficco adapt`` refines a machine's spec round by round).
     """
-    if spec.name in preset_names():
+    if _preset_path(spec.name) is not None:
         if _preset(spec.name) != spec:
             raise HardwareError(f"{where or 'spec'}: name {spec.name!r} is a preset's, with other numbers; "
                                 "give this machine its own name (field 'name')")
@@ -252,9 +291,9 @@ def load_hardware(name_or_path: str | Path) -> HardwareSpec:
         name = str(name_or_path)
         if name in _REGISTERED:
             return _REGISTERED[name]
-        if not name or not (presets_dir() / f"{name}.yaml").is_file():
-            raise HardwareError(f"unknown hardware {name!r}; presets: {', '.join(preset_names())} "
-                                "(or pass a spec file: ./my-node.yaml)")
+        if _preset_path(name) is None:
+            raise HardwareError(f"unknown hardware {name!r}; presets: {', '.join(preset_names())}; data-sheet "
+                                f"machines: {', '.join(datasheet_names())} (or pass a spec file: ./my-node.yaml)")
         return _preset(name)
     path = Path(name_or_path)
     return register_hardware(_read_spec(path), str(path))
@@ -262,7 +301,7 @@ def load_hardware(name_or_path: str | Path) -> HardwareSpec:
 
 @functools.cache  # the package's files: read once per process, not once per table row
 def _preset(name: str) -> HardwareSpec:
-    return _read_spec(presets_dir() / f"{name}.yaml")
+    return _read_spec(_preset_path(name))
 
 
 def hardware_name(value: str) -> str:

@@ -61,7 +61,8 @@ import dataclasses
 
 import numpy as np
 
-from ficco_select.costs import OP_CODES, US, collective_time, contended, gemm_time, scenario_estimates, transfer_time
+from ficco_select.costs import (OP_CODES, US, collective_time, contended, gemm_time, overlapped, scenario_estimates,
+                                transfer_time)
 from ficco_select.hardware import HardwareSpec
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import BASELINE, SHARD, Schedule, degrees, is_legal
@@ -181,8 +182,8 @@ def _estimated_times(s: Scenario, hw: HardwareSpec, est: dict[str, float], f: _F
         step = transfer_time(hw, est["shard_bytes"] / d, np.where(f.a2a, P - 1, 1), f.dma, P)
         comm = steps * step * np.where(f.a2a & is_ar, 2.0, 1.0)
         slowed = contended(hw, gemm, comm, f.dma)
-        time = (np.maximum(slowed, comm) + fill * np.minimum(gemm, comm) / steps
-                + steps * hw.step_sync_us * US)
+        time = (overlapped(hw, slowed, comm) + fill * np.minimum(gemm, comm) / steps
+                + steps * hw.step_sync_us * US + hw.overlap_call_us * US)
         if is_ar:  # the ring form's all-gather of the reduced blocks comes last
             time = time + np.where(f.a2a, 0.0, collective_time(hw, OP_CODES["ag_gemm"], est["shard_bytes"], P))
     return np.asarray(time, float)

@@ -12,6 +12,7 @@ that tell it when to abstain, fitted on validation folds of the training side.
 
 from __future__ import annotations
 
+import functools
 import json
 import zlib
 from collections.abc import Callable, Sequence
@@ -80,7 +81,16 @@ def runtime_meta(name: str, df: pd.DataFrame) -> dict:
             "feature_schema_hash": FEATURE_SCHEMA_HASH, "feature_names": list(FEATURE_NAMES),
             "target": "log(time / baseline time)" if name == "xgb-regressor" else "rank score (higher is better)",
             "training_ranges": training_ranges(df), "unseen_dtype": dtype_ranges(df),
-            "hardware_specs": user_specs(df)}
+            "hardware_specs": user_specs(df), "gpu_no_harm": gpu_no_harm()}
+
+
+@functools.cache
+def gpu_no_harm() -> dict:
+    """selector.json's ``gpu_no_harm``: the GPU do-no-harm rule fitted on the committed
+    calibration rows of the published record (``data.no_harm``); the same for every model."""
+    from data.no_harm import fit_no_harm
+
+    return fit_no_harm()
 
 
 SLOWER_BY = TIE

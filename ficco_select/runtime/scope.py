@@ -41,9 +41,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ficco_select.hardware import HardwareSpec, fields_of, load_hardware, preset_names, spec_from_dict
+from ficco_select.hardware import HardwareSpec, fields_of, load_hardware, shipped_names, spec_from_dict
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime.decision import ABSTENTION_REASONS, GATED
+from ficco_select.runtime.no_harm import NoHarmRule
 from ficco_select.scenario import OPS
 from ficco_select.schedule import parse
 
@@ -68,7 +69,7 @@ MACHINE_KINDS = ("gpu", "cpu")
 """``unseen_hardware`` ranges are per kind of machine (``machine_kind``)."""
 ANY_KIND = "any"
 """``abstention.by_reason``'s entry for every kind of machine without one of its own."""
-REASON_FALLBACKS = tuple(r for r in ABSTENTION_REASONS if r not in ("low_margin", "other"))
+REASON_FALLBACKS = tuple(r for r in ABSTENTION_REASONS if r not in ("low_margin", "other", "no_harm"))
 """The abstention reasons ``abstention.by_reason`` gives fallbacks for (a low margin has the
 margin rules; the other reasons go to the heuristic)."""
 
@@ -107,6 +108,8 @@ class Scope:
     unseen_dtype: tuple[tuple[float, float], Mapping[str, tuple[float, float]]] | None = None
     """``unseen_dtype``: ((low, high) bytes per element, {kind: (low, high) peak TFLOP/s}) seen
     in training, if the export has them."""
+    gpu_no_harm: NoHarmRule | None = None
+    """``gpu_no_harm``: the GPU side of abstention (``runtime/no_harm.py``), if the export has it."""
 
     @classmethod
     def from_meta(cls, meta: Any, where: str = "selector.json") -> "Scope":
@@ -144,7 +147,7 @@ class Scope:
         if not isinstance(specs, dict):
             raise ValueError(f"{where}: field 'hardware_specs' must be an object (name -> spec), "
                              f"got {type(specs).__name__}")
-        checked, presets = {}, set(preset_names())
+        checked, presets = {}, shipped_names()
         for key, fields in specs.items():
             spec = spec_from_dict(fields, f"{where}, hardware_specs[{key!r}]")
             if spec.name != key:
@@ -179,6 +182,8 @@ class Scope:
                    abstention=abstention, abstention_by_kind=by_kind, abstention_by_op=by_op, range_slack=slack,
                    fallback_by_reason=by_reason,
                    unseen=_unseen_rule(meta.get("unseen_hardware"), where),
+                   gpu_no_harm=(NoHarmRule.from_meta(meta["gpu_no_harm"], where)
+                                if meta.get("gpu_no_harm") is not None else None),
                    unseen_dtype=_dtype_ranges(meta.get("unseen_dtype"), where))
 
 

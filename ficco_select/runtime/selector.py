@@ -49,6 +49,7 @@ from features import FEATURE_NAMES, candidate_features, feature_schema_hash, gri
 from ficco_select.hardware import HardwareError, HardwareSpec, hardware_name, is_spec_path, load_hardware
 from ficco_select.heuristic import backend_for, choose
 from ficco_select.runtime.decision import GATED, Decision, fixed_rule_pick, pick_with_margin
+from ficco_select.runtime.no_harm import holds
 from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerTable, build_table, read_tables
 from ficco_select.runtime.scope import ANY_KIND, DEFAULT_MIN_MARGIN, Scope, machine_kind, spec_value
 from ficco_select.runtime.trees import TreeEnsemble, read_json
@@ -306,10 +307,23 @@ class Selector:
                 return decision
         try:
             machine = self._machine(scenario)
-            return machine if isinstance(machine, Decision) else self._model_or_heuristic(*machine)
+            return machine if isinstance(machine, Decision) else self._no_harm(self._model_or_heuristic(*machine),
+                                                                               *machine)
         except Exception as e:  # noqa: BLE001 - even the heuristic failed: the baseline runs anywhere
             self._warn_once(("error", key), f"selector failed on {key!r}: {e}; running the baseline")
             return Decision(BASELINE, "fallback", 0.0, str(e))
+
+    def _no_harm(self, decision: Decision, s: Scenario, hw: HardwareSpec) -> Decision:
+        """`decision`, or the baseline where the export's GPU do-no-harm rule
+        (``gpu_no_harm``) says its predicted gain is within the simulator's published error."""
+        rule = self._scope.gpu_no_harm
+        if rule is None or decision.schedule.is_baseline or machine_kind(hw) != "gpu":
+            return decision
+        stands, why = holds(rule, s, hw, decision.schedule)
+        if stands:
+            return decision
+        return Decision(BASELINE, "fallback", 0.0, f"{decision.reason}; {why}" if decision.reason else why,
+                        decision.abstained or "no_harm")
 
     def _machine(self, scenario: Scenario) -> tuple[Scenario, HardwareSpec] | Decision:
         """The scenario (under its machine's name) and its machine's spec, or the baseline's

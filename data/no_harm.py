@@ -1,0 +1,93 @@
+"""Fitting the GPU do-no-harm rule (``ficco_select.runtime.no_harm``) on published points.
+
+At every collective + GEMM point of the calibration table (``data/published/gpu-calibration.csv``)
+with a measured overlapped method, on the point's preset: the simulator's best overlap gain
+(serial baseline over its fastest overlapped schedule) against the best gain measured
+there, by any method (async-TP's fused ops, fused kernels). Their log ratio is the
+residual, positive where the simulator was too optimistic. The margin of a regime is a
+quantile of its residuals, clipped at 0 (a simulator that under-promises needs no margin);
+regimes split by the simulated serial time at ``SPLIT_US`` where each side has at least
+``MIN_POINTS`` points and their margins differ by more than ``MIN_SPLIT``, else one margin
+for all. The validation table is never read here.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from data.published import read_published
+from data.published_calls import _cells, _measured_methods
+
+QUANTILE = 0.5
+"""Which quantile of the residuals a margin is: the median over-promise. Chosen on the
+calibration points' calls (``ficco sim validate --published``): the 0.75 quantile sends the
+calibration set's measured wins of 6% to 55% at serial times under a millisecond to the
+baseline."""
+SPLIT_US = 1000.0
+"""The regime boundary, us of simulated serial time: below it, fixed costs the model lacks
+(launch, synchronization, symmetric-memory handshakes) weigh on every overlapped call."""
+MIN_POINTS = 4
+MIN_SPLIT = 0.05
+"""Two regimes only where each has this many points and their margins differ by more than
+this (in log gain): else the residuals do not say the regimes differ."""
+
+
+def residuals(path: str | Path) -> list[dict]:
+    """One record per collective + GEMM point of the table at `path` (on a preset, with a
+    measured method): its rows, the simulated serial time (us), the simulator's best overlap
+    gain, the best measured gain, and their log ratio ``residual``."""
+    from data.simulate import simulate_rows
+    from ficco_select.hardware import load_hardware
+
+    points = [p for p in read_published(path) if p.kind in ("overlap", "baseline") and p.hardware]
+    methods = _measured_methods(path, _cells(path), points)
+    groups: dict[tuple, list] = {}
+    for p in points:
+        groups.setdefault((p.source, p.hardware, p.op, p.m, p.n, p.k, p.dtype, p.world_size), []).append(p)
+    out = []
+    for group in groups.values():
+        measured = [methods[p.row].speedup for p in group if p.row in methods]
+        if not measured:
+            continue
+        hw = load_hardware(group[0].hardware)
+        times = simulate_rows([group[0].scenario(hw.name)], hw).set_index("schedule")["time_s"]
+        baseline = float(times["none.sm"])
+        best = float(times[~times.index.str.startswith("none.")].min())
+        out.append({"rows": [p.row for p in group], "hardware": hw.name, "op": group[0].op,
+                    "baseline_us": baseline * 1e6, "simulated_gain": baseline / best,
+                    "measured_gain": max(measured), "residual": math.log(baseline / best / max(measured))})
+    return out
+
+
+def margins(residual: np.ndarray, baseline_us: np.ndarray, *, quantile: float = QUANTILE,
+            split_us: float = SPLIT_US) -> dict:
+    """selector.json's ``gpu_no_harm`` from residuals and the serial times they were seen at."""
+    residual, baseline_us = np.asarray(residual, float), np.asarray(baseline_us, float)
+    if not len(residual):
+        raise ValueError("no published residuals to fit the GPU do-no-harm rule to")
+
+    def margin(r: np.ndarray) -> float:
+        return round(max(float(np.quantile(r, quantile)), 0.0), 4)
+
+    small, large = residual[baseline_us < split_us], residual[baseline_us >= split_us]
+    pooled = margin(residual)
+    split = (len(small) >= MIN_POINTS and len(large) >= MIN_POINTS
+             and abs(margin(small) - margin(large)) > MIN_SPLIT)
+    return {"split_us": split_us if split else 0.0,
+            "small_margin": margin(small) if split else pooled, "large_margin": margin(large) if split else pooled,
+            "quantile": quantile, "points": int(len(residual)),
+            "points_small": int(len(small)) if split else int(len(residual)),
+            "points_large": int(len(large)) if split else 0}
+
+
+def fit_no_harm(path: str | Path | None = None) -> dict:
+    """The rule fitted on the calibration table (default: the committed one), with its source."""
+    from data.published import packaged
+
+    path = Path(path) if path is not None else packaged()
+    records = residuals(path)
+    rule = margins(np.array([r["residual"] for r in records]), np.array([r["baseline_us"] for r in records]))
+    return {**rule, "fitted_on": path.name}
