@@ -181,18 +181,25 @@ M_BANDS = ((0, 2048), (2049, 8192), (8193, 32768), (32769, 1 << 62))
 prefill, whole-batch (MoE expert) GEMMs."""
 
 
-def overlap_map(rows: pd.DataFrame, *, margin: float = TIE) -> pd.DataFrame:
+def overlap_map(rows: pd.DataFrame, *, margin: float = TIE, no_harm: dict | None = None) -> pd.DataFrame:
     """Where overlap pays on simulated `rows` (noise-free): per (op, dtype, band of m), the
     scenarios, and the share whose best schedule beats the serial baseline by more than
-    `margin` (the near-opt tolerance), split by that schedule's granularity (shard, ficco)."""
+    `margin` (the near-opt tolerance), split by that schedule's granularity (shard, ficco).
+    With `no_harm` (selector.json's ``gpu_no_harm``), also ``beyond_error``: the share whose
+    best gain exceeds that rule's margin, where a GPU selector may ship the overlap."""
     baseline = rows[rows["schedule"].str.startswith("none.")].groupby("scenario_id")["time_s"].min()
     best = rows.loc[rows.groupby("scenario_id")["time_s"].idxmin()].set_index("scenario_id")
-    best = best.assign(pays=best["time_s"] * (1 + margin) < baseline.reindex(best.index),
+    serial = baseline.reindex(best.index)
+    best = best.assign(pays=best["time_s"] * (1 + margin) < serial,
                        granularity=best["schedule"].str.split(".").str[0])
+    if no_harm is not None:
+        needed = np.where(serial * 1e6 < no_harm["split_us"], no_harm["small_margin"], no_harm["large_margin"])
+        best["beyond_error"] = best["pays"] & (np.log(serial / best["time_s"]) > needed)
     labels = [f"{lo}-{hi}" if hi < 1 << 62 else f">{lo - 1}" for lo, hi in M_BANDS]
     best["m_band"] = pd.cut(best["m"], [lo - 1 for lo, _ in M_BANDS] + [1 << 62], labels=labels)
     best = best.assign(shard=best["pays"] & (best["granularity"] == "shard"),
                        ficco=best["pays"] & (best["granularity"] == "ficco"))
     out = best.groupby(["op", "dtype", "m_band"], observed=True).agg(
-        scenarios=("pays", "size"), overlap_pays=("pays", "mean"), shard=("shard", "mean"), ficco=("ficco", "mean"))
+        scenarios=("pays", "size"), overlap_pays=("pays", "mean"), shard=("shard", "mean"), ficco=("ficco", "mean"),
+        **({"beyond_error": ("beyond_error", "mean")} if no_harm is not None else {}))
     return out.reset_index()

@@ -258,10 +258,12 @@ def sim_fit(published_path, name, fields, kinds, row_range, settings, as_json) -
 def sim_map(name, dtype, as_json) -> None:
     """Where overlap pays on a machine: the full catalog simulated on it (noise-free), the share
     of scenarios whose best schedule beats the serial baseline by more than 2%, by op, dtype
-    and band of m, with the best schedule's granularity."""
+    and band of m, with the best schedule's granularity; and the share whose best gain exceeds
+    the GPU do-no-harm rule's margin (``no harm``: where a GPU selector ships the overlap)."""
     import dataclasses
 
     from data.catalog import catalog
+    from data.no_harm import fit_no_harm
     from data.simulate import overlap_map, simulate_rows
     from ficco_select.hardware import HardwareError, load_hardware
     from ficco_select.scenario import Scenario
@@ -271,18 +273,21 @@ def sim_map(name, dtype, as_json) -> None:
         base = hw.name.split("~")[0]
         records = catalog("full", hardware=base if base in _preset_names() else None, dtype=dtype)
         scenarios = [dataclasses.replace(Scenario.from_record(r), hardware=hw.name) for r in records]
-        table = overlap_map(simulate_rows(scenarios, hw))
+        table = overlap_map(simulate_rows(scenarios, hw), no_harm=fit_no_harm() if hw.copy_engines else None)
     rows = table.to_dict("records")
+    harm = "beyond_error" in table.columns
     show(as_json, rows, lambda: [f"{hw.name}: share of scenarios where overlap pays (> 2% over the serial baseline)",
-                                 f"{'op':<9} {'dtype':<14} {'m':<12} {'scenarios':>9} {'pays':>6} {'shard':>6} {'ficco':>6}",
+                                 f"{'op':<9} {'dtype':<14} {'m':<12} {'scenarios':>9} {'pays':>6} {'shard':>6} {'ficco':>6}"
+                                 + (f" {'no harm':>8}" if harm else ""),
                                  *(f"{r['op']:<9} {r['dtype']:<14} {r['m_band']:<12} {r['scenarios']:>9} "
-                                   f"{r['overlap_pays']:>6.0%} {r['shard']:>6.0%} {r['ficco']:>6.0%}" for r in rows)])
+                                   f"{r['overlap_pays']:>6.0%} {r['shard']:>6.0%} {r['ficco']:>6.0%}"
+                                   + (f" {r['beyond_error']:>8.0%}" if harm else "") for r in rows)])
 
 
-def _preset_names() -> list[str]:
-    from ficco_select.hardware import preset_names
+def _preset_names() -> set[str]:
+    from ficco_select.hardware import shipped_names
 
-    return preset_names()
+    return shipped_names()
 
 
 @sim.command("calibrate")

@@ -208,7 +208,8 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
 
 
 GPU_PRESETS = (("H200", "h200-nvswitch"), ("H100", "h100-nvswitch"), ("H800", "h800-nvswitch"),
-               ("A100", "a100-nvswitch"), ("L40S", "l40s-pcie-8"), ("MI300", "mi300x-8"), ("MI250", "mi250x-8"),
+               ("A100", "a100-nvswitch"), ("A800", "a800-nvswitch"), ("L40S", "l40s-pcie-8"),
+               ("MI300", "mi300x-8"), ("MI250", "mi250x-8"),
                ("GB200", "gb200-nvl72"), ("B200", "b200-nvswitch"), ("B300", "b300-nvswitch"))
 """(device-name substring, preset), first match wins: the preset of a GPU by its name (a
 data-sheet machine's too: ``datasheet_names``)."""

@@ -85,3 +85,13 @@ def test_cpu_machines_are_measured_and_left_alone():
     cpu = Scenario(group="t", op="ag_gemm", m=2048, n=2048, k=2048, dtype="float32", world_size=2, hardware="cpu")
     strict = _selector({"split_us": 0.0, "small_margin": 0.0, "large_margin": 5.0})
     assert strict.select(cpu) == Selector().select(cpu)
+
+
+def test_layer_tables_give_the_rules_answer_too():
+    """A layer met at several m is decided from its table: the rule holds there as well."""
+    import dataclasses
+
+    strict = _selector({"split_us": 0.0, "small_margin": 0.0, "large_margin": 5.0})
+    for m in (2048, 4096, 8192, 16384):
+        assert strict.select(dataclasses.replace(SCENARIO, m=m)).schedule.is_baseline
+    assert strict._tables  # the later m came from the layer's table

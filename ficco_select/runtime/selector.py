@@ -307,8 +307,7 @@ class Selector:
                 return decision
         try:
             machine = self._machine(scenario)
-            return machine if isinstance(machine, Decision) else self._no_harm(self._model_or_heuristic(*machine),
-                                                                               *machine)
+            return machine if isinstance(machine, Decision) else self._model_or_heuristic(*machine)
         except Exception as e:  # noqa: BLE001 - even the heuristic failed: the baseline runs anywhere
             self._warn_once(("error", key), f"selector failed on {key!r}: {e}; running the baseline")
             return Decision(BASELINE, "fallback", 0.0, str(e))
@@ -366,8 +365,12 @@ class Selector:
         return spec
 
     def _model_or_heuristic(self, s: Scenario, hw: HardwareSpec, scores: np.ndarray | None = None) -> Decision:
-        """The model's decision, or its fallback's with why: the model abstained or failed.
+        """The model's decision, or its fallback's with why (the model abstained or failed),
+        under the GPU do-no-harm rule: every door (direct, layer tables) comes through here.
         `scores`: the model's scores of the legal candidates, if already computed (layer tables)."""
+        return self._no_harm(self._unguarded(s, hw, scores), s, hw)
+
+    def _unguarded(self, s: Scenario, hw: HardwareSpec, scores: np.ndarray | None) -> Decision:
         try:
             key, why = self._abstain_reason(s, hw)
         except Exception as e:  # noqa: BLE001 - the heuristic is still a better guess than the baseline
