@@ -193,7 +193,13 @@ def test_the_shipped_row_scores_the_runtime_policy_not_the_bare_model(small):
     unseen = ShippedPolicy(XGBRanker(n_estimators=40)).fit(train[train["hardware"] == "mi300x-8"])
     held = test[test["hardware"] == "h100-nvswitch"]
     heuristic = Heuristic(tune=False).fit(held).predict(held)
-    assert unseen.predict(held) == heuristic and {d.source for d in unseen.decisions_.values()} == {"heuristic"}
+    assert unseen.predict(held, guarded=False) == heuristic
+    # As it ships, the GPU do-no-harm rule sends the heuristic's overlap picks within the
+    # simulator's published error to the baseline.
+    guarded = unseen.predict(held)
+    assert {d.source for d in unseen.decisions_.values()} <= {"heuristic", "fallback"}
+    assert all(guarded[sid] in (heuristic[sid], "none.sm") for sid in guarded)
+    assert all(d.abstained == "unseen_machine" for d in unseen.decisions_.values() if d.source == "fallback")
 
 
 def test_the_abstention_rule_is_fitted_on_validation_folds_of_the_training_side_only(small):

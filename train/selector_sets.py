@@ -15,7 +15,7 @@ from train.selectors import (
     XGBRanker,
     XGBTimeRegressor,
 )
-from train.shipped import ShippedPolicy
+from train.shipped import ShippedPolicy, UnguardedShipped
 
 
 def all_selectors() -> list[BaseSelector]:
@@ -25,7 +25,8 @@ def all_selectors() -> list[BaseSelector]:
     1.05 and 1.12, near-opt@2% 0.999 and 0.998), its margin is in log time, and it fits in
     less than half the ranker's time (it is fitted five times per fold)."""
     regressor = XGBTimeRegressor()
-    return [regressor, XGBRanker(), ShippedPolicy(regressor), HGBClassifier(), RandomForestTime(), Heuristic(),
+    shipped = ShippedPolicy(regressor)
+    return [regressor, XGBRanker(), shipped, UnguardedShipped(shipped), HGBClassifier(), RandomForestTime(), Heuristic(),
             HeuristicV1(), SimulatorSelector(), AlwaysBaseline(), AlwaysShard(), Oracle()]
 
 
@@ -37,7 +38,8 @@ def fast_selectors() -> list[BaseSelector]:
     classifier of the best schedule (near-opt@2% 0.38 against the ranker's 0.84 on the
     family hold-out) and the random forest (below the ranker on every split and metric)."""
     regressor = XGBTimeRegressor(n_estimators=100, learning_rate=0.12)  # ficco evaluate: 300 at 0.08
-    return [regressor, ShippedPolicy(regressor), Heuristic(tune_scenarios=150), HeuristicV1(tune_scenarios=150),
+    shipped = ShippedPolicy(regressor)
+    return [regressor, shipped, UnguardedShipped(shipped), Heuristic(tune_scenarios=150), HeuristicV1(tune_scenarios=150),
             SimulatorSelector(), AlwaysBaseline(), AlwaysShard(), Oracle()]
 
 
@@ -45,5 +47,6 @@ def debug_selectors() -> list[BaseSelector]:
     """Every kind the pipeline runs, tiny (20 trees, an untuned heuristic): ``ficco
     pipeline --debug`` checks that every stage runs, not how well."""
     regressor = XGBTimeRegressor(n_estimators=20, learning_rate=0.3)
-    return [regressor, ShippedPolicy(regressor), Heuristic(tune=False), HeuristicV1(tune=False), SimulatorSelector(),
+    shipped = ShippedPolicy(regressor)
+    return [regressor, shipped, UnguardedShipped(shipped), Heuristic(tune=False), HeuristicV1(tune=False), SimulatorSelector(),
             AlwaysBaseline(), AlwaysShard(), Oracle()]

@@ -514,11 +514,19 @@ class ShippedPolicy(BaseSelector):
         self.model_ = TreeEnsemble.from_json(json.loads(inner.model_.get_booster().save_raw("json")),
                                              expected_features=len(FEATURE_NAMES))
         self.meta_ = {**runtime_meta(inner.name, df), "abstention": self.abstention_}
-        self.runtime_ = RuntimeSelector(self.model_, self.meta_, layer_tables=False)
+        self._runtimes()
         self._train = df  # for fit_unseen_hardware, the first time a machine it never saw comes
         return self
 
-    def predict(self, df):
+    def _runtimes(self) -> None:
+        """The runtime selector on ``meta_``, and the same without the GPU do-no-harm rule."""
+        self.runtime_ = RuntimeSelector(self.model_, self.meta_, layer_tables=False)
+        self.unguarded_ = RuntimeSelector(self.model_, {k: v for k, v in self.meta_.items() if k != "gpu_no_harm"},
+                                          layer_tables=False)
+
+    def predict(self, df, *, guarded: bool = True):
+        """The runtime's decisions; `guarded` False: without the GPU do-no-harm rule (the
+        ``shipped-unguarded`` row), leaving ``decisions_`` to the policy as it ships."""
         ok = usable_rows(df)
         if "unseen_hardware" not in self.meta_ and not set(ok["hardware"].unique()) <= set(self._train["hardware"]):
             # Computed when first needed (it fits two more models); decisions on trained
@@ -526,11 +534,36 @@ class ShippedPolicy(BaseSelector):
             self.unseen_hardware_ = fit_unseen_hardware(self._fresh, self._train, self.abstention_)
             self.meta_ = {**self.meta_, "unseen_hardware": self.unseen_hardware_,
                           "abstention": with_machine_fallbacks(self.abstention_, self.unseen_hardware_)}
-            self.runtime_ = RuntimeSelector(self.model_, self.meta_, layer_tables=False)
+            self._runtimes()
         legal = ok.groupby("scenario_id")["schedule"].agg(set)
-        out, self.decisions_ = {}, {}
+        runtime = self.runtime_ if guarded else self.unguarded_
+        out, decisions = {}, {}
         for rec in scenario_records(ok):
             sid = rec.pop("scenario_id")
-            decision = self.decisions_[sid] = self.runtime_.select(rec)
+            decision = decisions[sid] = runtime.select(rec)
             out[sid] = decision.schedule.name if decision.schedule.name in legal[sid] else BASELINE.name
+        if guarded:
+            self.decisions_ = decisions
         return out
+
+
+class UnguardedShipped(BaseSelector):
+    """The shipped policy without its GPU do-no-harm rule (``gpu_no_harm``): what it would run
+    if the simulator's gains were taken as they come. A row of the tables, never exported:
+    beside ``shipped`` it shows what the rule costs on simulated truth. `shipped`: the
+    ``ShippedPolicy`` of the same evaluation, fitted first (its fit is reused); None: its own."""
+
+    name = "shipped-unguarded"
+
+    def __init__(self, shipped: ShippedPolicy | None = None) -> None:
+        self.shipped = shipped
+
+    def fit(self, df):
+        if self.shipped is None:
+            self.shipped = ShippedPolicy()
+        if getattr(self.shipped, "_train", None) is not df:
+            self.shipped.fit(df)
+        return self
+
+    def predict(self, df):
+        return self.shipped.predict(df, guarded=False)
