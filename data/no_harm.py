@@ -35,12 +35,15 @@ MIN_SPLIT = 0.05
 this (in log gain): else the residuals do not say the regimes differ."""
 
 
-def residuals(path: str | Path) -> list[dict]:
+def residuals(path: str | Path, specs: dict | None = None) -> list[dict]:
     """One record per collective + GEMM point of the table at `path` (on a preset, with a
     measured method): its rows, the simulated serial time (us), the simulator's best overlap
-    gain, the best measured gain, and their log ratio ``residual``."""
+    gain, the best measured gain, and their log ratio ``residual``. `specs`: {preset: spec}
+    to predict on instead of the committed presets."""
     from data.simulate import simulate_rows
     from ficco_select.hardware import load_hardware
+
+    specs = specs or {}
 
     points = [p for p in read_published(path) if p.kind in ("overlap", "baseline") and p.hardware]
     methods = _measured_methods(path, _cells(path), points)
@@ -52,7 +55,7 @@ def residuals(path: str | Path) -> list[dict]:
         measured = [methods[p.row].speedup for p in group if p.row in methods]
         if not measured:
             continue
-        hw = load_hardware(group[0].hardware)
+        hw = specs.get(group[0].hardware) or load_hardware(group[0].hardware)
         times = simulate_rows([group[0].scenario(hw.name)], hw).set_index("schedule")["time_s"]
         baseline = float(times["none.sm"])
         best = float(times[~times.index.str.startswith("none.")].min())
@@ -60,6 +63,16 @@ def residuals(path: str | Path) -> list[dict]:
                     "baseline_us": baseline * 1e6, "simulated_gain": baseline / best,
                     "measured_gain": max(measured), "residual": math.log(baseline / best / max(measured))})
     return out
+
+
+def best_gain_summary(records: list[dict]) -> dict:
+    """How the simulator's best overlap gain compares with the best measured one: the median
+    ratio, and the points where overlap wins or loses (gain > 1) as the best measured method."""
+    if not records:
+        return {"points": 0, "median_ratio": None, "wins_as_measured": 0}
+    ratio = float(np.exp(np.median([r["residual"] for r in records])))
+    agree = sum((r["simulated_gain"] > 1) == (r["measured_gain"] > 1) for r in records)
+    return {"points": len(records), "median_ratio": round(ratio, 3), "wins_as_measured": agree}
 
 
 def margins(residual: np.ndarray, baseline_us: np.ndarray, *, quantile: float = QUANTILE,

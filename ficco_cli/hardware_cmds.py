@@ -117,6 +117,7 @@ def sim_validate(dataset_path, published_path, overrides, model_dir, devices, se
 
 def _validate_published(path, overrides, model_dir, as_json) -> None:
     from data.published import compare, read_published
+    from data.no_harm import best_gain_summary, residuals
     from data.published_calls import judge_calls
     from ficco_select.hardware import HardwareError
     from ficco_select.runtime.selector import Selector
@@ -126,7 +127,9 @@ def _validate_published(path, overrides, model_dir, as_json) -> None:
         raise click.ClickException(f"--model {model_dir}: no usable exported selector there (the warning above "
                                    "says why)")
     with reported(HardwareError, ValueError):
-        report = compare(read_published(path), _override_specs(overrides))
+        specs = _override_specs(overrides)
+        report = compare(read_published(path), specs)
+        report["best_gain"] = best_gain_summary(residuals(path, specs))
         report["calls"] = judge_calls(path, selector)
     show(as_json, report, lambda: _published_lines(report) + _call_lines(report["calls"]))
 
@@ -179,6 +182,11 @@ def _published_lines(report: dict) -> list[str]:
         lines.append(f"{preset}: median " + "; ".join(parts))
     if report["unmatched"]:
         lines.append(f"not compared (no preset is their device): rows {', '.join(map(str, report['unmatched']))}")
+    best = report.get("best_gain", {})
+    if best.get("points"):
+        lines.append(f"the simulator's best overlap gain over the best measured method's, on {best['points']} "
+                     f"collective + GEMM points: median x{best['median_ratio']:.3f}; overlap wins or loses as "
+                     f"the best measured method: {best['wins_as_measured']}/{best['points']}")
     return lines
 
 

@@ -56,8 +56,11 @@ def _gemm_time(hw, M, N, K, dtype_bytes, peak_flops, units_free, mem_slowdown):
         rate = rate * units_free
     compute = np.minimum.reduce(flops / rate, axis=0)  # the fastest tile choice
     # Operand traffic at the bandwidth a GEMM reaches: a piece with few rows streams the whole
-    # weight matrix for little compute, and that bounds it.
-    memory = (M * K + K * N + M * N) * dtype_bytes / (hw.mem_bw_gbps * hw.gemm_mem_efficiency * GB)
+    # weight matrix for little compute, and that bounds it. An fp8 GEMM writes bf16 (2 bytes).
+    moved = (M * K + K * N + M * N) * dtype_bytes
+    if np.any(np.asarray(dtype_bytes) == 1):
+        moved = np.where(np.asarray(dtype_bytes) == 1, (M * K + K * N) * dtype_bytes + M * N * 2, moved)
+    memory = moved / (hw.mem_bw_gbps * hw.gemm_mem_efficiency * GB)
     if not (type(mem_slowdown) in (float, int) and mem_slowdown == 0):  # x * (1 + 0) is x
         memory = memory * (1 + mem_slowdown)
     return np.where(flops > 0, np.maximum(compute, memory) + hw.gemm_launch_us * US, 0.0)

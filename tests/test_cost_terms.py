@@ -143,3 +143,53 @@ def test_every_list_of_spec_fields_derives_from_their_roles():
     for listed in (RECALIBRATED, _DRAWN, SPEC_RANGE_FIELDS, PERTURBED):
         assert rates_and_costs <= set(listed)
     assert set(fields_of("fraction")) <= set(_DRAWN) & set(PERTURBED)
+
+
+# -- the terms fitted against the wider published record ----------------------------------
+def test_the_realized_overlap_hides_only_its_fraction_of_the_shorter_side(hw):
+    from ficco_select.costs import overlapped
+
+    assert overlapped(hw, 2.0, 1.0) == 2.0  # the ideal: the longer alone
+    partial = dataclasses.replace(hw, overlap_efficiency=0.75)
+    assert float(overlapped(partial, 2.0, 1.0)) == pytest.approx(2.25)
+    assert float(overlapped(partial, 1.0, 2.0)) == pytest.approx(2.25)
+    # Schedules slow down, the serial baseline does not.
+    assert _times(partial, 0) == _times(hw, 0)
+    assert _times(partial, 1) > _times(hw, 1) and _times(partial, 2, degree=2.0) > _times(hw, 2, degree=2.0)
+
+
+def test_an_overlapped_call_pays_its_fixed_cost_once_per_peer(hw):
+    handshakes = dataclasses.replace(hw, overlap_call_us=20.0)
+    assert _times(handshakes, 0) == _times(hw, 0)
+    # 8 ranks: 7 peers, whatever the granularity.
+    assert float(_times(handshakes, 1) - _times(hw, 1)) == pytest.approx(7 * 20e-6, rel=1e-9)
+    assert float(_times(handshakes, 2, degree=4.0) - _times(hw, 2, degree=4.0)) == pytest.approx(7 * 20e-6, rel=1e-9)
+
+
+def test_fp8_gemms_scale_by_their_efficiency_and_write_bf16(hw):
+    # Compute-bound: 4096^3 in fp8 at the fp8 peak; the term scales the rate of fp8 only.
+    big = (4096, 4096, 4096)
+    fast, slow = dataclasses.replace(hw, fp8_gemm_efficiency=1.0), dataclasses.replace(hw, fp8_gemm_efficiency=0.5)
+    assert float(gemm_time(slow, *big, 1, 1978.9e12)) == pytest.approx(2 * float(gemm_time(fast, *big, 1, 1978.9e12)))
+    assert gemm_time(slow, *big, 2, 989.4e12) == gemm_time(fast, *big, 2, 989.4e12)
+    # Memory-bound: 1-byte operands, a 2-byte output.
+    M, N, K = 8, 8192, 8192
+    expected = ((M * K + K * N) * 1 + M * N * 2) / (hw.mem_bw_gbps * GB)
+    assert float(gemm_time(hw, M, N, K, 1, 1978.9e12)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_fit_recovers_a_fixed_cost_from_points_made_with_it():
+    """Hand-made published points timed by a spec with a known per-peer cost: ``fit`` finds it."""
+    from data.published import Point, fit, predict
+
+    truth = dataclasses.replace(load_hardware("h100-nvswitch"), overlap_call_us=25.0)
+    points = []
+    for i, m in enumerate((1024, 4096, 16384)):
+        base = Point(row=i + 1, source="https://example.org", kind="overlap", hardware="h100-nvswitch", grade="A",
+                     op="ag_gemm", m=m, n=28672, k=8192, world_size=8, schedule="shard.ring.dma")
+        p = predict(base, truth)
+        points.append(dataclasses.replace(base, baseline_us=p["time_us"], method_us=p["method_us"]))
+    start = dataclasses.replace(truth, overlap_call_us=2.0)
+    fitted, report = fit(points, start, fields=("overlap_call_us",), kinds=("overlap",))
+    assert fitted.overlap_call_us == pytest.approx(25.0, rel=0.02)
+    assert report["after"]["speedup_ape_median"] < 1e-3
