@@ -9,8 +9,9 @@ That log ratio is its *residual*; positive where it was too optimistic. The rule
 ``gpu_no_harm``): on a GPU machine, a decision to overlap stands only if the cost model's
 gain of the picked schedule over the serial baseline exceeds exp(margin) of its regime (the
 serial baseline's simulated time below ``split_us``, or not), where the margin is a
-quantile of that regime's residuals. Else the baseline runs. CPU machines are measured, not
-simulated: the rule leaves them alone.
+quantile of that regime's residuals. Else the baseline runs. A selector without an export
+(the heuristic alone) has no rule. CPU machines are measured, not simulated: the rule
+leaves them alone.
 
 Plain Python + NumPy (``ficco_select.costs``): the runtime path.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -57,30 +59,57 @@ class NoHarmRule:
         return cls(**values)
 
 
-def predicted_gain(s: Scenario, hw: HardwareSpec, schedule: Schedule) -> tuple[float, float]:
-    """The cost model's (serial baseline time in us, baseline time / `schedule`'s time) for `s`
-    on `hw`: what the simulator would say this pick gains."""
-    arrays = dict(op=np.array([OP_CODES[s.op]] * 2), m=float(s.m), n=float(s.n), k=float(s.k),
-                  P=float(s.world_size), imbalance=float(s.imbalance), dtype_bytes=s.dtype_bytes,
-                  peak=hw.peak_of(s.dtype) * 1e12,
-                  gran=np.array([GRANULARITY_CODES["none"], GRANULARITY_CODES[schedule.granularity]]),
-                  degree=np.array([1.0, float(schedule.degree or 1)]),
-                  a2a=np.array([False, schedule.pattern == "a2a"]),
-                  per_step=np.array([False, schedule.compute == "gemm_per_step"]),
-                  split_n=np.array([False, schedule.split == "n"]),
-                  dma=np.array([False, schedule.engine == "dma"]))
+def predicted_gains(scenarios: Sequence[Scenario], hw: HardwareSpec,
+                    schedules: Sequence[Schedule]) -> tuple[np.ndarray, np.ndarray]:
+    """The cost model's serial baseline time (us) and gain (baseline time / schedule's time)
+    of each (scenario, schedule) pair on `hw`, in one vectorized call: what the simulator
+    would say each pick gains. A layer table's whole grid of m costs about one pair."""
+    both = list(scenarios) * 2  # the baselines, then the picks
+    picks = [None] * len(scenarios) + list(schedules)
+
+    def column(values, dtype=float):
+        return np.array(values, dtype=dtype)
+
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        baseline, picked = schedule_times(hw, **arrays)["time_s"]
-    return float(baseline) * 1e6, float(baseline / picked)
+        t = schedule_times(
+            hw, op=column([OP_CODES[s.op] for s in both], int), m=column([s.m for s in both]),
+            n=column([s.n for s in both]), k=column([s.k for s in both]), P=column([s.world_size for s in both]),
+            imbalance=column([s.imbalance for s in both]), dtype_bytes=column([s.dtype_bytes for s in both]),
+            peak=column([hw.peak_of(s.dtype) * 1e12 for s in both]),
+            gran=column([GRANULARITY_CODES["none" if c is None else c.granularity] for c in picks], int),
+            degree=column([1.0 if c is None else float(c.degree or 1) for c in picks]),
+            a2a=column([c is not None and c.pattern == "a2a" for c in picks], bool),
+            per_step=column([c is not None and c.compute == "gemm_per_step" for c in picks], bool),
+            split_n=column([c is not None and c.split == "n" for c in picks], bool),
+            dma=column([c is not None and c.engine == "dma" for c in picks], bool))["time_s"]
+        baseline, picked = t[:len(scenarios)], t[len(scenarios):]
+        return baseline * 1e6, baseline / picked
+
+
+def predicted_gain(s: Scenario, hw: HardwareSpec, schedule: Schedule) -> tuple[float, float]:
+    """``predicted_gains`` of one pair, as floats."""
+    baseline_us, gain = predicted_gains([s], hw, [schedule])
+    return float(baseline_us[0]), float(gain[0])
+
+
+def verdicts(rule: NoHarmRule, scenarios: Sequence[Scenario], hw: HardwareSpec,
+             schedules: Sequence[Schedule]) -> list[str]:
+    """Per pair, "" where the overlap pick stands under `rule`, else why the baseline runs."""
+    baseline_us, gains = predicted_gains(scenarios, hw, schedules)
+    out = []
+    for schedule, base, gain in zip(schedules, baseline_us, gains):
+        margin = rule.margin(float(base))
+        if math.isfinite(gain) and math.log(gain) > margin:
+            out.append("")
+            continue
+        regime = "below" if base < rule.split_us else "at or above"
+        out.append(f"predicted gain {gain:.3f} of {schedule.name} within the simulator's published error "
+                   f"(x{math.exp(margin):.3f}, serial baseline {base:.0f} us, {regime} {rule.split_us:g} us): "
+                   "the baseline does no harm")
+    return out
 
 
 def holds(rule: NoHarmRule, s: Scenario, hw: HardwareSpec, schedule: Schedule) -> tuple[bool, str]:
     """Whether an overlap pick stands under `rule`, and why not where it does not."""
-    baseline_us, gain = predicted_gain(s, hw, schedule)
-    margin = rule.margin(baseline_us)
-    if math.isfinite(gain) and math.log(gain) > margin:
-        return True, ""
-    regime = "below" if baseline_us < rule.split_us else "at or above"
-    return False, (f"predicted gain {gain:.3f} of {schedule.name} within the simulator's published error "
-                   f"(x{math.exp(margin):.3f}, serial baseline {baseline_us:.0f} us, {regime} {rule.split_us:g} us): "
-                   "the baseline does no harm")
+    (why,) = verdicts(rule, [s], hw, [schedule])
+    return not why, why

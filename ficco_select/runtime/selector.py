@@ -49,7 +49,7 @@ from features import FEATURE_NAMES, candidate_features, feature_schema_hash, gri
 from ficco_select.hardware import HardwareError, HardwareSpec, hardware_name, is_spec_path, load_hardware
 from ficco_select.heuristic import backend_for, choose
 from ficco_select.runtime.decision import GATED, Decision, fixed_rule_pick, pick_with_margin
-from ficco_select.runtime.no_harm import holds
+from ficco_select.runtime.no_harm import verdicts
 from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerTable, build_table, read_tables
 from ficco_select.runtime.scope import ANY_KIND, DEFAULT_MIN_MARGIN, Scope, machine_kind, spec_value
 from ficco_select.runtime.trees import TreeEnsemble, read_json
@@ -206,7 +206,7 @@ class Selector:
         """The direct decisions for `scenario` at each m of `ms`, scored in one batch."""
         points = [dataclasses.replace(scenario, m=m) for m in ms]
         scores = self._batch_scores(points, hw) if self.model is not None else {}
-        return [self._model_or_heuristic(s, hw, scores.get(i)) for i, s in enumerate(points)]
+        return self._no_harm([self._unguarded(s, hw, scores.get(i)) for i, s in enumerate(points)], points, hw)
 
     def _batch_scores(self, points: list[Scenario], hw: HardwareSpec) -> dict[int, np.ndarray]:
         """The model's scores of each point's legal candidates, from one feature matrix and one
@@ -312,17 +312,24 @@ class Selector:
             self._warn_once(("error", key), f"selector failed on {key!r}: {e}; running the baseline")
             return Decision(BASELINE, "fallback", 0.0, str(e))
 
-    def _no_harm(self, decision: Decision, s: Scenario, hw: HardwareSpec) -> Decision:
-        """`decision`, or the baseline where the export's GPU do-no-harm rule
-        (``gpu_no_harm``) says its predicted gain is within the simulator's published error."""
+    def _no_harm(self, decisions: list[Decision], points: Sequence[Scenario], hw: HardwareSpec) -> list[Decision]:
+        """`decisions` of `points`, each replaced by the baseline where the export's GPU
+        do-no-harm rule (``gpu_no_harm``) says its predicted gain is within the simulator's
+        published error; one vectorized check for all of them (a layer table's grid)."""
         rule = self._scope.gpu_no_harm
-        if rule is None or decision.schedule.is_baseline or machine_kind(hw) != "gpu":
-            return decision
-        stands, why = holds(rule, s, hw, decision.schedule)
-        if stands:
-            return decision
-        return Decision(BASELINE, "fallback", 0.0, f"{decision.reason}; {why}" if decision.reason else why,
-                        decision.abstained or "no_harm")
+        if rule is None or machine_kind(hw) != "gpu":
+            return decisions
+        at = [i for i, d in enumerate(decisions) if not d.schedule.is_baseline]
+        if not at:
+            return decisions
+        out = list(decisions)
+        whys = verdicts(rule, [points[i] for i in at], hw, [decisions[i].schedule for i in at])
+        for i, why in zip(at, whys):
+            if why:
+                d = decisions[i]
+                out[i] = Decision(BASELINE, "fallback", 0.0, f"{d.reason}; {why}" if d.reason else why,
+                                  d.abstained or "no_harm")
+        return out
 
     def _machine(self, scenario: Scenario) -> tuple[Scenario, HardwareSpec] | Decision:
         """The scenario (under its machine's name) and its machine's spec, or the baseline's
@@ -368,7 +375,7 @@ class Selector:
         """The model's decision, or its fallback's with why (the model abstained or failed),
         under the GPU do-no-harm rule: every door (direct, layer tables) comes through here.
         `scores`: the model's scores of the legal candidates, if already computed (layer tables)."""
-        return self._no_harm(self._unguarded(s, hw, scores), s, hw)
+        return self._no_harm([self._unguarded(s, hw, scores)], [s], hw)[0]
 
     def _unguarded(self, s: Scenario, hw: HardwareSpec, scores: np.ndarray | None) -> Decision:
         try:
