@@ -245,7 +245,9 @@ def test_the_shipped_policy_reuses_its_inner_fit_and_fits_the_unseen_hardware_ru
     one.predict(h100)  # a machine it never saw: now the rule is fitted, on the training side only
     assert one.unseen_hardware_["decide"] == "heuristic"  # one machine: nothing to hold out
     assert len(fits) == 3 and all(hw == {"mi300x-8"} for hw in fits)
-    assert {d.source for d in one.decisions_.values()} == {"heuristic"}
+    # The heuristic decides; the GPU do-no-harm rule sends its picks within the published error to the baseline.
+    assert {d.source for d in one.decisions_.values()} <= {"heuristic", "fallback"}
+    assert all(d.abstained == "unseen_machine" for d in one.decisions_.values())
 
 
 def test_the_unseen_hardware_rule_holds_machines_out_of_the_fit_and_bounds_the_trained_specs(small, monkeypatch):

@@ -265,9 +265,11 @@ export("sel", f"models:/ficco-selector/{summary['version']}")
                                    "--json"))
         assert {d["scenario_id"] for d in decisions} == simulated_ids  # one id per scenario, file or name
         # Known by its spec: no decision calls the machine unseen; a fallback is only the
-        # fitted margin rule's (per operator it may abstain), never a machine it cannot place.
+        # fitted margin rule's (per operator it may abstain) or the GPU do-no-harm rule's,
+        # never a machine it cannot place.
         assert not [d for d in decisions if "not seen" in d["reason"] or (
-            d["source"] == "fallback" and "model margin" not in d["reason"] and "never trusts" not in d["reason"])]
+            d["source"] == "fallback" and "model margin" not in d["reason"] and "never trusts" not in d["reason"]
+            and "the baseline does no harm" not in d["reason"])]
         assert any(d["source"] == "model" for d in decisions)
 
 

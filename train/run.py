@@ -9,7 +9,10 @@ format with ``selector.json`` (feature schema version and hash, training ranges)
 registered as ``ficco-selector``. Promotion rule: the new version gets ``champion`` only
 if, on every grouped hold-out split evaluated, the oracle capture of what ships (the
 ``shipped`` row: model, abstention and fallback) beats the heuristic's and is at least
-the current champion's. mlflow is imported here only, never by the
+the current champion's. Both are read before the GPU do-no-harm rule
+(``shipped-unguarded`` where evaluated): the rule filters whatever runs on a GPU, and on
+simulated truth it costs by design what it saves on real GPUs, so a gate scored with it
+would compare the rule with the simulator, not the model with the heuristic. mlflow is imported here only, never by the
 runtime.
 """
 
@@ -114,7 +117,8 @@ class Registered:
     chosen: str
     """The learned selector it is (``_candidate``)."""
     row: str
-    """The table row that scored what ships: ``shipped`` if evaluated, else `chosen`."""
+    """The table row that gates what ships: ``shipped-unguarded`` (the shipped policy before the
+    GPU do-no-harm rule) or ``shipped`` if evaluated, else `chosen`."""
     model: BaseSelector
     """`chosen` fitted on ``TrainingData.fit_df``."""
     version: str
@@ -191,7 +195,9 @@ def _register(data: TrainingData, scores: Scores, config: TrainConfig, run_id: s
     exportable learned selector with the best grouped hold-out capture."""
     by_split, grouped = scores.by_split, scores.grouped
     candidate = _candidate(config.make_selectors(), by_split, grouped)
-    chosen, row = candidate.name, ("shipped" if "shipped" in by_split[grouped[0]].index else candidate.name)
+    index = by_split[grouped[0]].index
+    row = next((r for r in ("shipped-unguarded", "shipped") if r in index), candidate.name)
+    chosen = candidate.name
     features = with_features(data.fit_df)
     model = clone(candidate).fit(features)
     version = _log_model(model, candidate, features, data.digest, by_split, grouped, row, run_id)
