@@ -62,7 +62,7 @@ the median of the per-repeat ratios with its 95% confidence interval (distributi
 from order statistics), the best fixed rule, and the oracle's and the retrained
 selector's schedule per shape.
 
-    python benchmarks/e2e_tp.py [--configs 2:4096:256,...] [--reps 20] [--steps 2]
+    python benchmarks/e2e_tp.py [--configs 2:512:512,...] [--reps 20] [--steps 2]
                                 [--explore-steps 36] [--retrain] [--model DIR] [--workdir DIR] [--fabric RATE]
                                 [--dtensor] [--json] [--plot docs/e2e_tp.png]
 """
@@ -535,7 +535,7 @@ def retrain(telemetry: list[str], workdir: str) -> tuple[str, dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", default="2:4096:256,2:1536:768,3:4096:256,4:4096:256",
+    ap.add_argument("--configs", default="2:512:512,2:1024:128,3:1536:192,4:1024:256,4:1024:128",
                     help=f"Comma-separated P:seq:hidden (heads of {HEAD_DIM}; ffn 3x hidden).")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--reps", type=int, default=20)
