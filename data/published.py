@@ -43,8 +43,9 @@ multiplies it as it lands; its fused matmul reduce-scatter multiplies one shard'
 step and sends them with copy engines."""
 BASELINE_SCHEDULE = "none.sm"
 """The serial baseline: the library's collective, then one GEMM."""
-COLLECTIVES = {"all_gather": "ag_gemm", "reduce_scatter": "gemm_rs", "all_reduce": None}
-"""Plain collectives, with the operator whose collective they are (all-reduce: none)."""
+COLLECTIVES = {"all_gather": "ag_gemm", "reduce_scatter": "gemm_rs", "all_reduce": None, "all_to_all": "a2a_gemm"}
+"""Plain collectives, with the operator whose collective they are (all-reduce: none; all-to-all:
+``a2a_gemm``'s, each rank sending one shard to each of its P - 1 peers)."""
 PEAK_MESSAGE_BYTES = 1 << 30
 """Message size at which a bandwidth reported without one ("peak busbw") is predicted."""
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -160,7 +161,7 @@ def _point(row: int, r: dict[str, str]) -> Point:
             method_us = baseline_us / _number(r, "speedup") if r["speedup"] else math.nan
         return Point(**common, kind="overlap" if schedule else "baseline", op=op, schedule=schedule,
                      **_shape(r), baseline_us=baseline_us, method_us=method_us)
-    plain = re.match(r"plain (all_gather|reduce_scatter|all_reduce|GEMM|p2p copy)", op)
+    plain = re.match(r"plain (all_gather|reduce_scatter|all_reduce|all_to_all|GEMM|p2p copy)", op)
     if plain is None:
         raise PublishedError(f"column 'op': {op!r} is neither an operator ({', '.join(OP_CODES)}) nor a plain "
                              "collective, copy or GEMM")
@@ -252,9 +253,10 @@ def predict(point: Point, hw: HardwareSpec) -> dict[str, float]:
         return {"time_us": float(collective_time(hw, OP_CODES[COLLECTIVES[point.op]], shard, P)) / US}
     if point.op == "copy":  # one copy-engine copy between two devices
         return {"bandwidth_gbps": point.message_bytes / float(transfer_time(hw, point.message_bytes, 1, True, 2)) / GB}
+    if point.op in ("all_gather", "all_to_all"):  # busbw: the (P - 1) shards a rank receives, over the time
+        moved = float(collective_time(hw, OP_CODES[COLLECTIVES[point.op]], shard, P))
+        return {"bandwidth_gbps": (P - 1) * shard / moved / GB}
     gather = float(collective_time(hw, OP_CODES["ag_gemm"], shard, P))
-    if point.op == "all_gather":
-        return {"bandwidth_gbps": (P - 1) * shard / gather / GB}
     scatter = float(collective_time(hw, OP_CODES["gemm_rs"], shard, P))
     if point.op == "reduce_scatter":
         return {"bandwidth_gbps": (P - 1) * shard / scatter / GB}

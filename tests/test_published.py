@@ -109,6 +109,29 @@ def test_compare_scores_speedups_and_wins(tmp_path):
     assert (summary["baselines"], summary["overlap_points"]) == (1, 1)
 
 
+A2A_BUSBW = {**{c: "" for c in COLUMNS}, "source": URL, "hardware": "H100", "gpus": "8",
+             "op": "plain all_to_all (DeepEP intranode dispatch)", "world_size": "8",
+             "notes": "[grade A] busbw 300 GB/s ((P - 1) shards / time); 64 MiB payload"}
+A2A_TIMED = {**A2A_BUSBW, "op": "plain all_to_all (nccl-tests alltoall_perf)", "dtype": "bf16", "baseline_time_us": "250",
+             "notes": "[grade C] message = full send buffer 64 MiB"}
+
+
+def test_a_plain_all_to_all_is_a2a_gemm_s_collective_and_compare_predicts_it(tmp_path):
+    busbw, timed = read_published(write(tmp_path, [A2A_BUSBW, A2A_TIMED]))
+    assert (busbw.kind, busbw.op, busbw.hardware, busbw.bandwidth_gbps, busbw.message_bytes) == (
+        "bandwidth", "all_to_all", "h100-nvswitch", 300.0, 64 << 20)
+    assert (timed.kind, timed.op, timed.world_size, timed.message_bytes) == ("collective", "all_to_all", 8, 64 << 20)
+    h100 = load_hardware("h100-nvswitch")
+    moved = float(collective_time(h100, OP_CODES["a2a_gemm"], (64 << 20) / 8, 8))
+    assert predict(timed, h100)["time_us"] == moved / US
+    assert predict(busbw, h100)["bandwidth_gbps"] == pytest.approx(7 * (64 << 20) / 8 / moved / 1e9)
+    report = compare([busbw, timed])
+    assert [(r["row"], r["op"], r["hardware"]) for r in report["points"]] == [
+        (1, "all_to_all", "h100-nvswitch"), (2, "all_to_all", "h100-nvswitch")]
+    assert report["points"][0]["predicted_gbps"] > 0 and report["points"][1]["predicted_us"] > 0
+    summary = report["presets"]["h100-nvswitch"]
+    assert (summary["bandwidths"], summary["collectives"]) == (1, 1)
+
 def test_a_fit_recovers_the_numbers_that_made_the_points(tmp_path):
     truth = dataclasses.replace(load_hardware("h100-nvswitch"), coll_latency_us=9.0, coll_bw_gbps=250.0)
     rows = []
