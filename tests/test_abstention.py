@@ -132,7 +132,7 @@ def test_each_range_reason_gets_the_fallback_that_did_best_outside_the_ranges_pe
                         ring: 3.0, "t_baseline": 1.2}, index=range(3))
     inside = pd.DataFrame({"kind": "gpu", "beyond_m": 1.0, "beyond_n": 1.0, "beyond_k": 1.0, "t_heuristic": 9.0,
                            ring: 9.0, "t_baseline": 1.0}, index=range(50))
-    v = pd.concat([gpu_m, gpu_nk, cpu, inside], ignore_index=True)
+    v = pd.concat([gpu_m, gpu_nk, cpu, inside], ignore_index=True).assign(t_cost_model=3.0)  # the cost model: slow here
     v = v.assign(t_best=v[["t_heuristic", ring, "t_baseline"]].min(axis=1), t_oracle=v["t_baseline"])
     got = _range_fallbacks(v, ["shard.ring.sm"])
     # cpu: 3 < n scenarios, no rule of its own; pooled (any), the ring slows 3 of 23 down: the baseline
@@ -141,6 +141,28 @@ def test_each_range_reason_gets_the_fallback_that_did_best_outside_the_ranges_pe
     assert got["validation"]["m_range"]["gpu"]["scenarios"] == n  # only the scenarios outside: not the 50 inside
     assert got["validation"]["shape_range"]["gpu"]["candidates"]["baseline"]["capture"] == pytest.approx(1 / 1.5)
     # A fallback that slows down more than the tail guard allows is never chosen, however fast elsewhere.
-    risky = gpu_m.assign(**{ring: np.where(np.arange(n) < n // 2, 0.5, 1.6)})
+    risky = gpu_m.assign(t_cost_model=3.0, **{ring: np.where(np.arange(n) < n // 2, 0.5, 1.6)})
     risky = risky.assign(t_best=risky[["t_heuristic", ring, "t_baseline"]].min(axis=1), t_oracle=risky["t_baseline"])
     assert _range_fallbacks(risky, ["shard.ring.sm"])["by_reason"]["m_range"]["gpu"] == "baseline"
+
+
+def test_the_cost_model_is_a_range_fallback_where_it_does_best_but_never_a_margin_fallback():
+    from train.shipped import MIN_OUTSIDE_SCENARIOS, _range_fallbacks
+
+    n = MIN_OUTSIDE_SCENARIOS
+    # m outside on n gpu scenarios: the cost model's pick is the best, the heuristic 2x slow.
+    gpu_m = pd.DataFrame({"kind": "gpu", "beyond_m": 4.0, "beyond_n": 1.0, "beyond_k": 1.0, "t_heuristic": 2.0,
+                          "t_cost_model": 1.0, "t_baseline": 1.5}, index=range(n))
+    v = gpu_m.assign(t_best=1.0, t_oracle=1.5)
+    got = _range_fallbacks(v, [])
+    assert got["by_reason"]["m_range"] == {"gpu": "cost_model", "any": "cost_model"}
+    assert got["validation"]["m_range"]["gpu"]["candidates"]["cost_model"]["capture"] == pytest.approx(1.0)
+    # One that slows down more than the tail guard allows is not chosen.
+    risky = v.assign(t_cost_model=np.where(np.arange(n) < n // 2, 1.0, 1.6))
+    assert _range_fallbacks(risky, [])["by_reason"]["m_range"]["gpu"] == "baseline"
+    # The margin rule does not offer it: inside the ranges the model is its distillation, and
+    # on simulated truth "never trust the model" would always win.
+    inside = outcomes(margin=[0.1, 0.2, 0.3], t_model=[1.2, 1.2, 1.2], t_heuristic=[1.5, 1.5, 1.5],
+                      t_cost_model=[1.0, 1.0, 1.0], t_baseline=[2.0, 2.0, 2.0], t_best=[1.0, 1.0, 1.0],
+                      t_oracle=[1.0, 1.0, 1.0])
+    assert _margin_rule(inside)["fallback"] != "cost_model"

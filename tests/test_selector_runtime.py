@@ -340,7 +340,7 @@ MALFORMED_META = {  # name: (selector.json text, what the one warning must name)
                         "field 'abstention.min_margin'"),
     "an unknown fallback": ({"abstention": {"min_margin": 0.1, "fallback": "oracle"}}, "field 'abstention.fallback'"),
     "a fallback schedule without its engine": ({"abstention": {"min_margin": 0.1, "fallback": "shard.ring"}},
-                                               "abstention.fallback' must be one of heuristic, baseline or a schedule"),
+                                               "abstention.fallback' must be one of heuristic, baseline, cost_model or a schedule"),
     "abstention for an unknown kind": ({"abstention": {"min_margin": 0.1, "fallback": "heuristic",
                                                        "by_kind": {"tpu": {"min_margin": 0, "fallback": "heuristic"}}}},
                                        "field 'abstention.by_kind'"),
@@ -719,3 +719,42 @@ def test_a_hostile_selector_json_gives_a_heuristic_only_selector_without_blockin
     from ficco_select.runtime.trees import read_json
     with pytest.raises(ValueError, match="not a regular file|over the"):
         read_json(meta, "selector")
+
+
+def test_a_cost_model_fallback_runs_the_simulators_pick_judged_by_the_gpu_rule(tmp_path):
+    # abstention.by_reason may name "cost_model": the calibrated simulator's fastest legal
+    # schedule on the machine's spec. On a GPU the do-no-harm rule then judges it like any
+    # overlap pick; on a cpu machine it stands.
+    import numpy as np
+
+    from ficco_select.runtime.no_harm import cost_model_pick, predicted_gains
+    from ficco_select.schedule import legal_candidates
+
+    ranges = {**FULL_RANGES, "m": [1024, 8192], "hardware": ["h100-nvswitch", "cpu"]}
+    rule = {"min_margin": 0.0, "fallback": "heuristic", "by_reason": {"m_range": {"any": "cost_model"}}}
+    h100 = {**RECORD, "hardware": "h100-nvswitch", "m": 65536, "n": 28672}
+    s, hw = Scenario.from_record(h100), load_hardware("h100-nvswitch")
+    cands = legal_candidates(s, "cuda")
+    expected = cost_model_pick(s, hw, cands)
+    _, gains = predicted_gains([s] * len(cands), hw, cands)
+    assert expected == cands[int(np.argmax(gains))] and not expected.is_baseline  # overlap pays here
+    free = Selector.load(write_selector(tmp_path / "free", training_ranges=ranges, abstention=rule))
+    d = free.select(h100)
+    assert (d.source, d.schedule, d.abstained) == ("cost_model", expected, "m_range")
+    assert "the fitted fallback for m_range is the cost model" in d.reason
+    # Under a do-no-harm margin no simulated gain reaches, the GPU runs the baseline, still
+    # counted under the reason the model abstained for.
+    strict = Selector.load(write_selector(tmp_path / "strict", training_ranges=ranges, abstention=rule,
+                                          gpu_no_harm={"split_us": 0.0, "small_margin": 0.0, "large_margin": 5.0}))
+    d = strict.select(h100)
+    assert (d.schedule, d.abstained) == (BASELINE, "m_range") and "no harm" in d.reason
+    # A cpu machine is left alone by the rule: the cost model's pick on the cpu spec stands.
+    cpu = {**RECORD, "m": 65536, "n": 64, "k": 64, "dtype": "float32", "world_size": 2, "hardware": "cpu"}
+    d = strict.select(cpu)
+    c = Scenario.from_record(cpu)
+    assert (d.source, d.schedule) == ("cost_model", cost_model_pick(c, load_hardware("cpu"), legal_candidates(c, "cpu")))
+    # The low-margin rule may name it too.
+    never = Selector.load(write_selector(tmp_path / "never", training_ranges={**ranges, "m": [1, 1 << 40]},
+                                         abstention={"min_margin": None, "fallback": "cost_model"}))
+    d = never.select(h100)
+    assert (d.source, d.schedule, d.abstained) == ("cost_model", expected, "low_margin")

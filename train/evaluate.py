@@ -102,8 +102,8 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
 
 def _ran(decision, schedule: str) -> str:
     """What a runtime decision ran, as the abstention report names it: the model, the
-    heuristic, the baseline or a fixed rule's schedule."""
-    if decision.source in ("model", "heuristic"):
+    heuristic, the cost model, the baseline or a fixed rule's schedule."""
+    if decision.source in ("model", "heuristic", "cost_model"):
         return decision.source
     return "baseline" if schedule.startswith("none.") else schedule
 

@@ -13,10 +13,11 @@ from ficco_select.schedule import Schedule
 class Decision:
     schedule: Schedule
     source: str
-    """``model``, ``heuristic`` or ``fallback``."""
+    """``model``, ``heuristic``, ``cost_model`` (the cost model's pick, a fitted fallback) or
+    ``fallback`` (the baseline or a fixed rule); the torch ops add ``pinned`` and ``explore``."""
     confidence: float
     """Model: predicted relative gap between the best and second-best candidate (0..1);
-    heuristic and fallback: 0."""
+    heuristic, cost model and fallback: 0."""
     reason: str = ""
     abstained: str = ""
     """Why the model did not decide, as a key (``ABSTENTION_REASONS``), "" where it did."""

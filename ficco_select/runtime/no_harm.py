@@ -86,6 +86,15 @@ def predicted_gains(scenarios: Sequence[Scenario], hw: HardwareSpec,
         return baseline * 1e6, baseline / picked
 
 
+def cost_model_pick(s: Scenario, hw: HardwareSpec, candidates: Sequence[Schedule]) -> Schedule:
+    """The candidate the cost model predicts fastest on `hw` (the largest gain over the
+    serial baseline; ties to the earlier candidate): the calibrated simulator's own pick,
+    what the learned model was distilled from. `candidates` holds the baseline."""
+    _, gains = predicted_gains([s] * len(candidates), hw, candidates)
+    gains = np.where(np.isfinite(gains), gains, 0.0)
+    return candidates[int(np.argmax(gains))]
+
+
 def predicted_gain(s: Scenario, hw: HardwareSpec, schedule: Schedule) -> tuple[float, float]:
     """``predicted_gains`` of one pair, as floats."""
     baseline_us, gain = predicted_gains([s], hw, [schedule])

@@ -6,7 +6,7 @@ An exported selector is a folder with ``model.json`` (XGBoost JSON, evaluated by
 ``xgb-ranker``), ``feature_schema_hash``, ``training_ranges`` ([low, high] for m, n, k,
 world_size; the values seen for hardware, dtype and op) and optional ``hardware_specs``
 ({name: every HardwareSpec field}), and optional ``abstention`` ({"min_margin": number >= 0
-or null, "fallback": "heuristic" | "baseline" | a schedule name, i.e. a fixed rule: that
+or null, "fallback": "heuristic" | "baseline" | "cost_model" | a schedule name, i.e. a fixed rule: that
 schedule where it is legal, else the baseline | "gated:" + a schedule name: of that schedule
 and the baseline, the one the model predicts faster}: the rule fitted on validation folds at
 training, ``train.shipped.fit_abstention``; null: the model never decides; an optional
@@ -14,7 +14,7 @@ training, ``train.shipped.fit_abstention``; null: the model never decides; an op
 an optional ``by_op`` {"<kind>.<op>", e.g. "cpu.gemm_ar": the same two fields} for one
 operator on that kind (it wins over ``by_kind``); an optional ``by_reason`` {"m_range" |
 "shape_range" | "spec_range" | "unseen_machine": {"gpu" | "cpu" | "any": "heuristic" |
-"baseline" | a schedule name}}: where the model abstains for that reason
+"baseline" | "cost_model" | a schedule name}}: where the model abstains for that reason
 (``decision.ABSTENTION_REASONS``) on that kind of machine (``any``: every kind without its
 own), the fallback that validation found best (the heuristic without one); an optional ``range_slack`` {"gpu" | "cpu": {"m" | "n" | "k": factor >= 1}} widens those training
 ranges for that kind of machine, by what validation on held-out model families tested;
@@ -57,8 +57,12 @@ SEEN_COLUMNS = ("hardware", "dtype", "op")
 """training_ranges columns given as the list of values seen."""
 DEFAULT_MIN_MARGIN = 0.01
 """The margin below which a model without a fitted ``abstention`` rule abstains."""
-FALLBACKS = ("heuristic", "baseline")
-"""Where a fitted abstention rule may send a low-margin decision, besides a fixed rule (a
+COST_MODEL = "cost_model"
+"""The fallback that runs the cost model's pick (``no_harm.cost_model_pick``): the calibrated
+simulator on the machine's spec, which the model learned from; on a GPU the do-no-harm rule
+then judges it like any other overlap pick."""
+FALLBACKS = ("heuristic", "baseline", COST_MODEL)
+"""Where a fitted abstention rule may send a decision it does not trust, besides a fixed rule (a
 schedule name: that schedule where it is legal, else the baseline) or a gated one (``GATED``
 + a schedule name: of that schedule and the baseline, the one the model predicts faster)."""
 SPEC_RANGE_FIELDS = ("compute_units", "copy_engines", *fields_of("rate", "latency"))

@@ -49,9 +49,9 @@ from features import FEATURE_NAMES, candidate_features, feature_schema_hash, gri
 from ficco_select.hardware import HardwareError, HardwareSpec, hardware_name, is_spec_path, load_hardware
 from ficco_select.heuristic import backend_for, choose
 from ficco_select.runtime.decision import GATED, Decision, fixed_rule_pick, pick_with_margin
-from ficco_select.runtime.no_harm import verdicts
+from ficco_select.runtime.no_harm import cost_model_pick, verdicts
 from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerTable, build_table, read_tables
-from ficco_select.runtime.scope import ANY_KIND, DEFAULT_MIN_MARGIN, Scope, machine_kind, spec_value
+from ficco_select.runtime.scope import ANY_KIND, COST_MODEL, DEFAULT_MIN_MARGIN, Scope, machine_kind, spec_value
 from ficco_select.runtime.trees import TreeEnsemble, read_json
 from ficco_select.scenario import DTYPES, LAYER_COLUMNS, SCENARIO_COLUMNS, Scenario, ScenarioError
 from ficco_select.schedule import BASELINE, Schedule, legal_candidates, parse
@@ -401,11 +401,20 @@ class Selector:
             return self._heuristic(s, hw, why, key)
         if fallback == "baseline":
             return Decision(BASELINE, "fallback", 0.0, f"{why}; the fitted fallback for {key} is the baseline", key)
-        cands = _candidates(s, backend_for(hw))  # a fixed rule: its schedule where legal, else the baseline
+        cands = _candidates(s, backend_for(hw))
+        if fallback == COST_MODEL:
+            return self._cost_model(s, hw, cands, f"{why}; the fitted fallback for {key} is the cost model", key)
+        # a fixed rule: its schedule where legal, else the baseline
         if fallback in _names_of(cands):
             return Decision(parse(fallback), "fallback", 0.0, f"{why}; the fitted fallback for {key} is {fallback}", key)
         return Decision(BASELINE, "fallback", 0.0,
                         f"{why}; the fitted fallback for {key}, {fallback}, is not legal here, so the baseline", key)
+
+    @staticmethod
+    def _cost_model(s: Scenario, hw: HardwareSpec, cands: Sequence[Schedule], why: str, key: str) -> Decision:
+        """The cost model's pick among `cands` (source ``cost_model``); on a GPU the do-no-harm
+        rule judges it after, as every overlap pick (``_no_harm``)."""
+        return Decision(cost_model_pick(s, hw, cands) if cands else BASELINE, COST_MODEL, 0.0, why, key)
 
     def _heuristic(self, s: Scenario, hw: HardwareSpec, why: str, key: str = "other") -> Decision:
         return Decision(choose(s, hw), "heuristic", 0.0, why, key)
@@ -515,6 +524,8 @@ class Selector:
                 return self._heuristic(s, hw, why, "low_margin")
             if fallback == "baseline":
                 return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback is the baseline", "low_margin")
+            if fallback == COST_MODEL:
+                return self._cost_model(s, hw, cands, f"{why}; its fitted fallback is the cost model", "low_margin")
             return self._fixed_rule(fallback, cands, scores, why)
         return Decision(best, "model", float(min(1.0, margin)), self._unseen_note(s))
 
