@@ -64,13 +64,15 @@ class Measured:
         return self.schedule or f"fused@row{self.row}"
 
 
-def judge_calls(path: str | Path, selector=None) -> dict:
+def judge_calls(path: str | Path, selector=None, *, fallback: str | None = None) -> dict:
     """Each collective + GEMM point of the published table `path` decided by `selector`
     (default ``Selector.load()``: the exported model, or the heuristic alone), and its call
-    judged against the measured methods (the module's docstring gives the rule).
+    judged against the measured methods (the module's docstring gives the rule). With
+    `fallback` (``heuristic``, ``cost_model``, ...), what that fallback alone decides in the
+    model's place, under the selector's GPU do-no-harm rule (``Selector.decide_as``).
 
     Returns ``file``, ``selector`` (``model`` where the selector holds a model, else
-    ``heuristic``), ``points`` (one per point: its rows, the pick, who decided it, the
+    ``heuristic``; ``<fallback> fallback`` with one), ``points`` (one per point: its rows, the pick, who decided it, the
     measured methods, the twin's speedup, the verdict and why), ``summary`` (the counts)
     and ``not_compared`` (rows on a device without a preset)."""
     if selector is None:
@@ -92,7 +94,8 @@ def judge_calls(path: str | Path, selector=None) -> dict:
         if not first.hardware:
             not_compared += [p.row for p in group]
             continue
-        decision = selector.select(first.scenario(first.hardware))
+        scenario = first.scenario(first.hardware)
+        decision = selector.select(scenario) if fallback is None else selector.decide_as(scenario, fallback)
         measured = [methods[p.row] for p in group if p.row in methods]
         verdict, why, twin = judge(decision.schedule.name, decision.schedule.is_baseline, measured)
         calls.append({
@@ -104,7 +107,8 @@ def judge_calls(path: str | Path, selector=None) -> dict:
             "twin_speedup": None if twin is None else round(twin, 3),
             "verdict": verdict, "why": why, "twin_loses_over_10pct": twin is not None and twin < FAR,
             "every_method_loses": bool(measured) and max(m.speedup for m in measured) < LOSES})
-    return {"file": str(path), "selector": "heuristic" if getattr(selector, "model", None) is None else "model",
+    who = "heuristic" if getattr(selector, "model", None) is None else "model"
+    return {"file": str(path), "selector": who if fallback is None else f"{fallback} fallback",
             "points": calls, "summary": _summary(calls), "not_compared": not_compared}
 
 

@@ -91,20 +91,23 @@ def sim() -> None:
 @click.option("--model", "model_dir", type=click.Path(file_okay=False), default=None,
               help="With --published: the exported selector whose calls are judged (default: the exported "
                    "champion, else the heuristic alone).")
+@click.option("--fallback", type=click.Choice(["heuristic", "cost_model", "baseline"]), default=None,
+              help="With --published: judge what this fallback alone picks at each point, under the "
+                   "selector's GPU do-no-harm rule, instead of the selector's own calls.")
 @click.option("--devices", type=int, default=None,
               help="Devices of the measured machine (the cpu backend: its cores). Default: its spec's.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the scenario split.")
 @json_option()
-def sim_validate(dataset_path, published_path, overrides, model_dir, devices, seed, as_json) -> None:
+def sim_validate(dataset_path, published_path, overrides, model_dir, fallback, devices, seed, as_json) -> None:
     """The simulator against measurements: a measured dataset (calibrate on half the
     scenarios, predict the other half) or published GPU points (each predicted on its preset,
     and the selector's pick there judged against what was measured)."""
     if (dataset_path is None) == (published_path is None):
         raise click.UsageError("give one of --dataset or --published")
     if published_path is not None:
-        return _validate_published(published_path, overrides, model_dir, as_json)
-    if model_dir is not None:
-        raise click.UsageError("--model goes with --published (the selector's calls on published points)")
+        return _validate_published(published_path, overrides, model_dir, fallback, as_json)
+    if model_dir is not None or fallback is not None:
+        raise click.UsageError("--model and --fallback go with --published (the selector's calls on published points)")
     from data.calibrate import measured_rows, validate_simulator
     from data.dataset import DatasetError, read_dataset
 
@@ -115,7 +118,7 @@ def sim_validate(dataset_path, published_path, overrides, model_dir, devices, se
         "largest errors:", *(f"  {row}" for row in report["largest_errors"])])
 
 
-def _validate_published(path, overrides, model_dir, as_json) -> None:
+def _validate_published(path, overrides, model_dir, fallback, as_json) -> None:
     from data.published import compare, read_published
     from data.no_harm import best_gain_summary, residuals
     from data.published_calls import judge_calls
@@ -130,7 +133,7 @@ def _validate_published(path, overrides, model_dir, as_json) -> None:
         specs = _override_specs(overrides)
         report = compare(read_published(path), specs)
         report["best_gain"] = best_gain_summary(residuals(path, specs))
-        report["calls"] = judge_calls(path, selector)
+        report["calls"] = judge_calls(path, selector, fallback=fallback)
     show(as_json, report, lambda: _published_lines(report) + _call_lines(report["calls"]))
 
 
@@ -192,7 +195,8 @@ def _published_lines(report: dict) -> list[str]:
 
 def _call_lines(calls: dict) -> list[str]:
     """The selector's calls (``data.published_calls``): a line per point, then the counts."""
-    chosen = "an exported model" if calls["selector"] == "model" else "the heuristic alone: no exported model"
+    chosen = {"model": "an exported model", "heuristic": "the heuristic alone: no exported model"}.get(
+        calls["selector"], f"the {calls['selector']} alone")
     lines = ["", f"the selector's calls on the collective + GEMM points, by {chosen} (right: its pick paid, or "
                  "the baseline where every measured method lost)"]
     for c in calls["points"]:

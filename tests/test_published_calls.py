@@ -184,4 +184,33 @@ def test_sim_validate_refuses_a_model_folder_it_cannot_use(tmp_path):
                                     str(tmp_path / "missing")])
     assert res.exit_code == 1 and "no usable exported selector there" in res.output
     res = CliRunner().invoke(main, ["sim", "validate", "--dataset", "x.parquet", "--model", str(tmp_path)])
-    assert res.exit_code == 2 and "--model goes with --published" in res.output
+    assert res.exit_code == 2 and "--model and --fallback go with --published" in res.output
+
+
+def test_sim_validate_published_judges_a_fallback_alone_under_the_models_gpu_rule(tmp_path):
+    # --fallback cost_model: the cost model's pick at each point in the model's place; the
+    # export's GPU do-no-harm rule still judges it (here a margin no simulated gain reaches).
+    from test_selector_runtime import write_selector
+
+    from ficco_select.hardware import load_hardware
+    from ficco_select.runtime.no_harm import cost_model_pick
+    from ficco_select.scenario import Scenario
+    from ficco_select.schedule import legal_candidates
+
+    table = write_table(tmp_path / "t.csv", [row(op="ag_gemm", m=16384, n=53248, k=16384, speedup=1.2)])
+    free = write_selector(tmp_path / "free")
+    res = CliRunner().invoke(main, ["sim", "validate", "--published", str(table), "--model", str(free),
+                                    "--fallback", "cost_model", "--json"])
+    assert res.exit_code == 0, res.output
+    calls = json.loads(res.output)["calls"]
+    [call] = calls["points"]
+    assert calls["selector"] == "cost_model fallback" and calls["summary"]["decided_by"] == {"cost_model": 1}
+    s = Scenario(group="published", op="ag_gemm", m=16384, n=53248, k=16384, dtype="bfloat16", world_size=8,
+                 hardware="h100-nvswitch")
+    assert call["pick"] == cost_model_pick(s, load_hardware("h100-nvswitch"), legal_candidates(s, "cuda")).name
+    assert call["verdict"] == "right" and not call["pick"].startswith("none.")
+    strict = write_selector(tmp_path / "strict", gpu_no_harm={"split_us": 0.0, "small_margin": 0.0, "large_margin": 5.0})
+    res = CliRunner().invoke(main, ["sim", "validate", "--published", str(table), "--model", str(strict),
+                                    "--fallback", "cost_model", "--json"])
+    [call] = json.loads(res.output)["calls"]["points"]
+    assert call["pick"] == "none.sm" and call["verdict"] == "wrong"  # the baseline where overlap paid 1.2x

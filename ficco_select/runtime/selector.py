@@ -397,6 +397,19 @@ class Selector:
         (``abstention.by_reason``), else the heuristic."""
         kind = machine_kind(hw)
         fallback = self._by_reason.get((key, kind), self._by_reason.get((key, ANY_KIND), "heuristic"))
+        return self._run_fallback(fallback, key, s, hw, why)
+
+    def decide_as(self, scenario: Scenario, fallback: str) -> Decision:
+        """What `fallback` (``heuristic``, ``baseline``, ``cost_model`` or a schedule name)
+        decides for `scenario` in the model's place, under this export's GPU do-no-harm rule:
+        a fallback judged on its own (``ficco sim validate --published --fallback``)."""
+        machine = self._machine(scenario)
+        if isinstance(machine, Decision):
+            return machine
+        s, hw = machine
+        return self._no_harm([self._run_fallback(fallback, "other", s, hw, f"the {fallback} fallback alone")], [s], hw)[0]
+
+    def _run_fallback(self, fallback: str, key: str, s: Scenario, hw: HardwareSpec, why: str) -> Decision:
         if fallback == "heuristic":
             return self._heuristic(s, hw, why, key)
         if fallback == "baseline":
