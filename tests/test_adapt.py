@@ -270,3 +270,19 @@ def test_a_folder_resumes_only_with_the_options_and_files_it_was_made_with(base,
     (out / "pending.json").write_text('{"fraction": 0.05, "chosen": ["not-a-scenario"]}')
     with pytest.raises(ValueError, match="pending.json: field 'chosen' names 1 scenario"):
         A.adapt(CountingMachine().machine, base, checkpoints=(0.0, 0.05), out_dir=out)
+
+
+def test_a_recalibration_that_predicts_held_out_scenarios_worse_is_not_kept():
+    # recalibrate_checked: cross-fitted over the measured scenarios, the recalibrated spec
+    # must predict those it was not fitted on at least as well as the start spec.
+    from data.calibrate import recalibrate_checked
+
+    spec = load_hardware("mi300x-8")
+    truth = A.perturbed(spec, "mi300x-8-test-truth", spread=1.3, seed=4)
+    measured = simulate(GRID[::8], truth, noise=0.03, seed=0)
+    assert recalibrate_checked(spec, measured) == recalibrate(spec, measured) != spec  # off data sheet: kept
+    # The start spec is the truth itself: a fit to noisy rows predicts no better, so it stays.
+    assert recalibrate_checked(truth, measured) is truth
+    assert recalibrate_checked(spec, measured.iloc[:0]) is spec  # nothing measured
+    three = measured[measured["scenario_id"].isin(measured["scenario_id"].unique()[:3])]
+    assert recalibrate_checked(spec, three) is spec  # too few to check
