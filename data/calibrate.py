@@ -301,51 +301,6 @@ def recalibrate(spec: HardwareSpec, df: pd.DataFrame) -> HardwareSpec:
     return fitted
 
 
-def recalibrate_checked(spec: HardwareSpec, df: pd.DataFrame, folds: int = 2) -> HardwareSpec:
-    """``recalibrate(spec, df)`` where it predicts measured scenarios it was not fitted on at
-    least as well as `spec` does; else `spec` unchanged. A handful of measured scenarios can
-    pull the fit somewhere that misplaces the schedules of every other scenario: fitted to 8
-    of a shaped fabric's 77, the simulator's pick fell from 0.92 of the best's speed to 0.85.
-
-    Cross-fitted over `folds` groups of the measured scenarios: each group predicted by the
-    spec recalibrated on the others, and by `spec`. "As well" is first the capture of the
-    simulated best (the measured time of the best over that of the simulator's pick, summed
-    over the held-out scenarios), then the median absolute log error of the times. With fewer
-    than two scenarios per group nothing can be checked: `spec` stays."""
-    ok = df[(df["status"] == "ok") & df["verified"].astype(bool)]
-    ok = ok[np.isfinite(ok["time_s"].astype(float)) & (ok["time_s"].astype(float) > 0)]
-    ids = sorted(ok["scenario_id"].unique(), key=lambda sid: zlib.crc32(str(sid).encode()))
-    if len(ids) < 2 * folds:
-        return spec
-    fold_of = {sid: i % folds for i, sid in enumerate(ids)}
-    at = ok["scenario_id"].map(fold_of).to_numpy()
-    fitted, start = [], []
-    for fold in range(folds):
-        held = ok[at == fold]
-        fitted.append(_held_out_agreement(recalibrate(spec, ok[at != fold]), held))
-        start.append(_held_out_agreement(spec, held))
-    (cap_fit, err_fit), (cap_start, err_start) = (
-        (sum(c for c, _ in got), float(np.median([e for _, e in got]))) for got in (fitted, start))
-    if cap_fit > cap_start + 1e-9 or (abs(cap_fit - cap_start) <= 1e-9 and err_fit < err_start):
-        return recalibrate(spec, ok)
-    return spec
-
-
-def _held_out_agreement(spec: HardwareSpec, held: pd.DataFrame) -> tuple[float, float]:
-    """On the measured rows `held`: the capture of the simulated best, summed over their
-    scenarios (measured best time / measured time of the pick `spec`'s simulator makes), and
-    the median absolute log error of the simulated times."""
-    records = held.groupby("scenario_id", sort=False).first().reset_index()[list(SCENARIO_COLUMNS)]
-    scenarios = [Scenario.from_record(r) for r in records.to_dict("records")]
-    sim = simulate_rows(scenarios, spec)[["scenario_id", "schedule", "time_s"]]
-    merged = held.merge(sim, on=["scenario_id", "schedule"], suffixes=("", "_sim"))
-    measured, simulated = merged["time_s"].astype(float), merged["time_s_sim"].astype(float)
-    capture = 0.0
-    for _, g in merged.groupby("scenario_id"):
-        capture += float(g["time_s"].min() / g.loc[g["time_s_sim"].idxmin(), "time_s"])
-    return capture, float(np.median(np.abs(np.log(simulated / measured))))
-
-
 def _rescaled(spec: HardwareSpec, ok: pd.DataFrame, start: dict[str, float] | None = None
               ) -> tuple[HardwareSpec, float]:
     """`spec` with its primitive numbers (``RECALIBRATED``) rescaled to fit the usable measured

@@ -135,9 +135,15 @@ def test_each_range_reason_gets_the_fallback_that_did_best_outside_the_ranges_pe
     v = pd.concat([gpu_m, gpu_nk, cpu, inside], ignore_index=True).assign(t_cost_model=3.0)  # the cost model: slow here
     v = v.assign(t_best=v[["t_heuristic", ring, "t_baseline"]].min(axis=1), t_oracle=v["t_baseline"])
     got = _range_fallbacks(v, ["shard.ring.sm"])
-    # cpu: 3 < n scenarios, no rule of its own; pooled (any), the ring slows 3 of 23 down: the baseline
-    assert got["by_reason"]["m_range"] == {"gpu": "shard.ring.sm", "any": "baseline"}
-    assert got["by_reason"]["shape_range"] == {"gpu": "heuristic", "any": "heuristic"}
+    # cpu: 3 < n scenarios, no rule of its own, and too few for one on the kinds without one
+    # (any): the gpu's evidence is not carried to it; the runtime's default, the heuristic.
+    assert got["by_reason"]["m_range"] == {"gpu": "shard.ring.sm"}
+    assert got["by_reason"]["shape_range"] == {"gpu": "heuristic"}
+    # Two kinds each short of n, together n or more: one choice (any) on their scenarios
+    # pooled; here the ring slows the 3 cpu scenarios down beyond the guard: the baseline.
+    few = pd.concat([gpu_m.iloc[: n - 3], cpu], ignore_index=True).assign(t_cost_model=3.0)
+    few = few.assign(t_best=few[["t_heuristic", ring, "t_baseline"]].min(axis=1), t_oracle=few["t_baseline"])
+    assert _range_fallbacks(few, ["shard.ring.sm"])["by_reason"]["m_range"] == {"any": "baseline"}
     assert got["validation"]["m_range"]["gpu"]["scenarios"] == n  # only the scenarios outside: not the 50 inside
     assert got["validation"]["shape_range"]["gpu"]["candidates"]["baseline"]["capture"] == pytest.approx(1 / 1.5)
     # A fallback that slows down more than the tail guard allows is never chosen, however fast elsewhere.
@@ -155,7 +161,7 @@ def test_the_cost_model_is_a_range_fallback_where_it_does_best_but_never_a_margi
                           "t_cost_model": 1.0, "t_baseline": 1.5}, index=range(n))
     v = gpu_m.assign(t_best=1.0, t_oracle=1.5)
     got = _range_fallbacks(v, [])
-    assert got["by_reason"]["m_range"] == {"gpu": "cost_model", "any": "cost_model"}
+    assert got["by_reason"]["m_range"] == {"gpu": "cost_model"}
     assert got["validation"]["m_range"]["gpu"]["candidates"]["cost_model"]["capture"] == pytest.approx(1.0)
     # One that slows down more than the tail guard allows is not chosen.
     risky = v.assign(t_cost_model=np.where(np.arange(n) < n // 2, 1.0, 1.6))

@@ -13,9 +13,9 @@ grid of scenarios) is spent:
    the harness (``cpu_machine``);
 3. recalibrate the spec's primitive numbers from every row measured so far
    (``data.calibrate.recalibrate``), so the features of *every* scenario on the machine,
-   measured or not, use what the machine showed; kept only where, cross-fitted, it
-   predicts measured scenarios it was not fitted on at least as well as the start spec
-   (``recalibrate_checked``): a few scenarios can pull the fit astray;
+   measured or not, use what the machine showed; kept only where, cross-fitted over the
+   measured scenarios, the adapted model picks better with it than with the start spec
+   (``checked_spec``): the spec is how the model reads the machine;
 4. refit the model on the training data plus the measured rows.
 
 The state lives in the output folder and survives a kill: ``measured.parquet`` (every
@@ -48,7 +48,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from data.calibrate import recalibrate_checked
 from data.locks import output_lock
 from ficco_select.hardware import load_hardware
 from train.adapt.machines import (
@@ -71,6 +70,7 @@ from train.adapt.rounds import (
     adapted_model,
     candidate_rows,
     check_plan,
+    checked_spec,
     choose,
     finished_round,
     fit_model,
@@ -109,7 +109,7 @@ def adapt(machine: Machine, base: pd.DataFrame, *, checkpoints: Sequence[float],
     groups = strata(machine.grid)
     for target in checkpoints[len(rounds):]:
         done = measured_ids(measured)
-        spec = recalibrate_checked(start_spec, measured) if len(measured) else start_spec
+        spec = checked_spec(machine, start_spec, base, measured) if len(measured) else start_spec
         model, candidates = refit(machine, spec, base, measured)
         k = round(target * len(ids)) - len(done)
         priority = active_priority(model, candidates, ids) if strategy == "active" and k > 0 else None
@@ -119,7 +119,7 @@ def adapt(machine: Machine, base: pd.DataFrame, *, checkpoints: Sequence[float],
         write_pending(out, target, chosen)  # before measuring: a killed round is redone on the same ones
         if chosen:
             measured = measure_chosen(machine, chosen, measured)
-            model, candidates = refit(machine, recalibrate_checked(start_spec, measured), base, measured)
+            model, candidates = refit(machine, checked_spec(machine, start_spec, base, measured), base, measured)
         rounds.append(finished_round(model, candidates, machine, measured, target, chosen))
         if out is not None:
             save(out, measured, rounds)
