@@ -107,7 +107,7 @@ def _decision_lines(decisions: list[dict], records: list[dict], selector, model_
                           str(r.get("hardware")), d["schedule"], d["source"], f"{d['confidence']:.3f}", d["reason"])
                          for d, r in zip(decisions, records)]
     widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
-    counts = {s: sum(d["source"] == s for d in decisions) for s in ("model", "heuristic", "fallback")}
+    counts = {s: sum(d["source"] == s for d in decisions) for s in ("model", "heuristic", "cost_model", "fallback")}
     model = (f"model {selector.meta.get('selector', '?')} from {model_path or 'the default export'}"
              if selector.model is not None else "heuristic only")
     return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines] + [
