@@ -109,7 +109,11 @@ def adapt(machine: Machine, base: pd.DataFrame, *, checkpoints: Sequence[float],
     groups = strata(machine.grid)
     for target in checkpoints[len(rounds):]:
         done = measured_ids(measured)
-        spec = checked_spec(machine, start_spec, base, measured) if len(measured) else start_spec
+        # The spec the last round chose (checked_spec fits models: not twice on the same rows).
+        if rounds:
+            spec = machine.spec
+        else:
+            spec = checked_spec(machine, start_spec, base, measured) if len(measured) else start_spec
         model, candidates = refit(machine, spec, base, measured)
         k = round(target * len(ids)) - len(done)
         priority = active_priority(model, candidates, ids) if strategy == "active" and k > 0 else None

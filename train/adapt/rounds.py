@@ -143,17 +143,20 @@ def checked_spec(machine: Machine, start: HardwareSpec, base: pd.DataFrame, meas
         return start
     group = ok["scenario_id"].map({sid: i % folds for i, sid in enumerate(ids)}).to_numpy()
     by_id = {s.scenario_id: s for s in machine.grid}
+    splits = []  # per fold: the rows to fit on, the held-out scenarios, their times and best times
+    for g in range(folds):
+        held = ok[group == g]
+        splits.append((measured[measured["scenario_id"].isin(ok["scenario_id"][group != g])],
+                       [by_id[sid] for sid in held["scenario_id"].unique()],
+                       held.set_index(["scenario_id", "schedule"])["time_s"].astype(float),
+                       held.groupby("scenario_id")["time_s"].min().astype(float)))
     capture = {}
     for name, spec in (("start", start), ("fitted", fitted)):
         machine.believe(spec)
         capture[name] = 0.0
-        for g in range(folds):
-            held = ok[group == g]
-            model = fit_model(base, measured[measured["scenario_id"].isin(ok["scenario_id"][group != g])])
-            rows = simulate_rows([by_id[sid] for sid in held["scenario_id"].unique()], machine.spec)
-            picks = predictions(model, rows.assign(status="ok", verified=True))["pick"]
-            times = held.set_index(["scenario_id", "schedule"])["time_s"].astype(float)
-            best = held.groupby("scenario_id")["time_s"].min().astype(float)
+        for fit_on, scenarios, times, best in splits:
+            rows = simulate_rows(scenarios, machine.spec).assign(status="ok", verified=True)
+            picks = predictions(fit_model(base, fit_on), rows)["pick"]
             capture[name] += sum(best[sid] / times.get((sid, pick), np.inf) for sid, pick in picks.items())
     machine.believe(start)
     return fitted if capture["fitted"] > capture["start"] + 1e-9 else start
