@@ -51,7 +51,8 @@ torchtitan's plan (``SequenceParallel`` norms, ``PrepareModuleInput``, ``Colwise
   instead of a number;
 - ``ficco-styles``: the plan in ficco's drop-in styles (``runtime/dtensor.py``:
   ``FiccoColwiseParallel``, ``FiccoRowwiseParallel``, ``FiccoPrepareModuleInput``), eager,
-  the tables built first (``prepare_tables``);
+  the tables built first (``prepare_tables``); like PyTorch's styles, they trust DTensor's
+  shapes and skip the per-call check (with the default ``configure``);
 - ``dtensor-compiled+ficco``: the plan compiled with ficco's Inductor pass
   (``runtime/compile.py``, ``install_pass``); rank 0 prints what the pass rewrote.
 Each compiled way compiles (forward and backward) in its warm-up step, before any timing;
@@ -421,8 +422,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
         if way in dtensor:
             run.update({k: dtensor[way][k] for k in ("model", "x", "opt")})
             if way in ("ficco-styles", "dtensor-compiled+ficco"):  # ficco's ops decide with the selector
-                torch_ops.configure(selector=champion, hardware=hardware, schedule="",
-                                    check_calls=not config["dtensor_unchecked"])
+                torch_ops.configure(selector=champion, hardware=hardware, schedule="", check_calls=True)
             if way == "ficco-styles":
                 from ficco_select.runtime.dtensor import prepare_tables
 
@@ -554,8 +554,6 @@ def main() -> None:
     ap.add_argument("--dtensor", action="store_true",
                     help="Also time the ways a DTensor user has (torchtitan's plan eager, compiled, compiled with "
                          "Inductor's micro-pipeline pass, in ficco's styles, compiled with ficco's pass).")
-    ap.add_argument("--dtensor-unchecked", action="store_true",
-                    help="With --dtensor: ficco's styles and pass run without the per-call shape check.")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default=None, help="Write a bar chart of the speedups here (PNG).")
     args = ap.parse_args()
@@ -571,7 +569,7 @@ def main() -> None:
             ap.error(f"--configs {item}: hidden must be a multiple of {HEAD_DIM} with hidden/{HEAD_DIM} heads "
                      "divisible by P, and seq divisible by P")
         configs.append((P, {"seq": seq, "hidden": hidden, "heads": heads, "batch": args.batch, "model": args.model,
-                            "spec": spec, "dtensor_unchecked": args.dtensor_unchecked}))
+                            "spec": spec}))
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or tmp
         os.makedirs(workdir, exist_ok=True)

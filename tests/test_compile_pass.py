@@ -16,7 +16,7 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 
 from ficco_select.runtime import dispatch, torch_ops
-from torch_ranks import spawn
+from torch_ranks import counting_checks, spawn
 
 # Tier: real ranks (processes over gloo); deselect with -m "not gloo"
 pytestmark = pytest.mark.gloo
@@ -69,9 +69,10 @@ def _compiled_equals_eager(rank: int, P: int, hidden: int, ffn: int, x_shape: tu
     explained = torch._dynamo.explain(model)(x)
     assert explained.graph_break_count == 0, explained.break_reasons
     want = _run(model, x)
-    with install_pass() as ficco_pass:
+    with install_pass() as ficco_pass, counting_checks() as checks:
         compiled = torch.compile(model, fullgraph=True)
         got = _run(compiled, x)
+    assert checks == [], checks  # the ops the pass inserts trust the graph's shapes (SPMD)
     torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-5)
     for g, w in zip(got[2], want[2]):

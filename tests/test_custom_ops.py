@@ -49,6 +49,11 @@ def _cases(rank: int, P: int, gen, dtype=torch.float32) -> list[tuple[str, objec
         ("matmul_reduce_scatter avg dim 1", torch.ops.ficco.matmul_reduce_scatter,
          (leaf(3, 4, 7), leaf(7, 5), "avg", 1, g)),
         ("matmul_all_reduce", torch.ops.ficco.matmul_all_reduce, (leaf(8, 5), leaf(5, 6), "sum", g)),
+        # run_check=False (DTensor's styles, the compile pass): one argument more, no gradient for it
+        ("all_gather_matmul unchecked", torch.ops.ficco.all_gather_matmul, (leaf(6, 5), [leaf(5, 4)], 0, g, False)),
+        ("matmul_reduce_scatter unchecked", torch.ops.ficco.matmul_reduce_scatter,
+         (leaf(8, 5), leaf(5, 6), "sum", 0, g, False)),
+        ("matmul_all_reduce unchecked", torch.ops.ficco.matmul_all_reduce, (leaf(8, 5), leaf(5, 6), "sum", g, False)),
         ("all_to_all_matmul", torch.ops.ficco.all_to_all_matmul, (leaf(sum(send), 6), leaf(6, 5), recv, send, g)),
         ("matmul_all_to_all", torch.ops.ficco.matmul_all_to_all, (leaf(sum(recv), 6), leaf(6, 5), send, recv, g)),
     ]
@@ -96,15 +101,15 @@ def _reference(name: str, args: tuple, P: int):
     """The op's result by PyTorch's differentiable collectives (its ground truth)."""
     group = dist.group.WORLD
     if name.startswith("all_gather_matmul"):
-        A_shard, Bs, gdim, _ = args
+        A_shard, Bs, gdim = args[:3]
         A = funcol.all_gather_tensor_autograd(A_shard, gdim, group)
         return A, [A @ B for B in Bs]
     if name.startswith("matmul_reduce_scatter"):
-        A, B, op, sdim, _ = args
+        A, B, op, sdim = args[:4]
         Y = funcol.reduce_scatter_tensor_autograd(A @ B, "sum", sdim, group)  # its backward knows sum only
         return Y / P if op == "avg" else Y
-    if name == "matmul_all_reduce":
-        A, B, _, _ = args
+    if name.startswith("matmul_all_reduce"):
+        A, B = args[:2]
         # The row-parallel linear: all-reduce forward, identity backward.
         Y = A @ B
         return Y + (funcol.all_reduce(Y.detach(), "sum", group) - Y.detach())
@@ -117,13 +122,14 @@ def _reference(name: str, args: tuple, P: int):
 
 def _eager(name: str, args: tuple):
     """The op's result through ``torch_ops``' eager Python path (in the custom op's layout)."""
+    run_check = not name.endswith("unchecked")  # its args end with run_check=False
     if name.startswith("all_gather_matmul"):
-        A_shard, Bs, gdim, g = args
-        return torch_ops.all_gather_matmul(A_shard, Bs, gdim, g)
+        A_shard, Bs, gdim, g = args[:4]
+        return torch_ops.all_gather_matmul(A_shard, Bs, gdim, g, run_check=run_check)
     if name.startswith("matmul_reduce_scatter"):
-        return torch_ops.matmul_reduce_scatter(*args)
-    if name == "matmul_all_reduce":
-        return torch_ops.matmul_all_reduce(*args)
+        return torch_ops.matmul_reduce_scatter(*args[:5], run_check=run_check)
+    if name.startswith("matmul_all_reduce"):
+        return torch_ops.matmul_all_reduce(*args[:4], run_check=run_check)
     if name == "all_to_all_matmul":
         return torch_ops.all_to_all_matmul(*args)
     return torch_ops.matmul_all_to_all(*args)

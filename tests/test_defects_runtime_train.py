@@ -17,7 +17,7 @@ from ficco_select.hardware import load_hardware
 from ficco_select.runtime import torch_ops
 from ficco_select.runtime.selector import Selector
 from test_selector_runtime import FULL_RANGES, spec_dict, warnings_of, write_selector
-from torch_ranks import rand, spawn
+from torch_ranks import counting_checks, rand, spawn
 
 
 # -- ranks that disagree on a call's shapes ------------------------------------------------
@@ -68,22 +68,39 @@ def test_ranks_passing_different_shapes_raise_on_every_rank(tmp_path):
 
 
 def check_unchecked_calls(rank: int, P: int, tmp: Path) -> None:
+    from ficco_select.runtime import library  # noqa: F401 - registers torch.ops.ficco
+
     gen = torch.Generator().manual_seed(0)
     g = dist.group.WORLD.group_name
     A_shard, B = rand(gen, 4, 8), rand(gen, 8, 6)
-    checks = []
-    real = torch_ops._gathered
-    torch_ops._gathered = lambda *a: checks.append(a) or real(*a)  # counts the check's collectives
     try:
-        torch_ops.configure(check_calls=False)
-        _, [got] = torch_ops.all_gather_matmul(A_shard, [B], 0, g)
-        torch_ops.matmul_reduce_scatter(got, B.t().contiguous(), "sum", 0, g)
-        assert checks == []  # no check, and the ops still run
-        torch_ops.configure(check_calls=True)
-        torch_ops.all_gather_matmul(A_shard, [B], 0, g)
-        assert len(checks) == 1
+        with counting_checks() as checks:
+            torch_ops.configure(check_calls=False)
+            _, [got] = torch_ops.all_gather_matmul(A_shard, [B], 0, g)
+            torch_ops.matmul_reduce_scatter(got, B.t().contiguous(), "sum", 0, g)
+            assert checks == []  # no check, and the ops still run
+            torch_ops.configure(check_calls=True)
+            torch_ops.all_gather_matmul(A_shard, [B], 0, g)
+            assert len(checks) == 1
+
+            # A caller that vouches for its calls (run_check=False: DTensor's styles, the compile
+            # pass) skips the check, forward and backward, the job's setting on.
+            A, W = A_shard.clone().requires_grad_(), B.clone().requires_grad_()
+            _, [y] = torch_ops.all_gather_matmul(A, [W], 0, g, run_check=False)
+            z = torch_ops.matmul_reduce_scatter(y, W.t(), "sum", 0, g, run_check=False)
+            r = torch_ops.matmul_all_reduce(z, W, "sum", g, run_check=False)
+            r.sum().backward()
+            torch.ops.ficco.all_gather_matmul(A_shard, [B], 0, g, False)
+            torch.ops.ficco.matmul_reduce_scatter(got, B.t().contiguous(), "sum", 0, g, False)
+            torch.ops.ficco.matmul_all_reduce(got, B.t().contiguous(), "sum", g, False)
+            assert len(checks) == 1, checks
+            assert A.grad is not None and W.grad is not None
+
+            # Checked calls check their backward too (a rank whose loss skips an op is caught there).
+            _, [y] = torch_ops.all_gather_matmul(A, [W], 0, g)
+            y.sum().backward()
+            assert len(checks) == 3, checks
     finally:
-        torch_ops._gathered = real
         torch_ops.reset()
 
 

@@ -30,7 +30,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from ficco_select.runtime import dispatch, torch_ops
 from test_dtensor_styles import BATCH, DIM, FICCO_PLAN, HIDDEN, SEQ, TORCH_PLAN, Block, full, llama_plan, step
-from torch_ranks import check_close, rand, spawn
+from torch_ranks import check_close, counting_checks, rand, spawn
 
 # Tier: real ranks (processes over gloo); deselect with -m "not gloo"
 pytestmark = pytest.mark.gloo
@@ -146,14 +146,17 @@ def check_ficco_styles_compiled(rank: int, P: int, tmp: Path) -> None:
         torch._dynamo.reset()
         dispatch.configure()  # no decisions yet: those below are this compile's
         fresh = parallelize_module(copy.deepcopy(reference), mesh, llama_plan(*FICCO_PLAN))
-        if with_pass:
-            with install_pass() as ficco_pass:
+        with counting_checks() as checks:
+            if with_pass:
+                with install_pass() as ficco_pass:
+                    got = step(torch.compile(fresh, fullgraph=True), x, dy)
+                if ficco_pass.rewrites:  # every collective is a ficco op already
+                    failures.append("the pass rewrote: " + "; ".join(r.line() for r in ficco_pass.rewrites))
+            else:
                 got = step(torch.compile(fresh, fullgraph=True), x, dy)
-            if ficco_pass.rewrites:  # every collective is a ficco op already
-                failures.append("the pass rewrote: " + "; ".join(r.line() for r in ficco_pass.rewrites))
-        else:
-            got = step(torch.compile(fresh, fullgraph=True), x, dy)
         what = f"ficco's styles compiled {'with' if with_pass else 'without'} the pass"
+        if checks:
+            failures.append(f"{what}: {len(checks)} per-call checks ran: {checks[:2]}")
         _compare(got, want, fresh, eager, what, failures)
         ran = {key[:-2] for key, _ in dispatch.decisions()}  # without dtype and device
         expected = {

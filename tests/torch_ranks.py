@@ -4,6 +4,7 @@ A rank starts from fresh torch_ops state with the heuristic selector on the cpu 
 exported model), collects its mismatches and fails with all of them.
 """
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -54,3 +55,21 @@ def check_close(got, want, dtype, what, failures):
     err = relative_error(got, want.float())
     if not err <= TOLERANCE[{torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]]:
         failures.append(f"{what}: rel. error {err:.3g} (shape {tuple(got.shape)} vs {tuple(want.shape)})")
+
+
+@contextlib.contextmanager
+def counting_checks():
+    """The per-call shape checks that run inside (each one host all-gather), listed by the
+    text each rank passed: the real check still runs, it is only counted."""
+    texts = []
+    real = torch_ops._gathered
+
+    def counted(group, mine, size):
+        texts.append(mine)
+        return real(group, mine, size)
+
+    torch_ops._gathered = counted
+    try:
+        yield texts
+    finally:
+        torch_ops._gathered = real

@@ -28,7 +28,7 @@ What it matches and what it leaves:
 - Scaled (fp8) matmuls are left to PyTorch.
 
 It keeps the serial pattern (records it, rewrites nothing) where ficco would run
-PyTorch's serial form anyway, so that the op's per-call check would be pure cost:
+PyTorch's serial form anyway, so that a rewrite would add only the op's dispatch:
 - the selector's layer table says the baseline at every m it covers (the table is built
   at compile time the way ``dispatch.prepare_layer`` builds it at a layer's first call, on
   the process's selector, ``configure``); a pinned schedule (``configure(schedule=...)``)
@@ -41,6 +41,9 @@ last dim: its table's m would be the weight's width) is rewritten: the op decide
 time.
 
 Choices a caller should know:
+- The ops it inserts skip their per-call check that every rank passes the same shapes
+  (``run_check=False``): the functional collectives they replace check nothing, and a
+  compiled tensor-parallel job runs the same graph on every rank (SPMD), as they assume.
 - No collective at compile time: each rank decides "keep serial" from its own selector,
   so every rank must ``configure`` the same selector and hardware (as a job does). A
   compile-time broadcast would hang the ranks wherever Inductor's cache lets some ranks
@@ -182,7 +185,7 @@ class FiccoPass(CustomGraphPass):
             return
         with graph.inserting_before(ag.ag_node):
             fused = _call(graph, torch.ops.ficco.all_gather_matmul.default,
-                          (ag.shard_node, [mm.B_node for mm in matmuls], ag.gather_dim, ag.group_name))
+                          (ag.shard_node, [mm.B_node for mm in matmuls], ag.gather_dim, ag.group_name, False))
             A = _call(graph, operator.getitem, (fused, 0))
             outs = _call(graph, operator.getitem, (fused, 1))
             for i, mm in enumerate(matmuls):
@@ -217,7 +220,7 @@ class FiccoPass(CustomGraphPass):
             return
         with graph.inserting_before(rs.wait_tensor_node):
             fused = _call(graph, torch.ops.ficco.matmul_reduce_scatter.default,
-                          (mm.A_node, mm.B_node, rs.reduce_op, rs.scatter_dim, rs.group_name))
+                          (mm.A_node, mm.B_node, rs.reduce_op, rs.scatter_dim, rs.group_name, False))
             rs.replace_with(fused)
             rs.erase()
             mm.erase()
@@ -247,7 +250,7 @@ class FiccoPass(CustomGraphPass):
             return
         with graph.inserting_before(wait):
             fused = _call(graph, torch.ops.ficco.matmul_all_reduce.default, (mm.A_node, mm.B_node, reduce_op,
-                                                                              group_name))
+                                                                              group_name, False))
         wait.replace_all_uses_with(fused)
         for user in list(ar.users):
             if user.op == "output":  # the all-reduce's result saved for backward

@@ -36,6 +36,13 @@ outputs, an ``nn.Embedding``), the styles run PyTorch's own path. Biases are add
 collective as DTensor ops, with PyTorch's placements and gradients' placements. Only 1-D
 meshes (the tensor-parallel mesh).
 
+The ops run without their per-call check that every rank passes the same shapes
+(``run_check=False``): a DTensor's global shape is the same on every rank by DTensor's
+own contract, and the styles run ficco's ops only where the mesh divides it evenly, so
+every rank's local shapes are equal; PyTorch's styles check nothing either
+(``DTensor.from_local`` skips its own check by default, ``run_check=False``, for the
+same reason: it is a collective per call).
+
 Under ``torch.compile`` the styles call the registered ops (``torch.ops.ficco``,
 ``library.py``: one graph node each, no graph break; ``torch_ops``' autograd Functions and
 the executor's Python would be traced into and fail), the shared gather included: the
@@ -163,9 +170,11 @@ def _gather_matmul(x: DTensor, linears: list[nn.Linear]) -> list[DTensor]:
     mesh = x.device_mesh
     Bs = [linear.weight.to_local().t() for linear in linears]
     if torch.compiler.is_compiling():  # the registered op: one node in the graph (see the module)
-        _, ys = torch.ops.ficco.all_gather_matmul(x.to_local(), Bs, _gather_dim(x), linears[0]._ficco_group_name)
+        _, ys = torch.ops.ficco.all_gather_matmul(x.to_local(), Bs, _gather_dim(x), linears[0]._ficco_group_name,
+                                                  False)
     else:
-        _, ys = all_gather_matmul(x.to_local(), Bs, _gather_dim(x), mesh.get_group(), return_A=False)
+        _, ys = all_gather_matmul(x.to_local(), Bs, _gather_dim(x), mesh.get_group(), return_A=False,
+                                  run_check=False)
     outs = [DTensor.from_local(y, mesh, (Shard(y.ndim - 1),), run_check=False) for y in ys]
     return [out if linear.bias is None else out + linear.bias for out, linear in zip(outs, linears)]
 
@@ -178,12 +187,12 @@ def _rowwise_forward(linear: nn.Linear, x: DTensor, *, output_layout: Placement)
     local, W = x.to_local(), linear.weight.to_local().t()
     compiling, name = torch.compiler.is_compiling(), linear._ficco_group_name  # compiled: the registered ops
     if isinstance(output_layout, Replicate):
-        y = (torch.ops.ficco.matmul_all_reduce(local, W, "sum", name) if compiling
-             else matmul_all_reduce(local, W, "sum", mesh.get_group()))
+        y = (torch.ops.ficco.matmul_all_reduce(local, W, "sum", name, False) if compiling
+             else matmul_all_reduce(local, W, "sum", mesh.get_group(), run_check=False))
     elif isinstance(output_layout, Shard) and _scatterable(output_layout.dim, x, mesh):
         output_layout = Shard(output_layout.dim % x.ndim)
-        y = (torch.ops.ficco.matmul_reduce_scatter(local, W, "sum", output_layout.dim, name) if compiling
-             else matmul_reduce_scatter(local, W, "sum", output_layout.dim, mesh.get_group()))
+        y = (torch.ops.ficco.matmul_reduce_scatter(local, W, "sum", output_layout.dim, name, False) if compiling
+             else matmul_reduce_scatter(local, W, "sum", output_layout.dim, mesh.get_group(), run_check=False))
     else:  # Partial, a scatter of the features or of an extent the mesh does not divide: PyTorch's path
         return F.linear(x, linear.weight, linear.bias)
     out = DTensor.from_local(y, mesh, (output_layout,), run_check=False)

@@ -7,11 +7,12 @@ Python and its point-to-point calls, and break the graph there). Registered with
 implementation for its shapes and a registered autograd formula, and Inductor calls it as
 an extern kernel at run time, where it decides its schedule per call shape exactly as
 ``torch_ops`` does (the same internal functions, the same layer tables, the same per-call
-check that every rank passes the same call):
+check that every rank passes the same call, which ``run_check=False`` skips where the
+caller vouches for it):
 
-    torch.ops.ficco.all_gather_matmul(A_shard, [B], gather_dim, group_name) -> (A, [A @ B])
-    torch.ops.ficco.matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name) -> Y
-    torch.ops.ficco.matmul_all_reduce(A, B, reduce_op, group_name) -> Y
+    torch.ops.ficco.all_gather_matmul(A_shard, [B], gather_dim, group_name, run_check=True) -> (A, [A @ B])
+    torch.ops.ficco.matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, run_check=True) -> Y
+    torch.ops.ficco.matmul_all_reduce(A, B, reduce_op, group_name, run_check=True) -> Y
     torch.ops.ficco.all_to_all_matmul(X, W, output_split_sizes, input_split_sizes, group_name) -> (Y, X_recv)
     torch.ops.ficco.matmul_all_to_all(X, W, output_split_sizes, input_split_sizes, group_name) -> Y
 
@@ -74,18 +75,25 @@ def _owned(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> l
     return owned
 
 
+def _as_passed(run_check: bool, *grads):
+    """`grads` (one per schema argument, ``run_check`` last) as the call passed its arguments:
+    the dispatcher drops a trailing argument equal to its default before autograd sees the
+    call, so a call with ``run_check`` True gets no gradient slot for it."""
+    return grads[:-1] if run_check else grads
+
+
 # -- all-gather matmul <-> matmul reduce-scatter ---------------------------------------------
 @torch.library.custom_op(f"{NAMESPACE}::all_gather_matmul", mutates_args=())
 def all_gather_matmul(A_shard: torch.Tensor, Bs: list[torch.Tensor], gather_dim: int,
-                      group_name: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                      group_name: str, run_check: bool = True) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """(A, [A @ B for B in Bs]) with A = all_gather(A_shard, gather_dim): ``torch_ops.all_gather_matmul``."""
-    A, outs = torch_ops._all_gather_matmul(A_shard, Bs, gather_dim, group_name, return_A=True)
+    A, outs = torch_ops._all_gather_matmul(A_shard, Bs, gather_dim, group_name, return_A=True, run_check=run_check)
     A, *outs = _owned([A, *outs], [A_shard, *Bs])
     return A, outs
 
 
 @all_gather_matmul.register_fake
-def _(A_shard, Bs, gather_dim, group_name):
+def _(A_shard, Bs, gather_dim, group_name, run_check=True):
     P = _world(group_name)
     dim = gather_dim % A_shard.ndim
     shape = list(A_shard.shape)
@@ -95,10 +103,10 @@ def _(A_shard, Bs, gather_dim, group_name):
 
 
 def _all_gather_matmul_setup(ctx, inputs, output):
-    _, Bs, gather_dim, group_name = inputs
+    _, Bs, gather_dim, group_name, run_check = inputs
     A, _ = output
     ctx.save_for_backward(A, *Bs)
-    ctx.gather_dim, ctx.group_name = gather_dim, group_name
+    ctx.gather_dim, ctx.group_name, ctx.run_check = gather_dim, group_name, run_check
     ctx.set_materialize_grads(False)  # an unused A gets None: the backward's fused path
 
 
@@ -109,12 +117,13 @@ def _all_gather_matmul_backward(ctx, dA, dYs):
     W = Bs[0] if len(Bs) == 1 else torch.cat(Bs, dim=1)
     # d(A_shard) = reduce_scatter(dY @ W^T + dA): every rank's contribution to my shard.
     if dA is None:
-        dA_shard = torch.ops.ficco.matmul_reduce_scatter(dY, W.t(), "sum", ctx.gather_dim, ctx.group_name)
+        dA_shard = torch.ops.ficco.matmul_reduce_scatter(dY, W.t(), "sum", ctx.gather_dim, ctx.group_name,
+                                                         ctx.run_check)
     else:
         dA_shard = funcol.wait_tensor(funcol.reduce_scatter_single(
             dY @ W.t() + dA, "sum", ctx.gather_dim % A.ndim, ctx.group_name))
     dBs = [_rows(A).t() @ _rows(d) for d in dYs]
-    return dA_shard, dBs, None, None
+    return _as_passed(ctx.run_check, dA_shard, dBs, None, None, None)
 
 
 all_gather_matmul.register_autograd(_all_gather_matmul_backward, setup_context=_all_gather_matmul_setup)
@@ -122,14 +131,14 @@ all_gather_matmul.register_autograd(_all_gather_matmul_backward, setup_context=_
 
 @torch.library.custom_op(f"{NAMESPACE}::matmul_reduce_scatter", mutates_args=())
 def matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
-                          group_name: str) -> torch.Tensor:
+                          group_name: str, run_check: bool = True) -> torch.Tensor:
     """reduce_scatter(A @ B, scatter_dim) with ``sum`` or ``avg``: ``torch_ops.matmul_reduce_scatter``."""
-    out = torch_ops._matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name)
+    out = torch_ops._matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, run_check=run_check)
     return _owned([out], [A, B])[0]
 
 
 @matmul_reduce_scatter.register_fake
-def _(A, B, reduce_op, scatter_dim, group_name):
+def _(A, B, reduce_op, scatter_dim, group_name, run_check=True):
     P = _world(group_name)
     shape = [*A.shape[:-1], B.shape[-1]]
     shape[scatter_dim % A.ndim] //= P
@@ -137,9 +146,9 @@ def _(A, B, reduce_op, scatter_dim, group_name):
 
 
 def _matmul_reduce_scatter_setup(ctx, inputs, output):
-    A, B, reduce_op, scatter_dim, group_name = inputs
+    A, B, reduce_op, scatter_dim, group_name, run_check = inputs
     ctx.save_for_backward(A, B)
-    ctx.reduce_op, ctx.scatter_dim, ctx.group_name = reduce_op, scatter_dim, group_name
+    ctx.reduce_op, ctx.scatter_dim, ctx.group_name, ctx.run_check = reduce_op, scatter_dim, group_name, run_check
 
 
 def _matmul_reduce_scatter_backward(ctx, dY):
@@ -147,9 +156,10 @@ def _matmul_reduce_scatter_backward(ctx, dY):
     if ctx.reduce_op == "avg":
         dY = dY / _world(ctx.group_name)
     # Every rank's A @ B fed my block: gather the blocks' gradients, then one GEMM.
-    dY_full, (dA,) = torch.ops.ficco.all_gather_matmul(dY.contiguous(), [B.t()], ctx.scatter_dim, ctx.group_name)
+    dY_full, (dA,) = torch.ops.ficco.all_gather_matmul(dY.contiguous(), [B.t()], ctx.scatter_dim, ctx.group_name,
+                                                       ctx.run_check)
     dB = _rows(A).t() @ _rows(dY_full)
-    return dA, dB, None, None, None
+    return _as_passed(ctx.run_check, dA, dB, None, None, None, None)
 
 
 matmul_reduce_scatter.register_autograd(_matmul_reduce_scatter_backward, setup_context=_matmul_reduce_scatter_setup)
@@ -157,21 +167,22 @@ matmul_reduce_scatter.register_autograd(_matmul_reduce_scatter_backward, setup_c
 
 # -- matmul all-reduce: the row-parallel linear without sequence parallelism -----------------
 @torch.library.custom_op(f"{NAMESPACE}::matmul_all_reduce", mutates_args=())
-def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
+def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, reduce_op: str, group_name: str,
+                      run_check: bool = True) -> torch.Tensor:
     """all_reduce(A @ B) with ``sum`` or ``avg``: ``torch_ops.matmul_all_reduce``."""
-    out = torch_ops._matmul_all_reduce(A, B, reduce_op, group_name)
+    out = torch_ops._matmul_all_reduce(A, B, reduce_op, group_name, run_check=run_check)
     return _owned([out], [A, B])[0]
 
 
 @matmul_all_reduce.register_fake
-def _(A, B, reduce_op, group_name):
+def _(A, B, reduce_op, group_name, run_check=True):
     return A.new_empty([*A.shape[:-1], B.shape[-1]])
 
 
 def _matmul_all_reduce_setup(ctx, inputs, output):
-    A, B, reduce_op, group_name = inputs
+    A, B, reduce_op, group_name, run_check = inputs
     ctx.save_for_backward(A, B)
-    ctx.reduce_op, ctx.group_name = reduce_op, group_name
+    ctx.reduce_op, ctx.group_name, ctx.run_check = reduce_op, group_name, run_check
 
 
 def _matmul_all_reduce_backward(ctx, dY):
@@ -179,7 +190,7 @@ def _matmul_all_reduce_backward(ctx, dY):
     A, B = ctx.saved_tensors
     if ctx.reduce_op == "avg":
         dY = dY / _world(ctx.group_name)
-    return dY @ B.t(), _rows(A).t() @ _rows(dY), None, None
+    return _as_passed(ctx.run_check, dY @ B.t(), _rows(A).t() @ _rows(dY), None, None, None)
 
 
 matmul_all_reduce.register_autograd(_matmul_all_reduce_backward, setup_context=_matmul_all_reduce_setup)

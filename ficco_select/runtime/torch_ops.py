@@ -35,7 +35,9 @@ Choices a caller should know:
   of it (shapes, dtype, dims, reduce op; one tiny collective on the host: the group's CPU
   backend, or a gloo group of its ranks made at its first call, so the host never waits for
   the GPU; about 0.5 ms on this 2-core machine's gloo; ``configure(check_calls=False)`` or
-  ``FICCO_CHECK_CALLS=0`` skips it, PyTorch's own contract), and a call the ranks disagree on raises ValueError on every rank,
+  ``FICCO_CHECK_CALLS=0`` skips it for the job, PyTorch's own contract; ``run_check=False``
+  for one call and its backward, where the caller vouches for its shapes: DTensor's styles,
+  the compile pass), and a call the ranks disagree on raises ValueError on every rank,
   naming the op, the rank and both shapes (PyTorch's fallbacks check nothing: gloo aborts
   one rank and hands another garbage rows). Per call, not per shape: a rank repeating a
   shape it has seen while another passes a new one is refused too. The MoE ops check in the
@@ -97,23 +99,25 @@ def __getattr__(name: str):
 
 # -- the ops ----------------------------------------------------------------------------
 def all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_dim: int, group_name, *,
-                      return_A: bool = True) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+                      return_A: bool = True, run_check: bool = True) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
     """All-gather A_shard along `gather_dim`, multiply the result by every B.
 
     Same signature and results as ``fused_all_gather_matmul``: returns (A or None, [A @ B]).
     Differentiable: the gradient of A_shard is itself a matmul + reduce-scatter.
+    ``run_check=False``: the caller vouches that every rank passes the same call (see the
+    module docstring), forward and backward.
     """
     if _needs_grad(A_shard, *Bs):
-        A, *outs = _AllGatherMatmul.apply(A_shard, gather_dim, resolve_group(group_name), *Bs)
+        A, *outs = _AllGatherMatmul.apply(A_shard, gather_dim, resolve_group(group_name), run_check, *Bs)
         return (A if return_A else None), outs
-    return _all_gather_matmul(A_shard, Bs, gather_dim, group_name, return_A=return_A)
+    return _all_gather_matmul(A_shard, Bs, gather_dim, group_name, return_A=return_A, run_check=run_check)
 
 
-def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A):
+def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A, run_check=True):
     group = resolve_group(group_name)
     P = dist.get_world_size(group)
     gather_dim = gather_dim % A_shard.ndim
-    _same_call_on_every_rank("all_gather_matmul", group,
+    _same_call_on_every_rank("all_gather_matmul", group, run_check,
                              f"A_shard {_tensor(A_shard)} gathered along dim {gather_dim} "
                              f"@ Bs {', '.join(map(_tensor, Bs))}")
     if gather_dim == A_shard.ndim - 1 or not Bs:
@@ -145,22 +149,22 @@ def _all_gather_matmul(A_shard, Bs, gather_dim, group_name, *, return_A):
 
 
 def matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
-                          group_name) -> torch.Tensor:
+                          group_name, *, run_check: bool = True) -> torch.Tensor:
     """Reduce-scatter A @ B along `scatter_dim` (``sum`` or ``avg``).
 
     Same signature and result as ``fused_matmul_reduce_scatter``. Differentiable: the
-    gradient of A is an all-gather + matmul.
+    gradient of A is an all-gather + matmul. ``run_check``: as ``all_gather_matmul``'s.
     """
     if _needs_grad(A, B):
-        return _MatmulReduceScatter.apply(A, B, reduce_op, scatter_dim, resolve_group(group_name))
-    return _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name)
+        return _MatmulReduceScatter.apply(A, B, reduce_op, scatter_dim, resolve_group(group_name), run_check)
+    return _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, run_check=run_check)
 
 
-def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
+def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, *, run_check=True):
     group = resolve_group(group_name)
     P = dist.get_world_size(group)
     scatter_dim = scatter_dim % A.ndim
-    _same_call_on_every_rank("matmul_reduce_scatter", group,
+    _same_call_on_every_rank("matmul_reduce_scatter", group, run_check,
                              f"A {_tensor(A)} @ B {_tensor(B)}, {reduce_op} scattered along dim {scatter_dim}")
     extent = B.shape[-1] if scatter_dim == A.ndim - 1 else A.shape[scatter_dim]
     if reduce_op not in ("sum", "avg") or extent % P:
@@ -193,24 +197,26 @@ def _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name):
     return out.reshape(rows_lead[0] // P, *rows_lead[1:], out.shape[1]).movedim(0, scatter_dim)
 
 
-def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, reduce_op: str = "sum", group_name=None) -> torch.Tensor:
+def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, reduce_op: str = "sum", group_name=None, *,
+                      run_check: bool = True) -> torch.Tensor:
     """All-reduce A @ B over the group (``sum`` or ``avg``): every rank gets the whole result.
 
     A (..., k_local) holds this rank's slice of the contraction, B (k_local, n) the matching
     rows of the weight; returns (..., n). The result equals ``A @ B`` then
     ``dist.all_reduce``. Differentiable as the row-parallel linear without sequence
     parallelism: dA = dY @ B^T and dB = A^T @ dY, with no collective (the output is
-    replicated, so every rank's dY is the whole gradient).
+    replicated, so every rank's dY is the whole gradient). ``run_check``: as
+    ``all_gather_matmul``'s.
     """
     if _needs_grad(A, B):
-        return _MatmulAllReduce.apply(A, B, reduce_op, resolve_group(group_name))
-    return _matmul_all_reduce(A, B, reduce_op, group_name)
+        return _MatmulAllReduce.apply(A, B, reduce_op, resolve_group(group_name), run_check)
+    return _matmul_all_reduce(A, B, reduce_op, group_name, run_check=run_check)
 
 
-def _matmul_all_reduce(A, B, reduce_op, group_name):
+def _matmul_all_reduce(A, B, reduce_op, group_name, *, run_check=True):
     group = resolve_group(group_name)
     P = dist.get_world_size(group)
-    _same_call_on_every_rank("matmul_all_reduce", group,
+    _same_call_on_every_rank("matmul_all_reduce", group, run_check,
                              f"A {_tensor(A)} @ B {_tensor(B)}, {reduce_op}")
     lead, A2 = A.shape[:-1], _rows(A)
     rows, n = A2.shape[0], B.shape[-1]
@@ -247,11 +253,12 @@ def _tensor(t: torch.Tensor) -> str:
     return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
 
 
-def _same_call_on_every_rank(op: str, group: dist.ProcessGroup, call: str) -> None:
+def _same_call_on_every_rank(op: str, group: dist.ProcessGroup, run_check: bool, call: str) -> None:
     """ValueError on every rank of `group` where a rank describes its call otherwise than
     rank 0 (the ranks' shapes must match for the collective to mean anything). Skipped
-    under ``configure(check_calls=False)``."""
-    if not dispatch.checks_calls():
+    where the caller vouches for the call (`run_check` False) and under
+    ``configure(check_calls=False)``."""
+    if not (run_check and dispatch.checks_calls()):
         return
     every = _gathered(group, call, CALL_BYTES)
     if every[0, 0] and bool((every == every[0]).all()):  # the common case: one comparison, nothing decoded
@@ -362,11 +369,11 @@ class _AllGatherMatmul(torch.autograd.Function):
     """(A, *[A @ B]) with A = all_gather(A_shard, gather_dim)."""
 
     @staticmethod
-    def forward(ctx, A_shard, gather_dim, group, *Bs):
-        A, outs = _all_gather_matmul(A_shard, Bs, gather_dim, group, return_A=True)
+    def forward(ctx, A_shard, gather_dim, group, run_check, *Bs):
+        A, outs = _all_gather_matmul(A_shard, Bs, gather_dim, group, return_A=True, run_check=run_check)
         ctx.set_materialize_grads(False)  # an unused A gets None, not zeros: the fused backward
         ctx.save_for_backward(A, *Bs)
-        ctx.gather_dim, ctx.group = gather_dim, group
+        ctx.gather_dim, ctx.group, ctx.run_check = gather_dim, group, run_check
         return (A, *outs)
 
     @staticmethod
@@ -376,20 +383,20 @@ class _AllGatherMatmul(torch.autograd.Function):
         dY, W = torch.cat(dYs, dim=-1), torch.cat(Bs, dim=1)
         # d(A_shard) = reduce_scatter(dY @ W^T + dA): the ranks' contributions to my shard.
         if dA is None:
-            dA_shard = _matmul_reduce_scatter(dY, W.t(), "sum", ctx.gather_dim, ctx.group)
+            dA_shard = _matmul_reduce_scatter(dY, W.t(), "sum", ctx.gather_dim, ctx.group, run_check=ctx.run_check)
         else:
             dA_shard = funcol.wait_tensor(funcol.reduce_scatter_single(
                 dY @ W.t() + dA, "sum", ctx.gather_dim % A.ndim, ctx.group))
         dBs = [_rows(A).t() @ _rows(d) for d in dYs]
-        return (dA_shard, None, None, *dBs)
+        return (dA_shard, None, None, None, *dBs)
 
 
 class _MatmulReduceScatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, A, B, reduce_op, scatter_dim, group):
+    def forward(ctx, A, B, reduce_op, scatter_dim, group, run_check):
         ctx.save_for_backward(A, B)
-        ctx.reduce_op, ctx.scatter_dim, ctx.group = reduce_op, scatter_dim, group
-        return _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group)
+        ctx.reduce_op, ctx.scatter_dim, ctx.group, ctx.run_check = reduce_op, scatter_dim, group, run_check
+        return _matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group, run_check=run_check)
 
     @staticmethod
     def backward(ctx, dY):
@@ -397,24 +404,25 @@ class _MatmulReduceScatter(torch.autograd.Function):
         if ctx.reduce_op == "avg":
             dY = dY / dist.get_world_size(ctx.group)
         # Every rank's A @ B fed my block: gather the blocks' gradients, then one GEMM.
-        dY_full, (dA,) = _all_gather_matmul(dY.contiguous(), [B.t()], ctx.scatter_dim, ctx.group, return_A=True)
+        dY_full, (dA,) = _all_gather_matmul(dY.contiguous(), [B.t()], ctx.scatter_dim, ctx.group, return_A=True,
+                                            run_check=ctx.run_check)
         dB = _rows(A).t() @ _rows(dY_full)
-        return dA, dB, None, None, None
+        return dA, dB, None, None, None, None
 
 
 class _MatmulAllReduce(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, A, B, reduce_op, group):
+    def forward(ctx, A, B, reduce_op, group, run_check):
         ctx.save_for_backward(A, B)
         ctx.reduce_op, ctx.group = reduce_op, group
-        return _matmul_all_reduce(A, B, reduce_op, group)
+        return _matmul_all_reduce(A, B, reduce_op, group, run_check=run_check)
 
     @staticmethod
     def backward(ctx, dY):
         A, B = ctx.saved_tensors
         if ctx.reduce_op == "avg":
             dY = dY / dist.get_world_size(ctx.group)
-        return dY @ B.t(), _rows(A).t() @ _rows(dY), None, None
+        return dY @ B.t(), _rows(A).t() @ _rows(dY), None, None, None
 
 
 def all_to_all_matmul(X: torch.Tensor, W: torch.Tensor, output_split_sizes: Sequence[int],
