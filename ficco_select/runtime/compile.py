@@ -17,8 +17,9 @@ layer tables, as eager ``torch_ops`` calls do:
 
 What it matches and what it leaves:
 - all-gather (any gather dim) + every ``mm`` consuming the gathered tensor (2-D, or
-  reshape -> mm -> reshape): one ``ficco::all_gather_matmul`` per all-gather, all its
-  matmuls' weights together (the op concatenates them, one GEMM).
+  reshape -> mm -> reshape, or a dim-0 gather flattened to 2-D rows by reshapes and then
+  multiplied: DTensor's batch-1 sequence gather): one ``ficco::all_gather_matmul`` per
+  all-gather, all its matmuls' weights together (the op concatenates them, one GEMM).
 - ``mm`` + reduce-scatter (any scatter dim), where the matmul's only user is the
   reduce-scatter: ``ficco::matmul_reduce_scatter``.
 - ``mm`` + all-reduce (``funcol.all_reduce``: ``all_reduce`` then ``wait_tensor`` in the
@@ -80,6 +81,7 @@ from ficco_select.runtime.torch_ops import TABLE_ROWS
 
 __all__ = ["install_pass", "FiccoPass", "Rewrite"]
 
+aten = torch.ops.aten
 log = logging.getLogger("ficco_select.runtime.compile")
 c10d = torch.ops._c10d_functional
 
@@ -168,6 +170,11 @@ class FiccoPass(CustomGraphPass):
     def _all_gather_matmul(self, graph, ag, kind: str) -> None:
         matmuls = [mm for mm in _find_consumer_matmuls(ag.res_node)
                    if type(mm) is _Matmul and ag.res_node not in mm.arg_ancestor_nodes]
+        flat = _flattened(ag) if not matmuls else None
+        if flat is not None:  # the gathered rows flattened to 2-D, then plain mm's of them
+            matmuls = [mm for mm in _find_consumer_matmuls(flat[-1])
+                       if type(mm) is _Matmul and len(mm.nodes) == 1 and mm.nodes[0].args[0] is flat[-1]
+                       and flat[-1] not in mm.arg_ancestor_nodes]
         if not matmuls:
             return
         shard, P = _val(ag.shard_node), _world(ag.group_name)
@@ -184,14 +191,23 @@ class FiccoPass(CustomGraphPass):
         if keep:
             return
         with graph.inserting_before(ag.ag_node):
+            # Flattened: gather the shard's rows flattened the same way (the same rows, in the
+            # same order: a dim-0 gather then a row-major flatten is a flatten then a dim-0 gather).
+            shard_node = ag.shard_node if flat is None else _call(graph, aten.reshape.default,
+                                                                  (ag.shard_node, [-1, k]))
             fused = _call(graph, torch.ops.ficco.all_gather_matmul.default,
-                          (ag.shard_node, [mm.B_node for mm in matmuls], ag.gather_dim, ag.group_name, False))
+                          (shard_node, [mm.B_node for mm in matmuls], ag.gather_dim, ag.group_name, False))
             A = _call(graph, operator.getitem, (fused, 0))
             outs = _call(graph, operator.getitem, (fused, 1))
             for i, mm in enumerate(matmuls):
                 mm.replace_with(_call(graph, operator.getitem, (outs, i)))
                 mm.erase()
-            ag.replace_with(A)
+            if flat is None:
+                ag.replace_with(A)
+            else:
+                flat[-1].replace_all_uses_with(A)
+                for node in reversed(flat):
+                    graph.erase_node(node)
             ag.erase()
         _raise_ancestors(graph, fused, [x for mm in matmuls for x in mm.arg_ancestor_nodes])
 
@@ -305,6 +321,24 @@ def _graph_kind(graph: torch.fx.Graph) -> str:
 
 def _val(node: torch.fx.Node) -> torch.Tensor:
     return node.meta["val"]
+
+
+def _flattened(ag) -> list[torch.fx.Node] | None:
+    """The reshapes that flatten a dim-0 all-gather's result to 2-D rows (its last dim
+    kept), each the only user of the one before, or None. DTensor writes a batch-1 sequence
+    gather so: all-gather along dim 0, reshape to (1, seq, k), reshape to (seq, k), mm."""
+    if ag.gather_dim != 0:
+        return None
+    node, chain, k = ag.res_node, [], _val(ag.res_node).shape[-1]
+    while len(node.users) == 1:
+        (user,) = node.users
+        if user.target is not aten.reshape.default or user.args[0] is not node or _val(user).shape[-1] != k:
+            return None
+        chain.append(user)
+        if _val(user).ndim == 2:
+            return chain
+        node = user
+    return None
 
 
 def _world(group_name: str) -> int:
