@@ -11,13 +11,17 @@ all-reduce pairs per step. Prefill: ``seq`` tokens of one sequence; decode: ``ba
 sequences of one new token each (attention over that token only: no KV cache, so the step's
 attention is cheaper than a real decode step's; the GEMM + all-reduce pairs are the real ones).
 
-Ways, interleaved (each repeat runs every way once, in rotated order; one untimed step after
-a switch, then ``--steps`` timed steps, each the slowest rank's, their mean):
+First, per configuration, ``--explore-steps`` steps with every call shape cycling through its
+candidates (``configure(explore_every=1)``, telemetry on): the per-layer oracle's picks.
+Then the ways, interleaved (each repeat runs every way once, in rotated order; one untimed step
+after a switch, then ``--steps`` timed steps, each the slowest rank's, their mean):
 - ``pytorch``: unhooked (``F.linear``, then ``dist.all_reduce``);
 - ``ficco``: ``tp.install`` with the selector (the exported champion, or ``--model``): every
   row-parallel layer through ``matmul_all_reduce``;
 - each of ``FIXED``: every all-reduce pinned to that schedule where it is legal, else the
-  baseline (``none.sm``);
+  baseline (``none.sm``: PyTorch's own ``mm`` then ``all_reduce``, through the hook);
+- ``oracle``: each call shape pinned to the schedule that measured fastest for it in the
+  exploration (``e2e_tp.oracle_selector``);
 - ``compute-only``: not a way to run a job: the all-reduces left out; ``comm / compute`` =
   (pytorch - compute-only) / compute-only.
 
@@ -25,8 +29,11 @@ Prints, per configuration, each way's median step time and its speedup over ``py
 median of the per-repeat ratios with its 95% confidence interval (distribution-free, from
 order statistics, ``e2e_tp.median_ci``), and the schedules ficco ran.
 
+With ``--fabric RATE`` every rank runs on a shaped fabric of this host (``e2e_tp.py``'s):
+the selector decides for the fabric's profiled spec.
+
     python benchmarks/e2e_infer.py [--configs P:seq:batch:hidden,...] [--reps 20] [--steps 3]
-                                   [--model DIR] [--json]
+                                   [--explore-steps 6] [--model DIR] [--fabric RATE] [--json]
 """
 
 from __future__ import annotations
@@ -45,7 +52,18 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_tp import HEAD_DIM, Block, _leave, median_ci, oracle_selector, restore  # noqa: E402 - the training step's
+from e2e_tp import (  # noqa: E402 - the training step's
+    HEAD_DIM,
+    Block,
+    _fabric_spec,
+    _leave,
+    explore,
+    explored,
+    gap_captured,
+    median_ci,
+    oracle_selector,
+    restore,
+)
 
 FIXED = ("none.sm", "shard.ring.sm", "ficco.d2.ring.gemm_per_step.m.sm", "ficco.d2.a2a.gemm_per_step.m.sm")
 """Fixed rules: the baseline through ficco's executor, the reduce-scatter + all-gather form at
@@ -67,6 +85,11 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
     from ficco_select.runtime.tp import TP_LAYERS, install, parallelize
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // P))
+    if config["spec"]:  # a shaped fabric's machine, as its profile describes it (main)
+        from ficco_select.hardware import register_hardware, spec_from_dict
+
+        register_hardware(spec_from_dict(config["spec"], "the fabric's profile"), "the fabric's profile")
+    hardware = config["spec"]["name"] if config["spec"] else "cpu"
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=P)
     torch.manual_seed(0)
     hidden = config["hidden"]
@@ -85,6 +108,10 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
         return float(elapsed)
 
     champion = Selector.load(config["model"]) if config["model"] else Selector.load()
+    if config["phase"] == "explore":
+        explore(model, step, champion, hardware, config)
+        _leave(rank, results, None)
+    selectors = {"ficco": champion, "oracle": oracle_selector(config["oracle"])}
     baseline = oracle_selector({})  # answers every shape with the baseline
     handle = None
     ran = {}
@@ -97,8 +124,8 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
             for layer in layers:
                 _compute_only(layer)
         elif way != "pytorch":
-            torch_ops.configure(selector=champion if way == "ficco" else baseline, hardware="cpu",
-                                schedule="" if way == "ficco" else way)
+            torch_ops.configure(selector=selectors.get(way, baseline), hardware=hardware,
+                                schedule="" if way in selectors else way)
             handle = install(model)
 
     ways = config["ways"]
@@ -137,6 +164,7 @@ def summarize(P: int, config: dict, times: dict) -> dict:
     out["comm_per_compute"] = round((statistics.median(base) - compute) / compute, 3)
     fixed = [w for w in times if w in FIXED]
     out["best_fixed"] = max(fixed, key=lambda w: out["ways"][w]["speedup"])
+    out["gap_captured"] = gap_captured(out)
     return out
 
 
@@ -145,10 +173,14 @@ def main() -> None:
     parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="P:seq:batch:hidden, comma-separated")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--explore-steps", type=int, default=6, help="steps of the oracle's exploration")
     parser.add_argument("--model", default="", help="exported selector folder (default: the packaged champion)")
+    parser.add_argument("--fabric", default=None, metavar="RATE",
+                        help="run every rank on a shaped fabric of this host (tc's rate, e.g. 1gbit)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    fabric = _fabric_spec(args.fabric) if args.fabric else None
     rows = []
     for spec in args.configs.split(","):
         P, seq, batch, hidden = (int(v) for v in spec.split(":"))
@@ -156,16 +188,21 @@ def main() -> None:
             parser.error(f"--configs {spec}: hidden must be a multiple of {HEAD_DIM} with hidden/{HEAD_DIM} heads "
                          "divisible by P")
         config = {"seq": seq, "batch": batch, "hidden": hidden, "reps": args.reps, "steps": args.steps,
-                  "model": args.model, "ways": ["pytorch", "ficco", *FIXED, "compute-only"]}
-        got = run_ranks(P, config)
-        row = summarize(P, config, got["times"]) | {"ficco_ran": got["ficco_ran"]}
+                  "model": args.model, "spec": fabric, "ways": ["pytorch", "ficco", *FIXED, "oracle", "compute-only"]}
+        with tempfile.TemporaryDirectory() as tmp:
+            telemetry = f"{tmp}/explore.{{rank}}.jsonl"
+            run_ranks(P, {**config, "phase": "explore", "explore_steps": args.explore_steps, "telemetry": telemetry})
+            best, _ = explored([telemetry.format(rank=r) for r in range(P)])
+        got = run_ranks(P, {**config, "phase": "time", "oracle": best})
+        row = summarize(P, config, got["times"]) | {"ficco_ran": got["ficco_ran"], "oracle_picks": best,
+                                                     "fabric": args.fabric}
         rows.append(row)
         if not args.json:
             ways = "  ".join(f"{w} {v['speedup']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
                              for w, v in row["ways"].items() if w != "pytorch")
             print(f"P={P} seq={seq} batch={batch} hidden={hidden} comm/compute={row['comm_per_compute']:.2f} "
                   f"pytorch {row['ways']['pytorch']['step_ms']:.3f} ms | {ways} | best fixed {row['best_fixed']} "
-                  f"| ficco ran {row['ficco_ran']}", flush=True)
+                  f"| gap captured {row['gap_captured']} | ficco ran {row['ficco_ran']}", flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
 

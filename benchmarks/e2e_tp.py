@@ -27,8 +27,8 @@ Ways:
   ``fused_all_gather_matmul`` runs without symmetric memory), with their mirror op as the
   input's gradient;
 - ``ficco``: ``tp.install`` with the selector (the exported champion, or ``--model``);
-- ``ficco-unchecked``: the same without the per-call check that every rank passes the same
-  shapes (``configure(check_calls=False)``): what that check costs;
+- ``ficco-checked``: the same in the debug mode, each call first checking that every rank
+  passes the same shapes (``configure(check_calls=True)``): what that check costs;
 - ``ficco+telemetry``: the same with the selector retrained on the job's telemetry (phase 2);
 - ``none.sm``, ``shard.ring.sm``, and each ``--ficco`` schedule: every layer pinned to it;
 - ``oracle``: the per-layer oracle, each call shape pinned to the schedule that measured
@@ -399,17 +399,12 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
         return float(elapsed)
 
     champion = Selector.load(config["model"]) if config["model"] else Selector.load()
-    if config["phase"] == "explore":  # every shape through its candidates, timed, with telemetry on
-        torch_ops.configure(selector=champion, hardware=hardware, schedule="", explore_every=1,
-                            telemetry=config["telemetry"])
-        install(model)
-        for _ in range(config["explore_steps"]):
-            step()
-        torch_ops.configure(explore_every=0, telemetry="")
+    if config["phase"] == "explore":
+        explore(model, step, champion, hardware, config)
         _leave(rank, results, None)
 
     # Only rank 0 decides (the group runs its decisions): the others need no selector's answers.
-    selectors = {"ficco": champion, "ficco-unchecked": champion, "oracle": oracle_selector(config["oracle"]),
+    selectors = {"ficco": champion, "ficco-checked": champion, "oracle": oracle_selector(config["oracle"]),
                  "ficco+telemetry": Selector.load(config["retrained"]) if config["retrained"] else None}
     handle = None
     dtensor = dtensor_ways(config, P, rank) if any(w in DTENSOR for w in config["ways"]) else {}
@@ -422,7 +417,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
         if way in dtensor:
             run.update({k: dtensor[way][k] for k in ("model", "x", "opt")})
             if way in ("ficco-styles", "dtensor-compiled+ficco"):  # ficco's ops decide with the selector
-                torch_ops.configure(selector=champion, hardware=hardware, schedule="", check_calls=True)
+                torch_ops.configure(selector=champion, hardware=hardware, schedule="", check_calls=False)
             if way == "ficco-styles":
                 from ficco_select.runtime.dtensor import prepare_tables
 
@@ -436,7 +431,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
         elif way != "pytorch":
             selected = way in selectors
             torch_ops.configure(selector=selectors[way] if selected else champion, hardware=hardware,
-                                schedule="" if selected else way, check_calls=way != "ficco-unchecked")
+                                schedule="" if selected else way, check_calls=way == "ficco-checked")
             handle = install(model)  # the tables of every layer, before any step
 
     ways = config["ways"]
@@ -462,6 +457,21 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
             times[way].append(statistics.fmean(step() for _ in range(config["steps"])))
     use("pytorch")
     _leave(rank, results, times)
+
+
+def explore(model, step, selector, hardware: str, config: dict) -> None:
+    """``config["explore_steps"]`` steps of `model` hooked, every call shape cycling through its
+    candidates with telemetry on (``config["telemetry"]``): the per-layer oracle's data."""
+    from ficco_select.runtime import torch_ops
+    from ficco_select.runtime.tp import install
+
+    torch_ops.configure(selector=selector, hardware=hardware, schedule="", explore_every=1,
+                        telemetry=config["telemetry"])
+    handle = install(model)
+    for _ in range(config["explore_steps"]):
+        step()
+    torch_ops.configure(explore_every=0, telemetry="")
+    handle.remove()
 
 
 def _leave(rank: int, results, payload) -> None:
@@ -515,7 +525,15 @@ def summarize(P: int, config: dict, times: dict) -> dict:
     out["comm_per_compute"] = round((statistics.median(base) - compute) / compute, 3)
     fixed = [w for w in times if w in FIXED or w in FICCO]
     out["best_fixed"] = max(fixed, key=lambda w: out["ways"][w]["speedup"])
+    out["gap_captured"] = gap_captured(out)
     return out
+
+
+def gap_captured(row: dict) -> float | None:
+    """The share of the gap between the best fixed rule and the per-layer oracle that ficco
+    hooked captures (medians; None where the oracle is not above that rule)."""
+    best, ficco, oracle = (row["ways"][w]["speedup"] for w in (row["best_fixed"], "ficco", "oracle"))
+    return round((ficco - best) / (oracle - best), 3) if oracle > best else None
 
 
 def retrain(telemetry: list[str], workdir: str) -> tuple[str, dict]:
@@ -579,7 +597,7 @@ def main() -> None:
             run_ranks(P, {**config, "phase": "explore", "explore_steps": args.explore_steps})
             explorations.append([config["telemetry"].format(rank=r) for r in range(P)])
         retrained, summary = retrain([f for files in explorations for f in files], workdir) if args.retrain else (None, None)
-        ways = ["pytorch", "async-tp", "ficco", "ficco-unchecked", *(["ficco+telemetry"] if retrained else []),
+        ways = ["pytorch", "async-tp", "ficco", "ficco-checked", *(["ficco+telemetry"] if retrained else []),
                 *FIXED, *FICCO,
                 "oracle", *(DTENSOR if args.dtensor else ()), "compute-only"]
         rows = []
@@ -628,7 +646,8 @@ def _print_row(r: dict) -> None:
     print(f"{r['hardware']} P={r['world_size']} seq={r['seq']} hidden={r['hidden']} (comm/compute {r['comm_per_compute']:.2f}): "
           + ", ".join(f"{w} {v['not_run']}" if "not_run" in v else
                       f"{w} {v['step_ms']:.0f} ms x{v['speedup']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
-                      for w, v in r["ways"].items()) + f"; best fixed {r['best_fixed']}", flush=True)
+                      for w, v in r["ways"].items()) + f"; best fixed {r['best_fixed']}; gap captured "
+          f"{r['gap_captured']}", flush=True)
 
 
 def _plot(rows: list[dict], path: str) -> None:

@@ -1,97 +1,260 @@
-"""What the tensor-parallel hook costs and gains on real gloo ranks, as ratios of one run.
+"""What the hook costs the host per call, and what its caches hold, on a process group with no network.
 
-A sequence-parallel MLP (ColumnParallelLinear -> GELU -> RowParallelLinear) runs its
-forward unhooked (PyTorch's plain collectives, then the GEMM) and hooked (ficco's ops:
-the selector's schedule, executed by the executor), interleaved; the per-call decision
-bookkeeping (cache hit in ``torch_ops``) is timed on its own.
+PyTorch's fake process group (``torch.testing._internal.distributed.fake_pg``): every
+collective and point-to-point transfer returns at once, so a call's time is its host work
+and its GEMMs, and tiny shapes keep the GEMMs cheap. One process plays rank 0 of a group of
+``--world-size``. Each figure is the median over ``--reps`` rounds of ``--calls`` calls, the
+ways interleaved within a round:
 
-    python benchmarks/hook_overhead.py [--world-size 2] [--seq 1024] [--hidden 1024] [--schedule NAME] [--json]
+- ``overlap``: ficco's op pinned to an overlapped schedule (``shard.ring.sm``) against a
+  hand-written loop of the same transfers and GEMMs (``_hand_*``: what the schedule must do,
+  with nothing around it), for ``all_gather_matmul``, ``matmul_reduce_scatter`` and
+  ``matmul_all_reduce``; the difference is the hook's host overhead beyond its own work;
+- ``baseline``: ficco's op whose decision is the baseline against PyTorch's own calls (the
+  decode call: ``mm`` then ``all_reduce``; the all-gather and reduce-scatter of async-TP's
+  fallback ops);
+- ``layer``: a hooked ``RowParallelLinear`` without sequence parallelism (an inference
+  engine's layer) against the same layer unhooked, at a decode shape.
+
+``--memory``: ``--tokens`` distinct token counts (1, 2, 3, ...) through a hooked
+row-parallel layer with the selector's tables (continuous batching); the resident memory
+growth over the second half, and the plans the process keeps.
+
+    python benchmarks/hook_overhead.py [--world-size 2] [--rows 8] [--k 64] [--n 64]
+                                       [--reps 15] [--calls 200] [--model DIR] [--json]
+    python benchmarks/hook_overhead.py --memory [--tokens 12000] [--model DIR] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from torch import nn
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+SCHEDULE = "shard.ring.sm"
 
 
-def rank_main(rank: int, args, tmp: str) -> None:
+# -- the hand-written loops of shard.ring.sm, rank r of P ----------------------------------------
+# Transfers posted on the group itself (what dist.isend/irecv post, without their per-call
+# Python checks): the cheapest way to write them, so that ficco is held to the tightest loop.
+def _send(buf: torch.Tensor, peer: int):
+    return dist.group.WORLD.send([buf], peer, 0)
+
+
+def _recv(buf: torch.Tensor, peer: int):
+    return dist.group.WORLD.recv([buf], peer, 0)
+
+
+def _hand_all_gather_matmul(A_shard: torch.Tensor, W: torch.Tensor, r: int, P: int) -> torch.Tensor:
+    """Ring all-gather of the shards, each shard's GEMM while the next one moves."""
+    ms = A_shard.shape[0]
+    A = torch.empty(P * ms, A_shard.shape[1])
+    A[r * ms:(r + 1) * ms] = A_shard
+    out = torch.empty(P * ms, W.shape[1])
+    shard = lambda q: slice(q * ms, (q + 1) * ms)  # noqa: E731
+    works = [_recv(A[shard((r - 1) % P)], (r - 1) % P), _send(A[shard(r)], (r + 1) % P)]
+    torch.mm(A[shard(r)], W, out=out[shard(r)])
+    for h in range(P - 1):
+        for w in works:
+            w.wait()
+        if h + 1 < P - 1:
+            works = [_recv(A[shard((r - h - 2) % P)], (r - 1) % P),
+                     _send(A[shard((r - h - 1) % P)], (r + 1) % P)]
+        q = (r - h - 1) % P
+        torch.mm(A[shard(q)], W, out=out[shard(q)])
+    return out
+
+
+def _hand_matmul_reduce_scatter(A: torch.Tensor, W: torch.Tensor, r: int, P: int) -> torch.Tensor:
+    """Ring reduce-scatter: each hop's block GEMM, plus what the left neighbour summed, to the right."""
+    mb = A.shape[0] // P
+    C = torch.empty(A.shape[0], W.shape[1])
+    recv = torch.empty(2, mb, W.shape[1])
+    block = lambda b: slice(b * mb, (b + 1) * mb)  # noqa: E731
+    pending, sends = None, []
+    for h in range(P):
+        b = (r - h - 1) % P
+        torch.mm(A[block(b)], W, out=C[block(b)])
+        if h > 0:
+            pending.wait()
+            C[block(b)] += recv[(h - 1) % 2]
+        if h < P - 1:
+            pending = _recv(recv[h % 2], (r - 1) % P)
+            sends.append(_send(C[block(b)], (r + 1) % P))
+    for w in sends:
+        w.wait()
+    return C[block(r)]
+
+
+def _hand_matmul_all_reduce(A: torch.Tensor, W: torch.Tensor, r: int, P: int) -> torch.Tensor:
+    """The reduce-scatter above, then a ring all-gather of the reduced blocks."""
+    mb = A.shape[0] // P
+    own = _hand_matmul_reduce_scatter(A, W, r, P)
+    C = torch.empty(A.shape[0], W.shape[1])
+    C[r * mb:(r + 1) * mb] = own
+    for h in range(P - 1):
+        send, recv = (r - h) % P, (r - h - 1) % P
+        works = [_recv(C[recv * mb:(recv + 1) * mb], (r - 1) % P),
+                 _send(C[send * mb:(send + 1) * mb], (r + 1) % P)]
+        for w in works:
+            w.wait()
+    return C
+
+
+# -- timing -----------------------------------------------------------------------------------
+def _per_call_us(fn, calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def _compare(ways: dict, reps: int, calls: int) -> dict:
+    """Median per-call microseconds of each way, and of ficco's minus the reference's per round."""
+    for fn in ways.values():  # warm-up: first calls decide, allocate
+        _per_call_us(fn, 20)
+    rounds = {name: [] for name in ways}
+    for rep in range(reps):
+        names = list(ways)
+        for name in names[rep % 2:] + names[:rep % 2]:  # alternate which goes first
+            rounds[name].append(_per_call_us(ways[name], calls))
+    ficco, ref = (rounds[name] for name in ways)
+    return {**{f"{name}_us": round(statistics.median(v), 2) for name, v in rounds.items()},
+            "overhead_us": round(statistics.median(f - r for f, r in zip(ficco, ref)), 2)}
+
+
+def _overheads(args) -> dict:
+    from ficco_select.runtime import torch_ops
+    from ficco_select.runtime.selector import Selector
+    from ficco_select.runtime.tp import RowParallelLinear, install
+
+    P, r, group = args.world_size, 0, dist.group.WORLD
+    name = group.group_name
+    gen = torch.Generator().manual_seed(0)
+    rand = lambda *shape: torch.rand(*shape, generator=gen) * 2 - 1  # noqa: E731
+    selector = Selector.load(args.model) if args.model else Selector()
+    out = {"world_size": P, "rows_per_rank": args.rows, "k": args.k, "n": args.n, "reps": args.reps,
+           "calls": args.calls, "schedule": SCHEDULE}
+
+    A_shard, W_ag = rand(args.rows, args.k), rand(args.k, args.n)
+    A_rs, W_rs = rand(P * args.rows, args.k), rand(args.k, args.n)
+    torch_ops.configure(selector=selector, hardware="cpu", schedule=SCHEDULE)
+    # The fake group moves no bytes: only this rank's own rows are comparable.
+    torch.testing.assert_close(torch_ops.all_gather_matmul(A_shard, [W_ag], 0, name)[1][0][:args.rows],
+                               _hand_all_gather_matmul(A_shard, W_ag, r, P)[:args.rows])
+    out["overlap"] = {
+        "all_gather_matmul": _compare({
+            "ficco": lambda: torch_ops.all_gather_matmul(A_shard, [W_ag], 0, name, return_A=False),
+            "hand": lambda: _hand_all_gather_matmul(A_shard, W_ag, r, P)}, args.reps, args.calls),
+        "matmul_reduce_scatter": _compare({
+            "ficco": lambda: torch_ops.matmul_reduce_scatter(A_rs, W_rs, "sum", 0, name),
+            "hand": lambda: _hand_matmul_reduce_scatter(A_rs, W_rs, r, P)}, args.reps, args.calls),
+        "matmul_all_reduce": _compare({
+            "ficco": lambda: torch_ops.matmul_all_reduce(A_rs, W_rs, "sum", name),
+            "hand": lambda: _hand_matmul_all_reduce(A_rs, W_rs, r, P)}, args.reps, args.calls),
+    }
+    assert torch_ops.last_decision.schedule.name == SCHEDULE, torch_ops.last_decision
+
+    def mm_all_reduce():
+        y = A_rs @ W_rs
+        dist.all_reduce(y, group=group)
+        return y
+
+    def gather_mm():
+        full = torch.empty(P * args.rows, args.k)
+        dist.all_gather_into_tensor(full, A_shard, group=group)
+        return full @ W_ag
+
+    def mm_reduce_scatter():
+        y = torch.empty(args.rows, args.n)
+        dist.reduce_scatter_tensor(y, A_rs @ W_rs, group=group)
+        return y
+
+    torch_ops.configure(schedule="none.sm")
+    out["baseline"] = {
+        "matmul_all_reduce": _compare({"ficco": lambda: torch_ops.matmul_all_reduce(A_rs, W_rs, "sum", name),
+                                       "pytorch": mm_all_reduce}, args.reps, args.calls),
+        "all_gather_matmul": _compare({
+            "ficco": lambda: torch_ops.all_gather_matmul(A_shard, [W_ag], 0, name, return_A=False),
+            "pytorch": gather_mm}, args.reps, args.calls),
+        "matmul_reduce_scatter": _compare({
+            "ficco": lambda: torch_ops.matmul_reduce_scatter(A_rs, W_rs, "sum", 0, name),
+            "pytorch": mm_reduce_scatter}, args.reps, args.calls),
+    }
+    assert torch_ops.last_decision.schedule.name == "none.sm", torch_ops.last_decision
+
+    torch_ops.configure(schedule="")  # the selector decides (its table: no collective per call)
+    layer = RowParallelLinear(rand(args.n, args.k), None, group, sequence_parallel=False)
+    x = rand(P * args.rows, args.k)
+    hooked = RowParallelLinear(layer.weight.detach(), None, group, sequence_parallel=False)
+    install(hooked)
+    with torch.no_grad():
+        hooked(x)
+        out["layer"] = {"decision": torch_ops.last_decision.schedule.name,
+                        **_compare({"ficco": lambda: hooked(x), "pytorch": lambda: layer(x)}, args.reps, args.calls)}
+    return out
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _memory(args) -> dict:
     from ficco_select.runtime import dispatch, torch_ops
     from ficco_select.runtime.selector import Selector
-    from ficco_select.runtime.tp import ColumnParallelLinear, RowParallelLinear, install
+    from ficco_select.runtime.tp import RowParallelLinear, install
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) // args.world_size))
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=args.world_size)
     P, group = args.world_size, dist.group.WORLD
-    torch_ops.configure(selector=Selector.load(args.model) if args.model else Selector(), hardware="cpu",
-                        schedule=args.schedule)
-    torch.manual_seed(0)
-    full = nn.Sequential(nn.Linear(args.hidden, 4 * args.hidden), nn.GELU(), nn.Linear(4 * args.hidden, args.hidden))
-    tp = nn.Sequential(ColumnParallelLinear.from_linear(full[0], group), nn.GELU(),
-                       RowParallelLinear.from_linear(full[2], group))
-    x = torch.randn(args.seq // P, args.hidden)
-
-    def timed() -> float:
-        dist.barrier()
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            tp(x)
-        return time.perf_counter() - t0
-
-    plain, hooked = [], []
-    for _ in range(2):  # warm-up both paths (first hooked call decides and broadcasts)
-        timed()
-        with install(tp):
-            timed()
-    for _ in range(args.reps):
-        plain.append(timed())
-        with install(tp):
-            hooked.append(timed())
+    torch_ops.configure(selector=Selector.load(args.model) if args.model else Selector(), hardware="cpu")
+    layer = RowParallelLinear(torch.randn(args.n, args.k), None, group, sequence_parallel=False)
+    install(layer)
+    rss, half = [], args.tokens // 2
     with torch.no_grad():
-        y_plain = tp(x)
-        with install(tp):
-            y_hooked = tp(x)
-    with install(tp):
-        decisions = [d.schedule.name + f" ({d.source})" for d in dispatch.decisions().values()]
-    key = next(iter(dispatch.decisions()))[0]
-    n = 100_000
-    t0 = time.perf_counter()
-    for _ in range(n):
-        dispatch.decide(key, group, None)
-    hit_us = (time.perf_counter() - t0) / n * 1e6
-    if rank == 0:
-        out = {"world_size": P, "seq": args.seq, "hidden": args.hidden, "reps": args.reps,
-               "plain_ms": 1e3 * statistics.median(plain), "hooked_ms": 1e3 * statistics.median(hooked),
-               "hooked_over_plain": statistics.median(hooked) / statistics.median(plain),
-               "decision_hit_us": hit_us, "max_abs_diff_hooked_vs_plain": (y_hooked - y_plain).abs().max().item(),
-               "decisions": decisions}
-        out = {k: round(v, 3) if isinstance(v, float) and "diff" not in k else v for k, v in out.items()}
-        print(json.dumps(out, indent=2) if args.json else "\n".join(f"{k:>18}: {v}" for k, v in out.items()))
-    dist.barrier()
-    dist.destroy_process_group()
+        for tokens in range(1, args.tokens + 1):
+            layer(torch.randn(tokens, args.k))
+            if tokens in (half, args.tokens):
+                gc.collect()
+                rss.append(_rss_mb())
+    sources = {}
+    for decision in dispatch.decisions().values():
+        sources[decision.schedule.name] = sources.get(decision.schedule.name, 0) + 1
+    return {"world_size": P, "tokens": args.tokens, "k": args.k, "n": args.n,
+            "rss_at_half_mb": round(rss[0], 1), "rss_at_end_mb": round(rss[1], 1),
+            "growth_second_half_mb": round(rss[1] - rss[0], 2), "plans_kept": len(dispatch.decisions()),
+            "cache_size": dispatch.settings().cache_size, "kept_by_schedule": sources}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="An exported selector folder (default: the heuristic).")
-    ap.add_argument("--schedule", default="", help="Pin one schedule (default: the selector decides).")
     ap.add_argument("--world-size", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rows", type=int, default=8, help="Rows per rank (the all-gather's shard).")
+    ap.add_argument("--k", type=int, default=64)
+    ap.add_argument("--n", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--memory", action="store_true", help="Resident memory under continuous batching instead.")
+    ap.add_argument("--tokens", type=int, default=12000)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(rank_main, args=(args, tmp), nprocs=args.world_size, join=True)
+    torch.set_num_threads(1)
+    # The fake group receives nothing: received rows hold whatever the allocator gave, and
+    # denormal garbage would make some GEMMs many times slower than others.
+    torch.set_flush_denormal(True)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=args.world_size)
+    try:
+        out = _memory(args) if args.memory else _overheads(args)
+    finally:
+        dist.destroy_process_group()
+    print(json.dumps(out, indent=2) if args.json else "\n".join(f"{k:>22}: {v}" for k, v in out.items()))
 
 
 if __name__ == "__main__":

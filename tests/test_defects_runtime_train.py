@@ -5,6 +5,7 @@ what an uninterrupted one does, and the pipeline validates its datasets before a
 """
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -29,6 +30,13 @@ def _raises_on_this_rank(call, *needles: str) -> None:
 
 
 def check_disagreeing_ranks(rank: int, P: int, tmp: Path) -> None:
+    # The debug mode, off by default, turned on by PyTorch's own switch (read when ficco's
+    # settings are made: here, at reset).
+    assert not torch_ops.dispatch.checks_calls()
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    torch_ops.reset()
+    torch_ops.configure(selector=Selector(), hardware="cpu")
+    assert torch_ops.dispatch.checks_calls()
     gen = torch.Generator().manual_seed(rank)
     g = dist.group.WORLD.group_name
     m = 4 if rank == 0 else 6  # rows of this rank's shard
@@ -102,6 +110,23 @@ def check_unchecked_calls(rank: int, P: int, tmp: Path) -> None:
             assert len(checks) == 3, checks
     finally:
         torch_ops.reset()
+
+
+@pytest.mark.parametrize(("env", "on"), [
+    ({}, False),
+    ({"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, True),
+    ({"TORCH_DISTRIBUTED_DEBUG": "INFO"}, False),
+    ({"FICCO_CHECK_CALLS": "1"}, True),
+    ({"FICCO_CHECK_CALLS": "0", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, False),
+])
+def test_the_per_call_check_is_a_debug_mode_off_by_default(monkeypatch, env, on):
+    from ficco_select.runtime import dispatch
+
+    for name in ("TORCH_DISTRIBUTED_DEBUG", "FICCO_CHECK_CALLS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert dispatch.Settings().check_calls is on
 
 
 @pytest.mark.gloo

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ficco_select.executor.operators import TOLERANCE, relative_error
-from ficco_select.runtime import torch_ops
+from ficco_select.runtime import ops, torch_ops
 from ficco_select.runtime.selector import Selector
 from ficco_select.schedule import all_schedules
 
@@ -60,16 +60,21 @@ def check_close(got, want, dtype, what, failures):
 @contextlib.contextmanager
 def counting_checks():
     """The per-call shape checks that run inside (each one host all-gather), listed by the
-    text each rank passed: the real check still runs, it is only counted."""
+    text each rank passed, with the debug mode on (it is off by default): the real check
+    still runs, it is only counted."""
     texts = []
-    real = torch_ops._gathered
+    real = ops._gathered
+    settings = torch_ops.dispatch.settings()
+    was_on = settings.check_calls
 
     def counted(group, mine, size):
         texts.append(mine)
         return real(group, mine, size)
 
-    torch_ops._gathered = counted
+    ops._gathered = counted
+    settings.check_calls = True
     try:
         yield texts
     finally:
-        torch_ops._gathered = real
+        ops._gathered = real
+        settings.check_calls = was_on

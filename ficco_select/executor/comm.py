@@ -8,6 +8,7 @@ backend brings copy-engine transfers (``dma``).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -44,9 +45,16 @@ class P2PComm(Comm):
     """Asynchronous point-to-point transfers over a torch.distributed process group."""
 
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
-        self.group = group
+        group = group if group is not None else dist.group.WORLD
+        # A weak reference: a comm kept per group (the runtime's) must not keep a destroyed
+        # group's threads alive until interpreter teardown.
+        self._group = weakref.ref(group)
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        return self._group()
 
     def start(self, sends: Sequence[Transfer], recvs: Sequence[Transfer], tag: int) -> list[dist.Work]:
         """Post every transfer of one step; return handles to wait on.
@@ -54,15 +62,18 @@ class P2PComm(Comm):
         Both ends of a transfer must post it with the same tag; empty buffers are
         skipped on both ends (their sizes are known to both). The handles are the
         receives', then the sends', in post order (every comm keeps this order: ops
-        wait on a one-peer step's receive as ``works[:1]``).
+        wait on a one-peer step's receive as ``works[:1]``). Posted on the group itself
+        with its own ranks: what ``dist.isend``/``irecv`` post, without their per-call
+        argument checks and rank translations.
         """
+        group = self._group()
         works = []
         for buf, peer in recvs:
             if buf.numel():
-                works.append(dist.irecv(buf, self._global(peer), group=self.group, tag=tag))
+                works.append(group.recv([buf], peer, tag))
         for buf, peer in sends:
             if buf.numel():
-                works.append(dist.isend(buf, self._global(peer), group=self.group, tag=tag))
+                works.append(group.send([buf], peer, tag))
         return works
 
     def wait(self, works: Sequence[dist.Work]) -> None:
@@ -72,7 +83,7 @@ class P2PComm(Comm):
             w.wait()
 
     def _global(self, peer: int) -> int:
-        return peer if self.group is None else dist.get_global_rank(self.group, peer)
+        return dist.get_global_rank(self.group, peer)
 
 
 class NullComm(Comm):

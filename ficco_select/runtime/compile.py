@@ -77,7 +77,7 @@ from torch._inductor.fx_passes.micro_pipeline_tp import (
 
 from ficco_select.runtime import dispatch, library  # noqa: F401 - library registers torch.ops.ficco
 from ficco_select.runtime.dispatch import DTYPE_NAMES, resolve_group, scenario_for
-from ficco_select.runtime.torch_ops import TABLE_ROWS
+from ficco_select.runtime.ops import TABLE_ROWS
 
 __all__ = ["install_pass", "FiccoPass", "Rewrite"]
 

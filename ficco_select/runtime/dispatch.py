@@ -1,9 +1,11 @@
-"""What the torch ops share in a process: the settings (``configure``), the decision per call
-shape agreed by the group's ranks, the transports per group, telemetry; and running a
-decided schedule with the executor.
+"""What the torch ops share in a process: the settings (``configure``), one plan per call
+shape agreed by the group's ranks (its decision and the operator that runs it), the
+transports per group, telemetry; and running a decided schedule with the executor.
 
-Everything mutable lives in one ``_State`` (``reset()`` starts a fresh one). Decisions and
-transports are keyed by the group's name, never the group object (see ``decide``).
+Everything mutable lives in one ``_State`` (``reset()`` starts a fresh one). Plans and
+transports are keyed by the group's name, never the group object (see ``decide``). The plans
+are one least-recently-used cache of ``Settings.cache_size`` call shapes: continuous batching
+sends every token count, and a job's memory must not grow with them.
 """
 
 from __future__ import annotations
@@ -12,21 +14,23 @@ import dataclasses
 import logging
 import math
 import os
+import threading
 import time
+from collections import OrderedDict
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from ficco_select.executor.comm import P2PComm
-from ficco_select.executor.operators import TOLERANCE, relative_error
+from ficco_select.executor.comm import Comm, P2PComm
+from ficco_select.executor.operators import TOLERANCE, Operator, relative_error
 from ficco_select.executor.peer import CudaPeerMemory, HostPeerMemory, NcclComm, PeerCopyComm
 from ficco_select.hardware import HardwareError, load_hardware, preset_for_device
 from ficco_select.runtime.decision import Decision
 from ficco_select.runtime.layers import LayerTable
 from ficco_select.runtime.selector import Selector
 from ficco_select.runtime.telemetry import Telemetry
-from ficco_select.runtime.telemetry import from_env as telemetry_from_env
+from ficco_select.runtime.telemetry import ENV as TELEMETRY_ENV
 from ficco_select.scenario import Scenario, ScenarioError
 from ficco_select.schedule import BASELINE, Schedule, candidates, is_legal, parse
 
@@ -35,22 +39,94 @@ log = logging.getLogger("ficco_select.runtime.torch_ops")
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
+DECISION_CACHE_SIZE = 4096
+"""Call shapes whose plan a process keeps by default: every token count of a serving engine
+up to 4096 with room, about 1 KiB each (``benchmarks/hook_overhead.py --memory`` measures it)."""
+
+
 @dataclasses.dataclass
 class Settings:
     """What ``configure`` sets."""
 
     selector: Selector | None = None
     hardware: str | None = None
-    telemetry: str | None = None
+    telemetry: str | None = dataclasses.field(default_factory=lambda: os.environ.get(TELEMETRY_ENV) or None)
+    """The telemetry file (default: $FICCO_TELEMETRY, read when the settings are made)."""
     group_label: str = "runtime"
     schedule: Schedule | None = None
     """Pinned by the caller (benchmarks, debugging): runs wherever it is legal."""
     explore_every: int = 0
     """Every n-th call of a shape runs another candidate, in turn (0: never)."""
-    check_calls: bool = dataclasses.field(default_factory=lambda: os.environ.get("FICCO_CHECK_CALLS", "1") != "0")
-    """Each call first checks that every rank passes the same call (``torch_ops``): one tiny
-    host collective per call. False (or $FICCO_CHECK_CALLS=0): PyTorch's own ops' contract,
-    nothing checked, for a job whose steps are too short to pay it."""
+    check_calls: bool = dataclasses.field(default_factory=lambda: debug_checks())
+    """A debug mode, off by default: each call first checks that every rank passes the same
+    call (``ops``), one blocking host collective per call. On with PyTorch's own switch
+    ($TORCH_DISTRIBUTED_DEBUG=DETAIL) or $FICCO_CHECK_CALLS=1 ($FICCO_CHECK_CALLS=0: off
+    whatever PyTorch's says). Off is PyTorch's own collectives' contract: nothing per call."""
+    cache_size: int = DECISION_CACHE_SIZE
+    """Call shapes whose plan the process keeps (least recently used first out)."""
+
+
+def debug_checks() -> bool:
+    """Whether the environment turns the per-call check on (``Settings.check_calls``)."""
+    ours = os.environ.get("FICCO_CHECK_CALLS", "").strip()
+    if ours:
+        return ours != "0"
+    return os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").strip().upper() == "DETAIL"
+
+
+@dataclasses.dataclass(eq=False)
+class Plan:
+    """What one call shape runs, agreed by the group's ranks and made once: the scenario, the
+    decision, and (at its first overlapped run) the comm and operator template that run it."""
+
+    scenario: Scenario | None
+    decision: Decision
+    native: bool
+    """The decision is the baseline on PyTorch's own collective (``runs_natively``)."""
+    runner: tuple[Schedule, Comm, Operator] | None = None
+    calls: int = 0
+    """Calls so far (with ``explore_every``; the same on every rank: they make the same calls)."""
+    verified: set[str] = dataclasses.field(default_factory=set)
+    """Schedules checked against the reference once (with telemetry on)."""
+
+
+class PlanCache:
+    """The plans of the call shapes seen last, at most `size` of them (least recently used out).
+    Safe from any number of threads: insertions and eviction under one lock, lookups atomic."""
+
+    def __init__(self, size: int) -> None:
+        self.size = max(1, int(size))
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> Plan | None:
+        # Without the lock: a dict lookup and move_to_end are each atomic under the GIL; an
+        # entry evicted between the two is still a valid plan for this one call.
+        plan = self._plans.get(key)
+        if plan is not None:
+            try:
+                self._plans.move_to_end(key)
+            except KeyError:
+                pass
+        return plan
+
+    def put(self, key: tuple, plan: Plan) -> None:
+        with self._lock:
+            self._plans[key] = plan
+            self._plans.move_to_end(key)
+            while len(self._plans) > self.size:
+                self._plans.popitem(last=False)
+
+    def items(self) -> list[tuple[tuple, Plan]]:
+        with self._lock:
+            return list(self._plans.items())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
 
 
 @dataclasses.dataclass
@@ -58,16 +134,14 @@ class _State:
     """Everything the ops remember in this process; ``reset()`` starts a fresh one."""
 
     settings: Settings = dataclasses.field(default_factory=Settings)
-    decisions: dict[tuple, tuple[Scenario | None, Decision]] = dataclasses.field(default_factory=dict)
-    """(call shape key, group name) -> the rank-agreed (scenario, decision)."""
+    plans: PlanCache = dataclasses.field(default_factory=lambda: PlanCache(DECISION_CACHE_SIZE))
+    """(call shape key, group name) -> the rank-agreed plan."""
     tables: dict[tuple, tuple[Scenario | None, LayerTable | None]] = dataclasses.field(default_factory=dict)
     """(call layer key, group name) -> the rank-agreed (layer's first scenario, its layer table)."""
-    calls: dict[tuple, int] = dataclasses.field(default_factory=dict)
-    """(call shape key, group name) -> calls so far (the same on every rank: they make the same calls)."""
     telemetry: dict[str, Telemetry] = dataclasses.field(default_factory=dict)
     """Telemetry writers by "<file>@<rank>"."""
-    verified: set[tuple[str, str]] = dataclasses.field(default_factory=set)
-    """(scenario id, schedule) checked against the reference once (with telemetry on)."""
+    sm_comms: dict[tuple[str, str], Comm] = dataclasses.field(default_factory=dict)
+    """(group name, device type) -> the sm comm (stateless: one per group)."""
     dma_comms: dict[tuple[str, str], PeerCopyComm | None] = dataclasses.field(default_factory=dict)
     """(group name, device) -> the dma comm; its staging slots persist, its transfer counts
     match on every rank because every rank runs the same schedules on the group."""
@@ -93,6 +167,11 @@ def selector() -> Selector:
     return _selector()
 
 
+def settings() -> Settings:
+    """The process's settings (``configure``); read-only by convention."""
+    return _state.settings
+
+
 def checks_calls() -> bool:
     """Whether each call first checks that every rank passes the same call (``configure``)."""
     return _state.settings.check_calls
@@ -100,21 +179,22 @@ def checks_calls() -> bool:
 
 def decisions() -> dict[tuple, Decision]:
     """(call shape key, group name) -> the decision cached for it (benchmarks, examples)."""
-    return {key: decision for key, (_, decision) in _state.decisions.items()}
+    return {key: plan.decision for key, plan in _state.plans.items()}
 
 
 def configure(*, selector: Selector | str | os.PathLike | None = None, hardware: str | None = None,
               telemetry: str | os.PathLike | None = None, group_label: str | None = None,
               schedule: str | Schedule | None = None, explore_every: int | None = None,
-              check_calls: bool | None = None) -> None:
+              check_calls: bool | None = None, cache_size: int | None = None) -> None:
     """Set the selector (object or exported folder), the hardware preset name, the
     telemetry file, the scenario ``group`` label, pin one schedule (``""`` unpins: the
     decision says ``source="pinned"`` where the schedule is legal, else the selector
     decides), or explore: every ``explore_every``-th call of a shape runs the next of its
     candidates, baseline first (``source="explore"``), so that telemetry times the
     alternatives ``ficco train`` needs on the job's own shapes; ``check_calls=False`` skips
-    the per-call check that every rank passes the same shapes (``Settings.check_calls``).
-    Clears the decision cache."""
+    the per-call check that every rank passes the same shapes (``Settings.check_calls``: a
+    debug mode, off by default); ``cache_size``: call shapes whose plan the process keeps.
+    Clears the plans."""
     if selector is not None:
         _state.settings.selector = selector if isinstance(selector, Selector) else Selector.load(selector)
     if hardware is not None:
@@ -129,9 +209,10 @@ def configure(*, selector: Selector | str | os.PathLike | None = None, hardware:
         _state.settings.explore_every = max(0, int(explore_every))
     if check_calls is not None:
         _state.settings.check_calls = bool(check_calls)
-    _state.decisions.clear()
+    if cache_size is not None:
+        _state.settings.cache_size = max(1, int(cache_size))
+    _state.plans = PlanCache(_state.settings.cache_size)
     _state.tables.clear()
-    _state.calls.clear()
 
 
 def reset() -> None:
@@ -166,23 +247,43 @@ def resolve_group(group_name) -> dist.ProcessGroup:
 
 # -- deciding ---------------------------------------------------------------------------
 def decide(key: tuple, group: dist.ProcessGroup, make_scenario, layer: tuple | None = None,
-           m: int | None = None) -> tuple[Scenario | None, Decision]:
-    """The cached, rank-agreed decision for a call shape; `make_scenario` -> Scenario or a reason.
+           m: int | None = None) -> Plan:
+    """The cached, rank-agreed plan of a call shape; `make_scenario` -> Scenario or a reason.
 
     `layer`, `m`: the call's shape without its token count, and the token count. A new m of
     a layer seen before is looked up in the layer's table (``Selector.layer_table``), which
     rank 0 built and broadcast at the layer's first call: every rank looks up the same
     table, so the group agrees on every m without another collective. An m outside the
-    table, a pinned schedule, or a layer without a table is decided per shape, as above.
+    table, a pinned schedule, or a layer without a table is decided per shape: on the
+    group's rank 0, broadcast (one small collective per new shape).
     """
     # Keyed by the group's name: holding ProcessGroup objects in a module global would keep
     # gloo's threads alive until interpreter teardown, where they can abort the process.
     key = (key, group.group_name)
-    hit = _state.decisions.get(key)
-    if hit is None and layer is not None and _state.settings.schedule is None:
+    plan = _state.plans.get(key)
+    if plan is None:
+        plan = _new_plan(key, group, make_scenario, layer, m)
+    if _state.settings.explore_every and plan.scenario is not None:
+        plan = _explore(plan)
+    _state.last_decision = plan.decision
+    return plan
+
+
+def cached_plan(key: tuple, group: dist.ProcessGroup) -> Plan | None:
+    """`decide`'s answer where the call shape's plan is cached and nothing else applies (no
+    exploration); else None (call ``decide``). The hot path: one lookup."""
+    if _state.settings.explore_every:
+        return None
+    plan = _state.plans.get((key, group.group_name))
+    if plan is not None:
+        _state.last_decision = plan.decision
+    return plan
+
+
+def _new_plan(key: tuple, group: dist.ProcessGroup, make_scenario, layer: tuple | None, m: int | None) -> Plan:
+    hit = None
+    if layer is not None and _state.settings.schedule is None:
         hit = _from_table((layer, group.group_name), m, group, make_scenario)
-        if hit is not None:
-            _state.decisions[key] = hit
     if hit is None:
         scenario = decision = None
         if dist.get_rank(group) == 0:
@@ -198,18 +299,33 @@ def decide(key: tuple, group: dist.ProcessGroup, make_scenario, layer: tuple | N
         # One rank decides so that every rank runs the same schedule.
         box = [(scenario, decision)]
         dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-        hit = _state.decisions[key] = box[0]
-    if _state.settings.explore_every and hit[0] is not None:
-        hit = _explore(key, *hit)
-    _state.last_decision = hit[1]
-    return hit
+        hit = box[0]
+        if hit[0] is not None and dist.get_rank(group) != 0:
+            hit = (_own_scenario(make_scenario, hit[0]), hit[1])
+    scenario, decision = hit
+    plan = Plan(scenario, decision, scenario is None or runs_natively(decision))
+    _state.plans.put(key, plan)
+    return plan
+
+
+def _own_scenario(make_scenario, agreed: Scenario) -> Scenario:
+    """This rank's own description of its call. Each rank runs its own shapes, so that ranks
+    that pass different ones fail in their transfers (sizes that do not match), never run
+    one rank's shapes on another's tensors. ValueError where this rank cannot describe a
+    call that rank 0 could: they passed different calls."""
+    try:
+        return make_scenario()
+    except Exception as e:  # noqa: BLE001 - named below
+        raise ValueError(f"rank 0 passed {agreed.scenario_id}, this rank a call that is not a scenario ({e}); every "
+                         "rank of the group must pass the same shapes, dtype and dims") from None
 
 
 def _from_table(key: tuple, m: int, group: dist.ProcessGroup, make_scenario) -> tuple[Scenario, Decision] | None:
-    """The decision for token count `m` from the layer's table, or None (decide per shape)."""
+    """The decision for token count `m` from the layer's table (the one the group agreed on
+    at the layer's first call), or None (decide per shape)."""
     first, table = _table_entry(key, group, make_scenario)
     decision = table.decide(m) if table is not None else None
-    return None if decision is None else (dataclasses.replace(first, m=m), decision)
+    return None if decision is None else (_own_scenario(make_scenario, first), decision)
 
 
 def _table_entry(key: tuple, group: dist.ProcessGroup, make_scenario) -> tuple[Scenario | None, LayerTable | None]:
@@ -240,15 +356,16 @@ def prepare_layer(layer: tuple, group: dist.ProcessGroup, make_scenario) -> Laye
     return _table_entry((layer, group.group_name), group, make_scenario)[1]
 
 
-def _explore(key: tuple, scenario: Scenario, decision: Decision) -> tuple[Scenario, Decision]:
+def _explore(plan: Plan) -> Plan:
     # Deterministic in the call count, so every rank explores the same schedule.
-    n = _state.calls[key] = _state.calls.get(key, 0) + 1
-    every = _state.settings.explore_every
+    plan.calls += 1
+    n, every = plan.calls, _state.settings.explore_every
     if n % every:
-        return scenario, decision
-    runnable = candidates(scenario, _backend(scenario))
+        return plan
+    runnable = candidates(plan.scenario, _backend(plan.scenario))
     pick = runnable[(n // every - 1) % len(runnable)]
-    return scenario, Decision(pick, "explore", 0.0, f"exploration: call {n} of this shape")
+    decision = Decision(pick, "explore", 0.0, f"exploration: call {n} of this shape")
+    return Plan(plan.scenario, decision, runs_natively(decision), verified=plan.verified)
 
 
 def _backend(scenario: Scenario) -> str:
@@ -264,16 +381,20 @@ HOST_SLOT_BYTES = 1 << 20
 """Staging slot size of the CPU stand-in of the dma transport (it lives in /dev/shm)."""
 
 
-def _comm(engine: str, group: dist.ProcessGroup, device: torch.device):
+def _comm(engine: str, group: dist.ProcessGroup, device: torch.device) -> Comm | None:
     """The comm that moves `engine`'s bytes on `group`, or None where dma has no transport.
 
-    A dma comm is built once per group, collectively (every rank runs the same decision).
-    Building it can fail where symmetric memory is not supported; the group then runs
-    dma schedules as their sm twins, with a warning, rather than fail the job.
+    Built once per group. A dma comm is built collectively (every rank runs the same
+    decision). Building it can fail where symmetric memory is not supported; the group then
+    runs dma schedules as their sm twins, with a warning, rather than fail the job.
     """
     if engine == "sm":
-        return NcclComm(group) if device.type == "cuda" else P2PComm(group)
-    key = (group.group_name, str(device))  # not the group object: see _state.decisions
+        key = (group.group_name, device.type)
+        comm = _state.sm_comms.get(key)
+        if comm is None or comm.group is not group:  # new, or a group re-made under the same name
+            comm = _state.sm_comms[key] = NcclComm(group) if device.type == "cuda" else P2PComm(group)
+        return comm
+    key = (group.group_name, str(device))  # not the group object: see decide
     if key not in _state.dma_comms:
         try:
             if device.type == "cuda":
@@ -288,41 +409,57 @@ def _comm(engine: str, group: dist.ProcessGroup, device: torch.device):
     return _state.dma_comms[key]
 
 
-def run_decided(op_cls, scenario: Scenario, decision: Decision, group: dist.ProcessGroup, reference, **inputs):
-    """Run the decided schedule with the executor; telemetry (and a first-call check) if on."""
-    schedule = decision.schedule
-    device = next(v for v in inputs.values() if isinstance(v, torch.Tensor)).device
-    comm = _comm(schedule.engine, group, device)
-    if comm is None:  # the decision as it really runs (telemetry records this schedule)
-        schedule = dataclasses.replace(schedule, engine="sm")
-        comm = _comm("sm", group, device)
-        _state.last_decision = dataclasses.replace(decision, schedule=schedule,
-                                            reason=f"{decision.schedule.name} as its sm twin: no dma transport")
-    op = op_cls(scenario, comm, device=device, **inputs)
-    return _timed(scenario, schedule, decision, device, lambda: op.run(schedule), reference), op
+def _runner(plan: Plan, op_cls, group: dist.ProcessGroup, device: torch.device) -> tuple[Schedule, Comm, Operator]:
+    """The plan's (schedule as it runs, comm, operator template), made at its first run (or
+    again for a group re-made under the same name)."""
+    if plan.runner is None or getattr(plan.runner[1], "group", group) is not group:
+        schedule = plan.decision.schedule
+        comm = _comm(schedule.engine, group, device)
+        if comm is None:  # the decision as it really runs (telemetry records this schedule)
+            schedule = dataclasses.replace(schedule, engine="sm")
+            comm = _comm("sm", group, device)
+        plan.runner = (schedule, comm, op_cls.template(plan.scenario, comm, device=device))
+    return plan.runner
+
+
+def run_decided(op_cls, plan: Plan, group: dist.ProcessGroup, reference, **inputs):
+    """Run the plan's schedule with the executor; telemetry (and a first-call check) if on.
+    Returns (output, the operator that ran)."""
+    runner = plan.runner
+    if runner is None or getattr(runner[1], "group", group) is not group:
+        runner = _runner(plan, op_cls, group, next(v for v in inputs.values() if isinstance(v, torch.Tensor)).device)
+    schedule, _, template = runner
+    if schedule is not plan.decision.schedule:
+        _state.last_decision = dataclasses.replace(
+            plan.decision, schedule=schedule, reason=f"{plan.decision.schedule.name} as its sm twin: no dma transport")
+    op = template.for_call(**inputs)
+    if _state.settings.telemetry is None:
+        return op.run(schedule), op
+    return _timed(plan, schedule, template.device, lambda: op.run(schedule), reference), op
 
 
 def runs_natively(decision: Decision) -> bool:
-    """Whether the decision is the baseline (which an op whose measured baseline is
-    PyTorch's own collective runs as PyTorch's op: ``matmul_all_reduce``)."""
-    return decision.schedule.granularity == "none"
+    """Whether the decision is the baseline over the group's own backend (``none.sm``): every
+    op then runs PyTorch's own collective and GEMM, exactly what the unhooked job runs."""
+    return decision.schedule == BASELINE
 
 
-def run_native(scenario: Scenario | None, decision: Decision, device: torch.device, native):
-    """native(): PyTorch's own op, for a call without a scenario and for a baseline decision
-    measured as PyTorch's op (``runs_natively``). Telemetry times a scenario's run under the
-    decided schedule's name; it is the reference, so its check passes by definition."""
-    if scenario is None:
+def run_native(plan: Plan, device: torch.device, native):
+    """native(): PyTorch's own op, for a call without a scenario and for a baseline
+    decision (``runs_natively``). Telemetry times a scenario's run under the decided
+    schedule's name; it is the reference, so its check passes by definition."""
+    if plan.scenario is None or (_state.settings.telemetry is None):
         return native()
-    return _timed(scenario, decision.schedule, decision, device, native, None)
+    return _timed(plan, plan.decision.schedule, device, native, None)
 
 
-def _timed(scenario: Scenario, schedule: Schedule, decision: Decision, device: torch.device, run, reference):
+def _timed(plan: Plan, schedule: Schedule, device: torch.device, run, reference):
     """run(); with telemetry on, timed and recorded, and checked against reference() the
     first time this scenario runs this schedule (reference None: the run is the reference)."""
     rec = _recorder()
     if rec is None:
         return run()
+    scenario, decision = plan.scenario, plan.decision
     call = rec.next_call(scenario.scenario_id, schedule.name)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -332,8 +469,8 @@ def _timed(scenario: Scenario, schedule: Schedule, decision: Decision, device: t
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
     verified = err = None
-    if (scenario.scenario_id, schedule.name) not in _state.verified:
-        _state.verified.add((scenario.scenario_id, schedule.name))
+    if schedule.name not in plan.verified:
+        plan.verified.add(schedule.name)
         if reference is None:
             verified, err = True, 0.0
         else:
@@ -349,13 +486,13 @@ def _timed(scenario: Scenario, schedule: Schedule, decision: Decision, device: t
 
 
 def _recorder() -> Telemetry | None:
-    path = _state.settings.telemetry or os.environ.get("FICCO_TELEMETRY")
+    path = _state.settings.telemetry
     if not path:
         return None
     rank = dist.get_rank()
     key = f"{path}@{rank}"
     if key not in _state.telemetry:
-        _state.telemetry[key] = Telemetry(path, rank) if _state.settings.telemetry else telemetry_from_env(rank)
+        _state.telemetry[key] = Telemetry(path, rank)
     return _state.telemetry[key]
 
 

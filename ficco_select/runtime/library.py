@@ -1,14 +1,14 @@
 """ficco's collective + GEMM ops as registered PyTorch operators: ``torch.ops.ficco.*``.
 
-``torch_ops`` offers the ops as Python functions wrapping ``torch.autograd.Function``s:
-right for eager code, opaque to ``torch.compile`` (Dynamo would trace into the executor's
-Python and its point-to-point calls, and break the graph there). Registered with
-``torch.library.custom_op``, each op is one node in a compiled graph, with a fake
-implementation for its shapes and a registered autograd formula, and Inductor calls it as
-an extern kernel at run time, where it decides its schedule per call shape exactly as
-``torch_ops`` does (the same internal functions, the same layer tables, the same per-call
-check that every rank passes the same call, which ``run_check=False`` skips where the
-caller vouches for it):
+Registered with ``torch.library.custom_op``, each op is one node in a compiled graph (a
+Python function would be opaque to ``torch.compile``: Dynamo would trace into the
+executor's Python and its point-to-point calls, and break the graph there), with a fake
+implementation for its shapes and a registered autograd formula: the op's one backward,
+which eager code (``torch_ops``, where a gradient is needed) and compiled code both run.
+Inductor calls the op as an extern kernel at run time, where it decides its schedule per
+call shape exactly as ``torch_ops`` does (``ops``: the same plans, the same layer tables,
+the same debug-mode check that every rank passes the same call, which ``run_check=False``
+skips where the caller vouches for it):
 
     torch.ops.ficco.all_gather_matmul(A_shard, [B], gather_dim, group_name, run_check=True) -> (A, [A @ B])
     torch.ops.ficco.matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, run_check=True) -> Y
@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from ficco_select.runtime import torch_ops
+from ficco_select.runtime import ops
 from ficco_select.runtime.dispatch import resolve_group
 
 __all__ = ["all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "all_to_all_matmul",
@@ -87,7 +87,7 @@ def _as_passed(run_check: bool, *grads):
 def all_gather_matmul(A_shard: torch.Tensor, Bs: list[torch.Tensor], gather_dim: int,
                       group_name: str, run_check: bool = True) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """(A, [A @ B for B in Bs]) with A = all_gather(A_shard, gather_dim): ``torch_ops.all_gather_matmul``."""
-    A, outs = torch_ops._all_gather_matmul(A_shard, Bs, gather_dim, group_name, return_A=True, run_check=run_check)
+    A, outs = ops.all_gather_matmul(A_shard, Bs, gather_dim, group_name, return_A=True, run_check=run_check)
     A, *outs = _owned([A, *outs], [A_shard, *Bs])
     return A, outs
 
@@ -133,7 +133,7 @@ all_gather_matmul.register_autograd(_all_gather_matmul_backward, setup_context=_
 def matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scatter_dim: int,
                           group_name: str, run_check: bool = True) -> torch.Tensor:
     """reduce_scatter(A @ B, scatter_dim) with ``sum`` or ``avg``: ``torch_ops.matmul_reduce_scatter``."""
-    out = torch_ops._matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, run_check=run_check)
+    out = ops.matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, run_check=run_check)
     return _owned([out], [A, B])[0]
 
 
@@ -170,7 +170,7 @@ matmul_reduce_scatter.register_autograd(_matmul_reduce_scatter_backward, setup_c
 def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, reduce_op: str, group_name: str,
                       run_check: bool = True) -> torch.Tensor:
     """all_reduce(A @ B) with ``sum`` or ``avg``: ``torch_ops.matmul_all_reduce``."""
-    out = torch_ops._matmul_all_reduce(A, B, reduce_op, group_name, run_check=run_check)
+    out = ops.matmul_all_reduce(A, B, reduce_op, group_name, run_check=run_check)
     return _owned([out], [A, B])[0]
 
 
@@ -203,7 +203,7 @@ def all_to_all_matmul(X: torch.Tensor, W: torch.Tensor, output_split_sizes: list
     """(all_to_all_single(X) @ W, all_to_all_single(X)): ``torch_ops.all_to_all_matmul``
     and the tokens it received (for the weight's gradient)."""
     splits = (tuple(output_split_sizes), tuple(input_split_sizes))
-    out, X_recv = torch_ops._all_to_all_matmul(X, W, splits, group_name)
+    out, X_recv = ops.all_to_all_matmul(X, W, splits, group_name)
     out, X_recv = _owned([out, X_recv], [X, W])
     return out, X_recv
 
@@ -239,7 +239,7 @@ def matmul_all_to_all(X: torch.Tensor, W: torch.Tensor, output_split_sizes: list
                       input_split_sizes: list[int], group_name: str) -> torch.Tensor:
     """all_to_all_single(X @ W): ``torch_ops.matmul_all_to_all``."""
     splits = (tuple(output_split_sizes), tuple(input_split_sizes))
-    return _owned([torch_ops._matmul_all_to_all(X, W, splits, group_name)], [X, W])[0]
+    return _owned([ops.matmul_all_to_all(X, W, splits, group_name)], [X, W])[0]
 
 
 @matmul_all_to_all.register_fake

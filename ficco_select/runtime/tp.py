@@ -32,14 +32,16 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 
-from ficco_select.runtime.torch_ops import (
-    all_gather_matmul,
-    matmul_all_reduce,
-    matmul_reduce_scatter,
+from ficco_select.runtime import dispatch
+from ficco_select.runtime.ops import (
+    all_gather_matmul_plan,
+    matmul_all_reduce_plan,
+    matmul_reduce_scatter_plan,
     prepare_all_gather_matmul,
     prepare_matmul_all_reduce,
     prepare_matmul_reduce_scatter,
 )
+from ficco_select.runtime.torch_ops import all_gather_matmul, matmul_all_reduce, matmul_reduce_scatter
 
 
 # -- the collectives of tensor parallelism without sequence parallelism ------------------------
@@ -119,6 +121,8 @@ class ColumnParallelLinear(nn.Module):
         return F.linear(full, self.weight, self.bias)
 
     def ficco_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _runs_natively(self, x):
+            return type(self).forward(self, x)
         if not self.sequence_parallel:
             y = _LinearAllReduceGrad.apply(x, self.weight, self.group)
         else:
@@ -153,6 +157,8 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def ficco_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _runs_natively(self, x):
+            return type(self).forward(self, x)
         if not self.sequence_parallel:
             y = matmul_all_reduce(x, self.weight.t(), "sum", self.group)
         else:
@@ -161,6 +167,41 @@ class RowParallelLinear(nn.Module):
 
 
 TP_LAYERS = (ColumnParallelLinear, RowParallelLinear)
+
+
+def _runs_natively(layer: nn.Module, x: torch.Tensor) -> bool:
+    """Whether every op a hooked layer's step would run for `x` is decided the baseline: its
+    forward's, and its backward's where a gradient will flow. The layer then runs its own
+    (unhooked) forward: PyTorch's collectives and kernels, nothing built. Per call: the
+    plans' lookups (from the layer tables ``install`` built: no collective). With telemetry
+    or exploration on, the ops run instead, so that they are recorded."""
+    settings = dispatch.settings()
+    if settings.telemetry or settings.explore_every:
+        return False
+    w, group = layer.weight, layer.group
+    out_features, in_features = w.shape  # this rank's shard of the weight
+    P = group.size()
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    grad = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad)
+    # A row or sequence count the world size does not divide runs PyTorch's own op in every case.
+    if not layer.sequence_parallel:  # row: AR(x @ W^T); column: x @ W^T, dx = AR(dy @ W)
+        if isinstance(layer, RowParallelLinear):
+            return rows % P != 0 or matmul_all_reduce_plan(rows, in_features, out_features, x.dtype, x.device,
+                                                           group, P).native
+        return not (grad and x.requires_grad) or rows % P != 0 or matmul_all_reduce_plan(
+            rows, out_features, in_features, x.dtype, x.device, group, P).native
+    if isinstance(layer, ColumnParallelLinear):  # AG(x) @ W^T; dx = RS(dy @ W)
+        if not all_gather_matmul_plan(rows, in_features, out_features, x.dtype, x.device, group, P).native:
+            return False
+        return not grad or matmul_reduce_scatter_plan(P * rows, out_features, in_features, False, x.dtype, x.device,
+                                                      group, P).native
+    # RS(x @ W^T); dx = AG(dy) @ W
+    if x.shape[layer.seq_dim] % P:
+        return True
+    if not matmul_reduce_scatter_plan(rows, in_features, out_features, False, x.dtype, x.device, group, P).native:
+        return False
+    return not grad or all_gather_matmul_plan(rows // P, out_features, in_features, x.dtype, x.device,
+                                              group, P).native
 
 
 class HookHandle:

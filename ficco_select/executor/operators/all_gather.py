@@ -17,15 +17,16 @@ class AllGatherGemm(CollectiveThenGemm):
     memory; so no schedule, baseline included, copies the local shard.
     """
 
-    def __init__(self, scenario: Scenario, comm: P2PComm, *, A_shard: torch.Tensor | None = None,
-                 W: torch.Tensor | None = None, **kw) -> None:
-        super().__init__(scenario, comm, **kw)
-        s, P, r = scenario, self.P, self.r
-        self.ms = s.m // P  # rows per shard
+    def _set_up(self, scenario: Scenario, comm: P2PComm, seed: int, device: str) -> None:
+        super()._set_up(scenario, comm, seed, device)
+        self.ms = scenario.m // self.P  # rows per shard
+
+    def _bind(self, A_shard: torch.Tensor | None = None, W: torch.Tensor | None = None) -> None:
+        s, r = self.scenario, self.r
         self.A_full = self._empty(s.m, s.k)
         self.A_full[r * self.ms:(r + 1) * self.ms] = self._rand(self.ms, s.k) if A_shard is None else A_shard
-        self.W = self._rand(s.k, s.n // P) if W is None else W
-        self.out = self._empty(s.m, s.n // P)
+        self.W = self._rand(s.k, s.n // self.P) if W is None else W
+        self.out = self._empty(s.m, s.n // self.P)
 
     def shard(self, q: int) -> torch.Tensor:
         return self.A_full[q * self.ms:(q + 1) * self.ms]

@@ -18,11 +18,9 @@ class AllToAllGemm(CollectiveThenGemm):
     out (sum_q c[q][r], n) = X_recv @ W_r. The local chunk is read from X in place.
     """
 
-    def __init__(self, scenario: Scenario, comm: P2PComm, *, X: torch.Tensor | None = None,
-                 W: torch.Tensor | None = None, send_sizes: list[int] | None = None,
-                 recv_sizes: list[int] | None = None, **kw) -> None:
-        super().__init__(scenario, comm, **kw)
-        s, r, P = scenario, self.r, self.P
+    def _bind(self, X: torch.Tensor | None = None, W: torch.Tensor | None = None,
+              send_sizes: list[int] | None = None, recv_sizes: list[int] | None = None) -> None:
+        s, r, P = self.scenario, self.r, self.P
         if send_sizes is None:  # the scenario's synthetic routing (measurement)
             counts = s.token_counts()
             send_sizes, recv_sizes = counts[r], [counts[q][r] for q in range(P)]

@@ -9,6 +9,7 @@ row or column). Transfers of one step carry the same tag on both ends.
 from __future__ import annotations
 
 import contextlib
+import functools
 import zlib
 
 import torch
@@ -43,7 +44,28 @@ def offsets(sizes: list[int]) -> list[int]:
 class Operator:
     """One rank's share of an operator: buffers, schedules, reference."""
 
-    def __init__(self, scenario: Scenario, comm: P2PComm, *, seed: int = 0, device: str = "cpu") -> None:
+    def __init__(self, scenario: Scenario, comm: P2PComm, *, seed: int = 0, device: str = "cpu", **inputs) -> None:
+        self._set_up(scenario, comm, seed, device)
+        self._bind(**inputs)
+
+    @classmethod
+    def template(cls, scenario: Scenario, comm: P2PComm, *, device: str = "cpu") -> "Operator":
+        """The operator's shape set-up without inputs or buffers: made once per call shape,
+        then ``for_call`` per call (the runtime's path)."""
+        op = object.__new__(cls)
+        op._set_up(scenario, comm, 0, device)
+        return op
+
+    def for_call(self, **inputs) -> "Operator":
+        """A copy of this template holding one call's inputs and fresh buffers (from the
+        allocator, as PyTorch's own ops take theirs: nothing outlives the call)."""
+        op = object.__new__(type(self))
+        op.__dict__.update(self.__dict__)
+        op._bind(**inputs)
+        return op
+
+    def _set_up(self, scenario: Scenario, comm: P2PComm, seed: int, device: str) -> None:
+        """What depends on the call's shape only."""
         self.scenario = scenario
         self.comm = comm
         self.r, self.P = comm.rank, comm.world_size
@@ -51,8 +73,17 @@ class Operator:
             raise ValueError(f"process group has {self.P} ranks but scenario world_size={scenario.world_size}")
         self.dtype = TORCH_DTYPES[scenario.dtype]
         self.device = device
-        # Inputs depend on (scenario, rank, seed) only: every run of every schedule sees the same.
-        self.gen = torch.Generator().manual_seed(zlib.crc32(f"{scenario.scenario_id}/{self.r}/{seed}".encode()))
+        self.seed = seed
+
+    def _bind(self, **inputs) -> None:  # pragma: no cover - abstract
+        """Take one call's inputs (random ones where absent: measurement) and allocate its buffers."""
+        raise NotImplementedError
+
+    @functools.cached_property
+    def gen(self) -> torch.Generator:
+        # Inputs depend on (scenario, rank, seed) only: every run of every schedule sees the
+        # same. Seeded on first use: a runtime call brings its inputs and never needs it.
+        return torch.Generator().manual_seed(zlib.crc32(f"{self.scenario.scenario_id}/{self.r}/{self.seed}".encode()))
 
     def _rand(self, *shape: int) -> torch.Tensor:
         # Scaled so that GEMM outputs are O(1) whatever k is: bf16 keeps its relative precision.

@@ -24,11 +24,9 @@ class GemmAllToAll(Operator):
     The local chunk's GEMM writes straight into ``out`` (it never travels).
     """
 
-    def __init__(self, scenario: Scenario, comm: P2PComm, *, X_recv: torch.Tensor | None = None,
-                 W: torch.Tensor | None = None, send_sizes: list[int] | None = None,
-                 recv_sizes: list[int] | None = None, **kw) -> None:
-        super().__init__(scenario, comm, **kw)
-        s, r, P = scenario, self.r, self.P
+    def _bind(self, X_recv: torch.Tensor | None = None, W: torch.Tensor | None = None,
+              send_sizes: list[int] | None = None, recv_sizes: list[int] | None = None) -> None:
+        s, r, P = self.scenario, self.r, self.P
         if send_sizes is None:  # the scenario's synthetic routing (measurement)
             counts = s.token_counts()
             send_sizes, recv_sizes = counts[r], [counts[q][r] for q in range(P)]

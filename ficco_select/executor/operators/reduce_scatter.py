@@ -21,11 +21,12 @@ class GemmReduceScatter(Operator):
     column-piece buffers so every transfer is contiguous.
     """
 
-    def __init__(self, scenario: Scenario, comm: P2PComm, *, A: torch.Tensor | None = None,
-                 W: torch.Tensor | None = None, eager_buffers: bool = True, **kw) -> None:
-        super().__init__(scenario, comm, **kw)
-        s, P = scenario, self.P
-        self.mb = s.m // P  # rows per output block
+    def _set_up(self, scenario: Scenario, comm: P2PComm, seed: int, device: str) -> None:
+        super()._set_up(scenario, comm, seed, device)
+        self.mb = scenario.m // self.P  # rows per output block
+
+    def _bind(self, A: torch.Tensor | None = None, W: torch.Tensor | None = None, eager_buffers: bool = True) -> None:
+        s, P = self.scenario, self.P
         self.A = self._rand(s.m, s.k // P) if A is None else A
         self.W = self._rand(s.k // P, s.n) if W is None else W
         self.C = self._empty(s.m, s.n)

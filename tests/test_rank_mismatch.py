@@ -1,0 +1,144 @@
+"""Ranks that pass different shapes with the per-call check off (the default, PyTorch's own
+contract): the job ends in an error on every rank, unless the shapes still define the result
+and every rank has it; no rank gets past its next collective with a wrong result, and no rank
+waits on the group's timeout.
+
+Each case is a fresh job: one process per rank (forked from a server that has imported torch
+once), check off, one op called once with the last rank's M, N or K differing, then a barrier
+(the job's next collective). A rank that raises exits at once, as a job's rank does: gloo
+then fails its peers' waits on it ("Connection closed by peer"). What gloo sees: a message
+longer than the buffer posted for it aborts the receiving process; a shorter one is taken
+silently, so a rank may return a wrong tensor from the op itself, and fails at its next
+collective, its peer gone (the ``returned`` field).
+
+With the debug mode on, the same calls are refused before any transfer, naming the op, the
+ranks and the shapes (``test_defects_runtime_train``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+TIMEOUT_S = 120
+"""The group's timeout: a rank waiting on it would show as a case that takes this long."""
+BASE, ODD = 8, 12
+"""Every dimension is BASE on every rank but the last, whose differing one is ODD."""
+SCHEDULES = ("none.sm", "shard.ring.sm", "ficco.d2.ring.gemm_per_piece.m.sm", "")
+"""The baseline (PyTorch's own collective), shard-level and finer ring overlap, and the
+selector's own pick ("": its layer tables)."""
+
+
+def _shapes(dim: str, rank: int, P: int) -> dict[str, int]:
+    odd = rank == P - 1
+    return {d: (ODD if odd and d == dim else BASE) for d in "MNK"}
+
+
+def _inputs(op: str, dim: str, rank: int, P: int):
+    """Rank `rank`'s inputs: A (its rows or shard, its K), W (its K, its N); seeded by rank, so
+    any rank can make every rank's."""
+    s = _shapes(dim, rank, P)
+    gen = torch.Generator().manual_seed(rank)
+    A = torch.rand(s["M"] * (1 if op == "ag" else P), s["K"], generator=gen) * 2 - 1
+    return A, torch.rand(s["K"], s["N"], generator=gen) * 2 - 1
+
+
+def _expected(op: str, dim: str, rank: int, P: int) -> torch.Tensor | None:
+    """The result where the ranks' shapes still define one, else None (any result is wrong).
+    An all-gather matmul needs the same M and K everywhere (each rank's own N is its own
+    business); a reduce of partial products needs the same M and N (K is each rank's slice)."""
+    if (op == "ag" and dim == "N") or (op in ("rs", "ar") and dim == "K"):
+        every = [_inputs(op, dim, q, P) for q in range(P)]
+        if op == "ag":
+            return torch.cat([A for A, _ in every]) @ every[rank][1]
+        total = sum(A @ W for A, W in every)
+        return total if op == "ar" else total.chunk(P)[rank]
+    return None
+
+
+def _rank(case: dict, rank: int, store: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from ficco_select.runtime import torch_ops
+    from ficco_select.runtime.selector import Selector
+
+    torch.set_num_threads(1)
+    op, dim, P = case["op"], case["dim"], case["P"]
+    result = {"rank": rank}
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=P,
+                                timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        torch_ops.configure(selector=Selector(), hardware="cpu", schedule=case["schedule"])
+        assert not torch_ops.dispatch.checks_calls()
+        A, W = _inputs(op, dim, rank, P)
+        g = dist.group.WORLD.group_name
+        if op == "ag":
+            got = torch_ops.all_gather_matmul(A, [W], 0, g, return_A=False)[1][0]
+        elif op == "rs":
+            got = torch_ops.matmul_reduce_scatter(A, W, "sum", 0, g)
+        else:
+            got = torch_ops.matmul_all_reduce(A, W, "sum", g)
+        want = _expected(op, dim, rank, P)
+        right = want is not None and got.shape == want.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+        result.update(returned=True, right=bool(right), ran=torch_ops.last_decision.schedule.name)
+        dist.barrier()  # the job's next collective: a step cannot complete past it
+        result.update(outcome="ok")
+    except Exception as e:  # noqa: BLE001 - the outcome under test
+        result.update(outcome="raised", error=f"{type(e).__name__}: {str(e)[:200]}")
+    Path(out).write_text(json.dumps(result))
+    os._exit(0 if result["outcome"] == "ok" else 1)  # a failed rank leaves at once, as a job's would
+
+
+def _run_case(ctx, case: dict, tmp: Path) -> list[dict]:
+    (tmp / "store").unlink(missing_ok=True)
+    outs = [tmp / f"rank{r}.json" for r in range(case["P"])]
+    for f in outs:
+        f.unlink(missing_ok=True)
+    procs = [ctx.Process(target=_rank, args=(case, r, str(tmp / "store"), str(outs[r]))) for r in range(case["P"])]
+    t0 = time.monotonic()
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(max(1.0, TIMEOUT_S / 2 - (time.monotonic() - t0)))
+    results = []
+    for r, p in enumerate(procs):
+        if p.is_alive():  # waited far longer than any error takes to reach it: a hang
+            p.kill()
+            p.join()
+            results.append({"rank": r, "outcome": "hung"})
+        elif outs[r].exists():
+            results.append(json.loads(outs[r].read_text()))
+        else:  # gloo aborts the process where it meets a collective of another size
+            results.append({"rank": r, "outcome": "died", "exitcode": p.exitcode})
+    return [{**res, "seconds": round(time.monotonic() - t0, 1)} for res in results]
+
+
+CASES = ([{"op": op, "schedule": s, "dim": dim, "P": 2} for op in ("ag", "rs", "ar") for s in SCHEDULES
+          for dim in "MNK"]
+         + [{"op": op, "schedule": "ficco.d2.a2a.gemm_per_step.m.sm", "dim": dim, "P": 3}
+            for op in ("ag", "rs", "ar") for dim in "MN"])
+
+
+@pytest.mark.gloo
+def test_ranks_passing_different_shapes_never_return_a_wrong_result_nor_hang(tmp_path):
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "ficco_select.runtime.torch_ops",
+                                "ficco_select.runtime.selector", __name__])
+    bad = []
+    for case in CASES:
+        results = _run_case(ctx, case, tmp_path)
+        for res in results:
+            wrong = res["outcome"] == "ok" and not res["right"]  # past the barrier with a wrong result
+            if wrong or res["outcome"] == "hung" or res["seconds"] >= TIMEOUT_S / 2:
+                bad.append((case, res))
+        if _expected(case["op"], case["dim"], 0, case["P"]) is None:
+            # No result is right: every rank must end in an error.
+            assert all(res["outcome"] != "ok" for res in results), (case, results)
+    assert not bad, "\n".join(map(str, bad))
