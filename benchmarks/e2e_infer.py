@@ -134,7 +134,8 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
         use(way)
         step()
         if way == "ficco":
-            ran = {str(key[0][1]): f"{d.schedule.name} ({d.source})" for key, d in dispatch.decisions().items()}
+            ran = {plan.scenario.scenario_id: f"{plan.decision.schedule.name} ({plan.decision.source})"
+                   for _, plan in dispatch.plans() if plan.scenario is not None}
     for r in range(config["reps"]):
         for way in ways[r % len(ways):] + ways[:r % len(ways)]:
             use(way)

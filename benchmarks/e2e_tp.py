@@ -366,7 +366,7 @@ def compiling(way: str, group, notes: dict):
 
 # -- one rank ----------------------------------------------------------------------------------
 def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
-    from ficco_select.runtime import torch_ops
+    from ficco_select.runtime import dispatch, torch_ops
     from ficco_select.runtime.selector import Selector
     from ficco_select.runtime.tp import TP_LAYERS, install, parallelize
 
@@ -437,10 +437,14 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
     ways = config["ways"]
     times = {w: [] for w in ways}
     notes = {}
+    ran = {}
     for way in ways:  # warm every way once (a compiled way compiles here)
         use(way)
         with compiling(way, group, notes) if way in dtensor else contextlib.nullcontext():
             step()
+        if way == "ficco":  # what the hooked step runs, by call shape (scenario id, as the oracle's picks)
+            ran = {plan.scenario.scenario_id: f"{plan.decision.schedule.name} ({plan.decision.source})"
+                   for _, plan in dispatch.plans() if plan.scenario is not None}
     if dtensor:
         torch._dynamo.config.error_on_recompile = True  # no compilation inside the timed steps
         if rank == 0:
@@ -456,7 +460,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
             step()  # the way's first decisions, if any
             times[way].append(statistics.fmean(step() for _ in range(config["steps"])))
     use("pytorch")
-    _leave(rank, results, times)
+    _leave(rank, results, {"times": times, "ficco_ran": ran})
 
 
 def explore(model, step, selector, hardware: str, config: dict) -> None:
@@ -603,9 +607,9 @@ def main() -> None:
         rows = []
         for files, (P, config) in zip(explorations, configs):  # 3. time
             best, shapes = explored(files)
-            times = run_ranks(P, {**config, "phase": "time", "ways": ways, "reps": args.reps, "steps": args.steps,
-                                  "oracle": best, "retrained": retrained})
-            rows.append(summarize(P, config, times) | {"oracle_picks": best})
+            got = run_ranks(P, {**config, "phase": "time", "ways": ways, "reps": args.reps, "steps": args.steps,
+                                "oracle": best, "retrained": retrained})
+            rows.append(summarize(P, config, got["times"]) | {"ficco_ran": got["ficco_ran"], "oracle_picks": best})
             if retrained:
                 rows[-1]["retrained_picks"] = _decisions(retrained, shapes)
             if not args.json:

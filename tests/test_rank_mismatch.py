@@ -9,7 +9,10 @@ once), check off, one op called once with the last rank's M, N or K differing, t
 then fails its peers' waits on it ("Connection closed by peer"). What gloo sees: a message
 longer than the buffer posted for it aborts the receiving process; a shorter one is taken
 silently, so a rank may return a wrong tensor from the op itself, and fails at its next
-collective, its peer gone (the ``returned`` field).
+collective, its peer gone (the ``returned`` field). After calls the ranks agreed on ("warm"),
+a new token count is a lookup in the layer's table and fails the same way; a rank meeting a
+new layer alone waits in the broadcast of its table while the others run theirs, and every
+rank raises at the group's timeout (the one case here that waits on it, with a 5 s timeout).
 
 With the debug mode on, the same calls are refused before any transfer, naming the op, the
 ranks and the shapes (``test_defects_runtime_train``).
@@ -29,6 +32,8 @@ import torch
 
 TIMEOUT_S = 120
 """The group's timeout: a rank waiting on it would show as a case that takes this long."""
+WARM_TIMEOUT_S = 5
+"""The group's timeout of the case that waits on it (a rank meeting a new layer alone)."""
 BASE, ODD = 8, 12
 """Every dimension is BASE on every rank but the last, whose differing one is ODD."""
 SCHEDULES = ("none.sm", "shard.ring.sm", "ficco.d2.ring.gemm_per_piece.m.sm", "")
@@ -37,6 +42,7 @@ selector's own pick ("": its layer tables)."""
 
 
 def _shapes(dim: str, rank: int, P: int) -> dict[str, int]:
+    """`dim` ("" for none) differs on the last rank."""
     odd = rank == P - 1
     return {d: (ODD if odd and d == dim else BASE) for d in "MNK"}
 
@@ -74,17 +80,16 @@ def _rank(case: dict, rank: int, store: str, out: str) -> None:
     result = {"rank": rank}
     try:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=P,
-                                timeout=datetime.timedelta(seconds=TIMEOUT_S))
+                                timeout=datetime.timedelta(seconds=case.get("timeout", TIMEOUT_S)))
         torch_ops.configure(selector=Selector(), hardware="cpu", schedule=case["schedule"])
         assert not torch_ops.dispatch.checks_calls()
-        A, W = _inputs(op, dim, rank, P)
         g = dist.group.WORLD.group_name
-        if op == "ag":
-            got = torch_ops.all_gather_matmul(A, [W], 0, g, return_A=False)[1][0]
-        elif op == "rs":
-            got = torch_ops.matmul_reduce_scatter(A, W, "sum", 0, g)
-        else:
-            got = torch_ops.matmul_all_reduce(A, W, "sum", g)
+        call = {"ag": lambda A, W: torch_ops.all_gather_matmul(A, [W], 0, g, return_A=False)[1][0],
+                "rs": lambda A, W: torch_ops.matmul_reduce_scatter(A, W, "sum", 0, g),
+                "ar": lambda A, W: torch_ops.matmul_all_reduce(A, W, "sum", g)}[op]
+        if case.get("warm"):  # the ranks agree first: every plan the call needs is made
+            call(*_inputs(op, "", rank, P))
+        got = call(*_inputs(op, dim, rank, P))
         want = _expected(op, dim, rank, P)
         right = want is not None and got.shape == want.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-4)
         result.update(returned=True, right=bool(right), ran=torch_ops.last_decision.schedule.name)
@@ -123,7 +128,13 @@ def _run_case(ctx, case: dict, tmp: Path) -> list[dict]:
 CASES = ([{"op": op, "schedule": s, "dim": dim, "P": 2} for op in ("ag", "rs", "ar") for s in SCHEDULES
           for dim in "MNK"]
          + [{"op": op, "schedule": "ficco.d2.a2a.gemm_per_step.m.sm", "dim": dim, "P": 3}
-            for op in ("ag", "rs", "ar") for dim in "MN"])
+            for op in ("ag", "rs", "ar") for dim in "MN"]
+         # After calls the ranks agreed on: a new token count is a lookup in the layer's table
+         # (no collective), so the transfers disagree at once.
+         + [{"op": op, "schedule": "", "dim": "M", "P": 2, "warm": True} for op in ("ag", "rs", "ar")]
+         # A rank meeting a new layer (another N) alone waits in the broadcast of its table while
+         # the others run their plan: every rank raises at the group's timeout, not before.
+         + [{"op": "rs", "schedule": "", "dim": "N", "P": 2, "warm": True, "timeout": WARM_TIMEOUT_S}])
 
 
 @pytest.mark.gloo
@@ -136,7 +147,9 @@ def test_ranks_passing_different_shapes_never_return_a_wrong_result_nor_hang(tmp
         results = _run_case(ctx, case, tmp_path)
         for res in results:
             wrong = res["outcome"] == "ok" and not res["right"]  # past the barrier with a wrong result
-            if wrong or res["outcome"] == "hung" or res["seconds"] >= TIMEOUT_S / 2:
+            if wrong or res["outcome"] == "hung" or res["seconds"] >= case.get("timeout", TIMEOUT_S) + 10:
+                bad.append((case, res))
+            if "timeout" not in case and res["seconds"] >= 10:  # an error reaches every rank at once
                 bad.append((case, res))
         if _expected(case["op"], case["dim"], 0, case["P"]) is None:
             # No result is right: every rank must end in an error.

@@ -74,3 +74,32 @@ def test_eight_threads_get_the_one_thread_answers(monkeypatch, tables):
     assert len(done) == 8 and sum(done) > 1000
     assert not illegal, illegal[:5]
     assert not wrong, wrong[:5]
+
+
+def test_a_batch_of_rows_silences_its_own_thread_only(caplog):
+    # decide_rows (``ficco select``) reports each row's fallback itself, so its warnings are
+    # off; a thread deciding meanwhile keeps its own. Changing the logger's level for the
+    # batch dropped the other thread's warning.
+    import logging
+
+    from ficco_select.runtime.selector import decide_rows, log
+
+    inside, carry_on = threading.Event(), threading.Event()
+
+    def rows():
+        yield {**LAYERS[0], "m": 4096, "hardware": "no-such-machine"}  # a fallback, with its reason
+        inside.set()
+        carry_on.wait(10)
+        yield {**LAYERS[0], "m": 0}
+
+    caplog.set_level(logging.WARNING, logger=log.name)
+    decided = []
+    batch = threading.Thread(target=lambda: decided.extend(decide_rows(Selector(), rows())))
+    batch.start()
+    assert inside.wait(10)
+    log.warning("another thread's warning")
+    carry_on.set()
+    batch.join(10)
+    assert [d["source"] for d in decided] == ["fallback", "fallback"], decided
+    warned = [r.getMessage() for r in caplog.records if r.name == log.name]
+    assert warned == ["another thread's warning"], warned

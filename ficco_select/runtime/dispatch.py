@@ -177,6 +177,11 @@ def checks_calls() -> bool:
     return _state.settings.check_calls
 
 
+def plans() -> list[tuple[tuple, Plan]]:
+    """(call shape key, group name) and the plan cached for it, least recently used first."""
+    return _state.plans.items()
+
+
 def decisions() -> dict[tuple, Decision]:
     """(call shape key, group name) -> the decision cached for it (benchmarks, examples)."""
     return {key: plan.decision for key, plan in _state.plans.items()}
@@ -240,9 +245,11 @@ def hardware_name(device: torch.device) -> str | None:
 
 
 def resolve_group(group_name) -> dist.ProcessGroup:
-    if isinstance(group_name, dist.ProcessGroup):
-        return group_name
-    return c10d._resolve_process_group(group_name)
+    """The process group of a name (or the group itself). A type check, not isinstance: the
+    group class's instance check is Python code, a microsecond per call."""
+    if type(group_name) is str:
+        return c10d._resolve_process_group(group_name)
+    return dist.group.WORLD if group_name is None else group_name
 
 
 # -- deciding ---------------------------------------------------------------------------

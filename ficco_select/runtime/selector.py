@@ -34,11 +34,13 @@ from the MLflow registry. Imports no pandas, scikit-learn, mlflow or xgboost.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import operator
 import os
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,31 @@ from ficco_select.scenario import DTYPES, LAYER_COLUMNS, SCENARIO_COLUMNS, Scena
 from ficco_select.schedule import BASELINE, Schedule, legal_candidates, parse
 
 log = logging.getLogger("ficco_select.runtime.selector")
+
+
+class _QuietThread(logging.Filter):
+    """Drops this module's records on a thread inside ``quiet()`` only: a batch of decisions
+    that reports each fallback itself must not silence another thread deciding meanwhile
+    (changing the logger's level would)."""
+
+    local = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(self.local, "quiet", False)
+
+
+log.addFilter(_QuietThread())
+
+
+@contextlib.contextmanager
+def quiet():
+    """This thread's selector warnings off inside (``decide_rows``); other threads unchanged."""
+    before = getattr(_QuietThread.local, "quiet", False)
+    _QuietThread.local.quiet = True
+    try:
+        yield
+    finally:
+        _QuietThread.local.quiet = before
 
 DEFAULT_PATH = Path(os.environ.get("FICCO_SELECTOR", Path.home() / ".cache" / "ficco-select" / "selector"))
 """Where ``ficco export`` puts the champion and ``Selector.load()`` looks for it."""
@@ -633,9 +660,5 @@ def decide_rows(selector: Selector, records: Sequence[Mapping[str, Any]]) -> lis
                 "confidence": d.confidence, "reason": d.reason}
 
     # Each fallback's reason is in the output: no warning per bad row on top of it.
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
+    with quiet():
         return [decision(i, record) for i, record in enumerate(records, start=1)]
-    finally:
-        log.setLevel(level)

@@ -90,7 +90,7 @@ def _needs_grad(A: torch.Tensor, *Bs: torch.Tensor) -> bool:
 
 
 def _name(group) -> str:
-    return group.group_name if isinstance(group, dist.ProcessGroup) else group
+    return group if type(group) is str else group.group_name
 
 
 # -- the ops ----------------------------------------------------------------------------

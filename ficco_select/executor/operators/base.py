@@ -22,15 +22,17 @@ from ficco_select.schedule import Schedule
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def piece_bounds(total: int, parts: int) -> list[tuple[int, int]]:
-    """[start, end) of `parts` nearly equal pieces of range(total) (sizes differ by <= 1)."""
+@functools.lru_cache(maxsize=4096)
+def piece_bounds(total: int, parts: int) -> tuple[tuple[int, int], ...]:
+    """[start, end) of `parts` nearly equal pieces of range(total) (sizes differ by <= 1).
+    Cached: every call of a shape asks for the same pieces."""
     base, extra = divmod(total, parts)
     bounds, start = [], 0
     for i in range(parts):
         size = base + (1 if i < extra else 0)
         bounds.append((start, start + size))
         start += size
-    return bounds
+    return tuple(bounds)
 
 
 def offsets(sizes: list[int]) -> list[int]:
