@@ -13,8 +13,8 @@ attention is cheaper than a real decode step's; the GEMM + all-reduce pairs are 
 
 First, per configuration, ``--explore-steps`` steps with every call shape cycling through its
 candidates (``configure(explore_every=1)``, telemetry on): the per-layer oracle's picks.
-Then the ways, interleaved (each repeat runs every way once, in rotated order; one untimed step
-after a switch, then ``--steps`` timed steps, each the slowest rank's, their mean):
+Then the ways, interleaved (each repeat runs every way once, in rotated order; after a switch a
+garbage collection and one untimed step, then ``--steps`` timed steps, each the slowest rank's, their mean):
 - ``pytorch``: unhooked (``F.linear``, then ``dist.all_reduce``);
 - ``ficco``: ``tp.install`` with the selector (the exported champion, or ``--model``): every
   row-parallel layer through ``matmul_all_reduce``;
@@ -39,6 +39,7 @@ the selector decides for the fabric's profiled spec.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -139,6 +140,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
     for r in range(config["reps"]):
         for way in ways[r % len(ways):] + ways[:r % len(ways)]:
             use(way)
+            gc.collect()  # a switch's garbage (tables, plans) is not collected inside the next way's steps
             step()
             times[way].append(statistics.fmean(step() for _ in range(config["steps"])))
     use("pytorch")

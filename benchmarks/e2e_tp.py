@@ -17,7 +17,7 @@ Three phases:
    store under ``--workdir``), then ``ficco export`` of the version it registered: the
    exported champion retrained on this job's telemetry.
 3. **Time** (per configuration, fresh ranks): the ways, interleaved; each repeat runs every
-   way once, in rotated order; after a switch one untimed step, then ``--steps`` timed steps
+   way once, in rotated order; after a switch a garbage collection and one untimed step, then ``--steps`` timed steps
    (each the slowest rank's), their mean.
 
 Ways:
@@ -71,6 +71,7 @@ selector's schedule per shape.
 from __future__ import annotations
 
 import argparse
+import gc
 import contextlib
 import copy
 import json
@@ -457,6 +458,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
     for r in range(config["reps"]):
         for way in ways[r % len(ways):] + ways[:r % len(ways)]:
             use(way)
+            gc.collect()  # a switch's garbage (tables, plans) is not collected inside the next way's steps
             step()  # the way's first decisions, if any
             times[way].append(statistics.fmean(step() for _ in range(config["steps"])))
     use("pytorch")
