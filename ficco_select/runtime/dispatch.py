@@ -40,8 +40,8 @@ DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float
 
 
 DECISION_CACHE_SIZE = 4096
-"""Call shapes whose plan a process keeps by default: every token count of a serving engine
-up to 4096 with room, about 1 KiB each (``benchmarks/hook_overhead.py --memory`` measures it)."""
+"""Call shapes whose plan a process keeps by default: every token count of a serving engine up
+to 4096 (``benchmarks/hook_overhead.py --memory``: resident memory flat over 12,000 of them)."""
 
 
 @dataclasses.dataclass
@@ -124,9 +124,6 @@ class PlanCache:
     def clear(self) -> None:
         with self._lock:
             self._plans.clear()
-
-    def __len__(self) -> int:
-        return len(self._plans)
 
 
 @dataclasses.dataclass
@@ -416,10 +413,11 @@ def _comm(engine: str, group: dist.ProcessGroup, device: torch.device) -> Comm |
     return _state.dma_comms[key]
 
 
-def _runner(plan: Plan, op_cls, group: dist.ProcessGroup, device: torch.device) -> tuple[Schedule, Comm, Operator]:
+def _runner(plan: Plan, op_cls, group: dist.ProcessGroup, inputs: dict) -> tuple[Schedule, Comm, Operator]:
     """The plan's (schedule as it runs, comm, operator template), made at its first run (or
     again for a group re-made under the same name)."""
     if plan.runner is None or getattr(plan.runner[1], "group", group) is not group:
+        device = next(v for v in inputs.values() if isinstance(v, torch.Tensor)).device
         schedule = plan.decision.schedule
         comm = _comm(schedule.engine, group, device)
         if comm is None:  # the decision as it really runs (telemetry records this schedule)
@@ -432,15 +430,12 @@ def _runner(plan: Plan, op_cls, group: dist.ProcessGroup, device: torch.device) 
 def run_decided(op_cls, plan: Plan, group: dist.ProcessGroup, reference, **inputs):
     """Run the plan's schedule with the executor; telemetry (and a first-call check) if on.
     Returns (output, the operator that ran)."""
-    runner = plan.runner
-    if runner is None or getattr(runner[1], "group", group) is not group:
-        runner = _runner(plan, op_cls, group, next(v for v in inputs.values() if isinstance(v, torch.Tensor)).device)
-    schedule, _, template = runner
+    schedule, _, template = _runner(plan, op_cls, group, inputs)
     if schedule is not plan.decision.schedule:
         _state.last_decision = dataclasses.replace(
             plan.decision, schedule=schedule, reason=f"{plan.decision.schedule.name} as its sm twin: no dma transport")
     op = template.for_call(**inputs)
-    if _state.settings.telemetry is None:
+    if not _state.settings.telemetry:
         return op.run(schedule), op
     return _timed(plan, schedule, template.device, lambda: op.run(schedule), reference), op
 
@@ -455,7 +450,7 @@ def run_native(plan: Plan, device: torch.device, native):
     """native(): PyTorch's own op, for a call without a scenario and for a baseline
     decision (``runs_natively``). Telemetry times a scenario's run under the decided
     schedule's name; it is the reference, so its check passes by definition."""
-    if plan.scenario is None or (_state.settings.telemetry is None):
+    if plan.scenario is None or not _state.settings.telemetry:
         return native()
     return _timed(plan, plan.decision.schedule, device, native, None)
 

@@ -67,8 +67,3 @@ class Telemetry:
         except Exception as e:  # noqa: BLE001 - telemetry must not break the job
             self._broken = True
             log.warning("ficco-select: telemetry to %s disabled: %s", self.path, e)
-
-
-def from_env(rank: int = 0) -> Telemetry | None:
-    path = os.environ.get(ENV)
-    return Telemetry(path, rank) if path else None

@@ -5,9 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.operators.base import CollectiveThenGemm, offsets, piece_bounds
-from ficco_select.scenario import Scenario
 
 
 class AllToAllGemm(CollectiveThenGemm):

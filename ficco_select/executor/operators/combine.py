@@ -8,9 +8,7 @@ import functools
 import torch
 import torch.distributed as dist
 
-from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.operators.base import Operator, offsets, piece_bounds
-from ficco_select.scenario import Scenario
 from ficco_select.schedule import Schedule
 
 
