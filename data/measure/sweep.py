@@ -351,7 +351,12 @@ def _free_bytes(on_gpu: bool, device: str | None) -> int | None:
     """Free memory where the buffers go: the GPU's, or the host's; None where it is unknown
     (no CUDA: refused elsewhere with its own message)."""
     if on_gpu:
-        return torch.cuda.mem_get_info(device or 0)[0] if torch.cuda.is_available() else None
+        if not torch.cuda.is_available():
+            return None
+        # The caching allocator keeps an earlier scenario's buffers reserved, which
+        # mem_get_info counts as used: handed back first, they are free for this one.
+        torch.cuda.empty_cache()
+        return torch.cuda.mem_get_info(device or 0)[0]
     return _host_available_bytes()
 
 
