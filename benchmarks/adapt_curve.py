@@ -1,7 +1,7 @@
 """The learning curve of ``ficco adapt`` on simulated machines (issue 17's benchmark).
 
 Each GPU preset held out in turn: a machine whose true numbers are the preset's, each off by
-up to +-30% (``train.adapt.perturbed``), measured on ``sim`` with 3% noise; the run starts
+up to +-30% (``ficco_select.train.adapt.perturbed``), measured on ``sim`` with 3% noise; the run starts
 from the preset's data sheet and a model trained without the preset's family. Near-opt@2% on
 the noise-free truth of the grid's unmeasured rest, against the fraction measured (0 =
 zero-shot), for the active and the random choice, beside the full retrain (5-fold
@@ -39,10 +39,10 @@ def main() -> None:
     import pandas as pd
 
     from ficco_select.hardware import preset_names
-    from train.adapt_curve import curve_from_runs, learning_curve
-    from train.report import curve_table, plot_curve
-    from train.selectors import with_features
-    from train.training_data import default_training_data
+    from ficco_select.train.adapt_curve import curve_from_runs, learning_curve
+    from ficco_select.train.report import curve_table, plot_curve
+    from ficco_select.train.selectors import with_features
+    from ficco_select.train.training_data import default_training_data
 
     presets = ([] if args.presets == "none" else [p for p in args.presets.split(",") if p]
                or [p for p in preset_names() if p != "cpu"])
@@ -75,7 +75,7 @@ def _track(curve, out: Path, params: dict) -> None:
     (preset, strategy)'s near-opt@2% by fraction measured (step: per mille), the table and plot."""
     import mlflow
 
-    from train.adapt import EXPERIMENT
+    from ficco_select.train.adapt import EXPERIMENT
 
     mlflow.set_experiment(EXPERIMENT)
     with mlflow.start_run(run_name="learning-curve"):

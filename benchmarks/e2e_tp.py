@@ -32,7 +32,7 @@ Ways:
 - ``ficco+telemetry``: the same with the selector retrained on the job's telemetry (phase 2);
 - ``none.sm``, ``shard.ring.sm``, and each ``--ficco`` schedule: every layer pinned to it;
 - ``oracle``: the per-layer oracle, each call shape pinned to the schedule that measured
-  fastest for it in phase 1 (read back as dataset rows, ``data.telemetry``: each call the
+  fastest for it in phase 1 (read back as dataset rows, ``ficco_select.data.telemetry``: each call the
   slowest rank's time, the median over calls);
 - ``compute-only``: not a way to run a job, the step's compute alone: every collective
   replaced by a local copy of the same shape. ``comm / compute`` = (pytorch - compute-only)
@@ -195,7 +195,7 @@ def _compute_only(layer, P: int, rank: int) -> None:
 def explored(telemetry: list[str]) -> tuple[dict, dict]:
     """From `telemetry` (every rank's file of the exploration): {scenario_id: the schedule that
     measured fastest for it (verified runs only)} and {scenario_id: its Scenario}."""
-    from data.telemetry import read_telemetry
+    from ficco_select.data.telemetry import read_telemetry
     from ficco_select.scenario import Scenario
 
     rows = read_telemetry(telemetry)
@@ -546,7 +546,7 @@ def retrain(telemetry: list[str], workdir: str) -> tuple[str, dict]:
     """``ficco train --telemetry`` on the exploration's files, in a private MLflow store, and
     ``ficco export`` of the version it registered; returns (the export folder, train's summary)."""
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{workdir}/mlflow.db"}
-    ficco = [sys.executable, "-m", "ficco_cli.main"]  # the ficco command of this interpreter
+    ficco = [sys.executable, "-m", "ficco_select.cli.main"]  # the ficco command of this interpreter
     args = [f"--telemetry={f}" for f in telemetry]
     done = subprocess.run([*ficco, "train", *args, *RETRAIN, "--out", f"{workdir}/train", "--json", "--no-progress"],
                           env=env, check=True, capture_output=True, text=True)
@@ -626,9 +626,9 @@ def main() -> None:
 
 def _fabric_spec(rate: str) -> dict:
     """Outside the fabric: become this same command inside it (never returns). Inside: the
-    fabric's spec from a quick profile (``data.measure.fabric_profile``), as a dict for the ranks."""
-    from data.measure.fabric import exec_inside, inside, parse_fabric
-    from data.measure.fabric_profile import fabric_spec, profile_fabric
+    fabric's spec from a quick profile (``ficco_select.data.measure.fabric_profile``), as a dict for the ranks."""
+    from ficco_select.data.measure.fabric import exec_inside, inside, parse_fabric
+    from ficco_select.data.measure.fabric_profile import fabric_spec, profile_fabric
     from ficco_select.hardware import spec_as_dict
 
     from ficco_select.hardware import register_hardware

@@ -12,7 +12,7 @@ last end - first start on the host's monotonic clock instead of the slowest rank
 span), ``pin_main_thread`` (after the process group is up, pin only the rank's own thread,
 which runs its GEMMs, to core rank % cores; gloo's threads, already started, stay free:
 the P=2 suspect, a rank's GEMM sharing a core with its peer's transport thread). Each line: median per-run time, IQR / median, min / median, p90 / median (the
-``data.labels.summarize`` spread is the IQR / median). Run nothing else beside it.
+``ficco_select.data.labels.summarize`` spread is the IQR / median). Run nothing else beside it.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ import json
 
 import pandas as pd
 
-from data.measure.gloo import MeasureConfig, measure_spawned
-from data.measure.sweep import summary_table
+from ficco_select.data.measure.gloo import MeasureConfig, measure_spawned
+from ficco_select.data.measure.sweep import summary_table
 from ficco_select import Scenario
 
 SCENARIOS = [

@@ -1,5 +1,5 @@
 """Do the cpu backend's labels repeat? Two independent sweeps of the same scenarios (fresh
-ranks each), compared by ``ficco dataset compare`` (``data.compare``), per harness setting.
+ranks each), compared by ``ficco dataset compare`` (``ficco_select.data.compare``), per harness setting.
 
     python benchmarks/repeatability.py                       # the harness's defaults
     python benchmarks/repeatability.py --setting before:min_rep_s=0 --setting after
@@ -22,10 +22,10 @@ import time
 import zlib
 from pathlib import Path
 
-from data.compare import compare
-from data.measure.gloo import MeasureConfig
-from data.measure.sweep import measure
-from data.scenarios import packaged, read_scenarios
+from ficco_select.data.compare import compare
+from ficco_select.data.measure.gloo import MeasureConfig
+from ficco_select.data.measure.sweep import measure
+from ficco_select.data.scenarios import packaged, read_scenarios
 
 AIMS = {"median_spread": {2: 0.10, 3: 0.15, 4: 0.15}, "best_agreement": 0.90, "median_tau": 0.8, "above_ideal": 0.02}
 

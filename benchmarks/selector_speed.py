@@ -48,9 +48,9 @@ def main() -> None:
 
     import xgboost as xgb
 
-    from data.catalog import catalog
+    from ficco_select.data.catalog import catalog
     from ficco_select import candidates
-    from features import candidate_features
+    from ficco_select.features import candidate_features
     from ficco_select.hardware import load_hardware
     from ficco_select.heuristic import backend_for
     from ficco_select.runtime.selector import Selector
@@ -136,8 +136,8 @@ def layer_tables(sel, model: str, n_layers: int = 8, stream_calls: int = 10_000,
     import random
     import time
 
-    from data.catalog import catalog
-    from features import candidate_features
+    from ficco_select.data.catalog import catalog
+    from ficco_select.features import candidate_features
     from ficco_select.hardware import load_hardware
     from ficco_select.heuristic import backend_for
     from ficco_select.runtime.layers import GRID_STEPS_PER_OCTAVE

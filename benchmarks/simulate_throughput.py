@@ -1,7 +1,7 @@
 """Simulator throughput: schedule evaluations per second on this machine.
 
 Two figures from one run, on the full-scale catalog replicated on the MI300X preset:
-- model: ``data.simulate.predict`` on column arrays already built (the vectorized model:
+- model: ``ficco_select.data.simulate.predict`` on column arrays already built (the vectorized model:
   every legal schedule's time and the signatures), evaluations per second;
 - end to end: ``simulate_rows`` from Scenario objects to a DataFrame (enumerating the
   legal schedules, building the rows, predicting).
@@ -15,8 +15,8 @@ import argparse
 import json
 import time
 
-from data.catalog import catalog
-from data.simulate import build_rows, predict, simulate_rows
+from ficco_select.data.catalog import catalog
+from ficco_select.data.simulate import build_rows, predict, simulate_rows
 from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
 

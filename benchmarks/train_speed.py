@@ -13,8 +13,8 @@ import argparse
 import json
 import time
 
-from train.selectors import HGBClassifier, RandomForestTime, XGBRanker, XGBTimeRegressor
-from train.training_data import default_training_data
+from ficco_select.train.selectors import HGBClassifier, RandomForestTime, XGBRanker, XGBTimeRegressor
+from ficco_select.train.training_data import default_training_data
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ import pandas as pd
 from scipy.optimize import least_squares, minimize
 from scipy.stats import kendalltau
 
-from data.simulate import build_rows, predict, simulate_rows
+from ficco_select.data.simulate import build_rows, predict, simulate_rows
 from ficco_select.costs import OP_CODES, rank_work
 from ficco_select.hardware import HardwareSpec, fields_of, load_hardware
 from ficco_select.scenario import DTYPES, SCENARIO_COLUMNS, Scenario

@@ -1,6 +1,6 @@
 """Two independent sweeps of the same scenarios, compared: do the labels repeat?
 
-``compare(a, b)`` takes two datasets (``data.dataset`` schema) and, over the scenarios
+``compare(a, b)`` takes two datasets (``ficco_select.data.dataset`` schema) and, over the scenarios
 both measured (ok, with a verified baseline and at least two verified schedules in each):
 
 - ``tau``: Kendall's tau between the two sweeps' schedule times (1: same order);

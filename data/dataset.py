@@ -21,7 +21,7 @@ error, never a silent mix. So are the hardware specs of its machines that are no
 (``ficco_hardware``: name -> every spec field): a dataset simulated on a user's spec file
 is read back, trained on and validated by name, in any process
 (``ficco_select.hardware``'s registry); and, in a measured file, the timing settings its
-rows were taken with (``ficco_timing``: ``data.measure.config.TimingPolicy``'s fields), so
+rows were taken with (``ficco_timing``: ``ficco_select.data.measure.config.TimingPolicy``'s fields), so
 that rows timed otherwise are never joined to them (``merge``, a resumed ``ficco measure``).
 """
 
@@ -75,7 +75,7 @@ def dataset_row(scenario: Scenario, schedule: str, label: dict, *, signature: di
                 threads_per_rank: int = 0, runs_per_rep: int = 0, provenance: dict | None = None) -> dict:
     """One row of the dataset: the scenario's columns and id, the schedule, its label
     columns (``label`` holds every ``LABEL_COLUMNS`` entry but the first two:
-    ``data.labels.label_columns`` and ``failed_label`` make them), the scenario's signature
+    ``ficco_select.data.labels.label_columns`` and ``failed_label`` make them), the scenario's signature
     (NaN where it has none), how it was timed, and, when given, its provenance."""
     signature = signature or {}
     return {**scenario.as_record(), "scenario_id": scenario.scenario_id, "schedule": schedule,
@@ -155,7 +155,7 @@ def attach_repeat(df: pd.DataFrame, repeat: pd.DataFrame) -> pd.DataFrame:
     """`df` with ``time_repeat_s`` and ``near_best_repeat``: each row's time and tie label in
     `repeat`, an independent second sweep of some of its scenarios (NaN / False where
     `repeat` has no usable row for it). Metrics score a measured row on them
-    (``train.metrics``): a selector is then judged on times it never learned from, and the
+    (``ficco_select.train.metrics``): a selector is then judged on times it never learned from, and the
     ceiling is the repeat oracle."""
     ok = repeat[(repeat["status"] == "ok") & repeat["verified"].eq(True)]
     by_row = ok.set_index(["scenario_id", "schedule"])

@@ -139,7 +139,7 @@ def _median_law(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def label_columns(times: Sequence[Sequence[float]] | np.ndarray, *, verified: Sequence[bool],
                   rel_error: Sequence[float], attempts: Sequence[int], noisy_spread: float, tie_floor: float,
                   groups: Sequence | None = None) -> dict[str, list]:
-    """The label columns of rows of timed repetitions (``data.dataset.LABEL_COLUMNS`` but
+    """The label columns of rows of timed repetitions (``ficco_select.data.dataset.LABEL_COLUMNS`` but
     ``scenario_id``, ``schedule``, ``status``, ``error`` and ``time_model_s``), one list
     entry per row: median, spread, the repetitions, the noisy flag, verification and the
     best labels (``best_labels``, within each of `groups`)."""

@@ -11,7 +11,7 @@ a scenario is on.
 
 A sampled machine is named ``<preset>~<i>`` (``base_machine`` strips the mark). It is
 training data only: evaluation never scores it, and a fold that holds a preset out holds
-out its samples too (``train.evaluate.folds``), else the held-out machine would be in
+out its samples too (``ficco_select.train.evaluate.folds``), else the held-out machine would be in
 training under another name.
 """
 
@@ -65,7 +65,7 @@ def sample_around(spec: HardwareSpec, index: int, *, spread: float, u: dict[str,
 def sampled_machines(presets: list[HardwareSpec], *, per_preset: int, spread: float, seed: int = 0
                      ) -> list[HardwareSpec]:
     """`per_preset` machines around each preset, registered by name for this process
-    (datasets and models carry their specs, ``data.dataset.user_specs``).
+    (datasets and models carry their specs, ``ficco_select.data.dataset.user_specs``).
 
     Latin hypercube draws: for each preset and field, the machines fall in different
     equal slices of the range, so a few machines already reach both of its ends."""
@@ -75,5 +75,5 @@ def sampled_machines(presets: list[HardwareSpec], *, per_preset: int, spread: fl
         slices = {f: rng.permutation(per_preset) for f in _DRAWN}
         for i in range(per_preset):
             u = {f: (slices[f][i] + rng.random()) / per_preset for f in _DRAWN}
-            out.append(register_hardware(sample_around(spec, i, spread=spread, u=u), "data.machines"))
+            out.append(register_hardware(sample_around(spec, i, spread=spread, u=u), "ficco_select.data.machines"))
     return out

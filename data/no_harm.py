@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from data.published import read_published
-from data.published_calls import _cells, _measured_methods
+from ficco_select.data.published import read_published
+from ficco_select.data.published_calls import _cells, _measured_methods
 
 QUANTILE = 0.5
 """Which quantile of the residuals a margin is: the median over-promise. Chosen on the
@@ -40,7 +40,7 @@ def residuals(path: str | Path, specs: dict | None = None) -> list[dict]:
     measured method): its rows, the simulated serial time (us), the simulator's best overlap
     gain, the best measured gain, and their log ratio ``residual``. `specs`: {preset: spec}
     to predict on instead of the committed presets."""
-    from data.simulate import simulate_rows
+    from ficco_select.data.simulate import simulate_rows
     from ficco_select.hardware import load_hardware
 
     specs = specs or {}
@@ -98,7 +98,7 @@ def margins(residual: np.ndarray, baseline_us: np.ndarray, *, quantile: float = 
 
 def fit_no_harm(path: str | Path | None = None) -> dict:
     """The rule fitted on the calibration table (default: the committed one), with its source."""
-    from data.published import packaged
+    from ficco_select.data.published import packaged
 
     path = Path(path) if path is not None else packaged()
     records = residuals(path)

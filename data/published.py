@@ -111,7 +111,7 @@ class Point:
 
 def packaged() -> Path:
     """The committed table of published measurements."""
-    return Path(str(resources.files("data") / "published" / "gpu-calibration.csv"))
+    return Path(str(resources.files("ficco_select.data") / "published" / "gpu-calibration.csv"))
 
 
 def read_published(path: str | Path | None = None) -> list[Point]:
@@ -236,7 +236,7 @@ def predict(point: Point, hw: HardwareSpec) -> dict[str, float]:
     GEMM), ``method_us`` (an overlap point's schedule), ``best_us`` (a collective + GEMM's
     fastest overlapped schedule) or ``bandwidth_gbps``."""
     if point.kind in ("overlap", "baseline"):
-        from data.simulate import simulate_rows
+        from ficco_select.data.simulate import simulate_rows
 
         times = simulate_rows([point.scenario(hw.name)], hw).set_index("schedule")["time_s"]
         overlapped = times[~times.index.str.startswith("none.")]

@@ -1,13 +1,13 @@
 """The selector's calls on published GPU points: right, wrong or unverifiable.
 
-The simulator's check (``data.published.compare``) asks whether the cost model's times match
+The simulator's check (``ficco_select.data.published.compare``) asks whether the cost model's times match
 real GPUs. This asks what a user of the runtime selector cares about: on the collective +
 GEMM points others measured, would the schedule it picks have paid?
 
 A *point* is one measured setting: the rows of a table (``overlap`` and ``baseline`` kinds,
 ``docs/published.md``) with the same source, device, op, m, n, k, dtype and world size. Its
 *measured methods* are every overlapped method timed there, ours (PyTorch async-TP's fused
-ops are ``shard.ring.dma``: ``data.published.METHOD_SCHEDULES``) and fused kernels alike,
+ops are ``shard.ring.dma``: ``ficco_select.data.published.METHOD_SCHEDULES``) and fused kernels alike,
 each with its speedup over the serial baseline (baseline time / method time; the ``speedup``
 cell where a row gives no method time). The selector decides the point's scenario on the
 point's preset, once per point, and the call is:
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from data.published import MAX_ROWS, Point, PublishedError, _number, read_published
+from ficco_select.data.published import MAX_ROWS, Point, PublishedError, _number, read_published
 
 PAYS = 1.05
 """A measured speedup at or above this pays: overlap is worth running there."""

@@ -28,7 +28,7 @@ DEFAULT_SCENARIOS = "small.csv"
 
 
 def packaged(name: str) -> Path:
-    return Path(str(resources.files("data") / "scenarios" / name))
+    return Path(str(resources.files("ficco_select.data") / "scenarios" / name))
 
 
 def read_table(path: str | Path) -> pd.DataFrame:

@@ -18,9 +18,9 @@ A schedule is composed from per-primitive costs along its pipeline, vectorized o
   T = first + sum_s max(g_{s-1}', c_s) + last, where g' is the GEMM under contention
   (reduce-scatter runs the same pipeline the other way round: GEMM, then its transfer).
 
-Same rows and columns as ``ficco measure`` (schema ``data.dataset``), ``backend=sim``;
+Same rows and columns as ``ficco measure`` (schema ``ficco_select.data.dataset``), ``backend=sim``;
 optional log-normal noise imitates measurement noise, and the repetitions are labelled by
-the rule measured rows are (``data.labels``).
+the rule measured rows are (``ficco_select.data.labels``).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from data.dataset import provenance
-from data.labels import label_columns
-from data.measure.config import TimingPolicy
+from ficco_select.data.dataset import provenance
+from ficco_select.data.labels import label_columns
+from ficco_select.data.measure.config import TimingPolicy
 from ficco_select.costs import GRANULARITY_CODES, OP_CODES, gemm_time, schedule_times, transfer_time
 from ficco_select.costs import contended as _contended
 from ficco_select.hardware import HardwareSpec, load_hardware
@@ -167,7 +167,7 @@ def simulate_table(path, *, hardware: str | None, noise: float, seed: int) -> tu
     """``ficco simulate``: every legal schedule of the table `path` simulated on its machines
     (or `hardware`), one simulation per machine. Returns (rows, the machine names).
     Raises ScenarioError, HardwareError, ValueError."""
-    from data.scenarios import read_scenarios
+    from ficco_select.data.scenarios import read_scenarios
 
     scenarios = read_scenarios(path, backend="sim", hardware=hardware)
     names = sorted({s.hardware for s in scenarios})

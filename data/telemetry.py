@@ -1,4 +1,4 @@
-"""Telemetry lines (``ficco_select.runtime.telemetry``) -> labeled dataset rows (``data.dataset`` schema).
+"""Telemetry lines (``ficco_select.runtime.telemetry``) -> labeled dataset rows (``ficco_select.data.dataset`` schema).
 
 A job that records telemetry times the schedules it really ran, on every rank, every
 call. ``read_telemetry`` turns those lines into one dataset row per (scenario, schedule):
@@ -7,21 +7,21 @@ call. ``read_telemetry`` turns those lines into one dataset row per (scenario, s
   with fewer ranks than the (scenario, schedule)'s fullest call is dropped (a job killed
   mid-call: the missing rank may have been the slowest);
 - ``times_s`` are the calls' times in call order, ``time_s`` their median, ``time_spread``
-  their interquartile range / median (``data.labels.summarize``), ``attempts`` the
+  their interquartile range / median (``ficco_select.data.labels.summarize``), ``attempts`` the
   number of calls, ``noisy`` as in the harness;
 - ``verified`` is True only if at least one rank's check passed and none failed; a failed
   check makes the row ``status='failed'`` with the rank, call and relative error in
   ``error``, so it is never a label;
 - ``is_best`` / ``near_best`` among the scenario's verified rows, by the rule every source
-  labels with (``data.labels.best_labels``);
+  labels with (``ficco_select.data.labels.best_labels``);
 - signature columns are NaN (a job does not measure them), ``threads_per_rank`` is 0,
   provenance: ``backend`` from the lines, ``hardware_fingerprint`` ``telemetry:<hardware>``
   (these rows came from a job, not a controlled sweep), ``created_at`` the last line's
   time; the lines do not say host, torch or ficco version (empty).
 
 These rows are not a complete dataset: a job runs one or two schedules per scenario, not
-every candidate, and often fewer than five calls. ``data.dataset.validate`` reports both;
-training uses them only as extra rows (``train.training_data.telemetry_training_rows``).
+every candidate, and often fewer than five calls. ``ficco_select.data.dataset.validate`` reports both;
+training uses them only as extra rows (``ficco_select.train.training_data.telemetry_training_rows``).
 
 Malformed lines (not JSON, a truncated last line of a killed job, a missing field, a field
 of the wrong type, an invalid scenario or schedule, a rank outside the job's world size)
@@ -41,14 +41,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from data.dataset import COLUMNS, SCHEMA_VERSION, dataset_row, row_hardware_problem
-from data.labels import label_columns
-from data.measure.config import TimingPolicy
+from ficco_select.data.dataset import COLUMNS, SCHEMA_VERSION, dataset_row, row_hardware_problem
+from ficco_select.data.labels import label_columns
+from ficco_select.data.measure.config import TimingPolicy
 from ficco_select.runtime.telemetry import TELEMETRY_VERSION
 from ficco_select.scenario import REQUIRED_COLUMNS, Scenario, ScenarioError
 from ficco_select.schedule import BACKENDS, ScheduleError, is_legal, parse
 
-log = logging.getLogger("data.telemetry")
+log = logging.getLogger("ficco_select.data.telemetry")
 
 LINE_FIELDS = (*REQUIRED_COLUMNS, "scenario_id", "schedule", "source", "rank", "call", "time_s",
                "verified", "rel_error", "backend", "ts")
@@ -77,7 +77,7 @@ class _BadLine(ValueError):
 
 
 def read_telemetry(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
-    """Dataset rows (columns ``data.dataset.COLUMNS``), one per (scenario, schedule) in the lines.
+    """Dataset rows (columns ``ficco_select.data.dataset.COLUMNS``), one per (scenario, schedule) in the lines.
 
     Pass every rank's file of a job together (``{rank}`` paths): a call's time is the
     slowest rank's only if all ranks' lines are there.

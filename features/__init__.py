@@ -21,7 +21,7 @@ schedules, hw)``, the rows of one scenario and its candidate schedules on Python
 rows at every token count of ``ms`` at once (the runtime's layer tables).
 """
 
-from features.extract import (FEATURE_NAMES, FEATURE_SCHEMA_VERSION, SCENARIO_FEATURES, SCHEDULE_FEATURES,
+from ficco_select.features.extract import (FEATURE_NAMES, FEATURE_SCHEMA_VERSION, SCENARIO_FEATURES, SCHEDULE_FEATURES,
                               candidate_features, feature_schema_hash, formula_digest, grid_features,
                               pair_features, schedule_axes)
 

@@ -6,6 +6,16 @@ layer tables, torch ops, TP hooks); README.md draws the layers.
 Light on purpose: importing this package pulls in neither torch nor pandas.
 """
 
+from pathlib import Path as _Path
+
+# The stages (data/, features/, train/) sit beside this package in a checkout, as the design
+# card lays it out, and inside it once installed (pyproject's package-dir): either way they
+# import as ficco_select.data, ficco_select.features and ficco_select.train, and nothing
+# generic lands on the user's import path.
+_checkout = _Path(__file__).resolve().parent.parent
+if not (_Path(__file__).parent / "train").is_dir() and (_checkout / "train" / "bringup.py").is_file():
+    __path__.append(str(_checkout))
+
 from ficco_select.scenario import OPS, Scenario, ScenarioError
 from ficco_select.schedule import BACKENDS, BASELINE, SHARD, Schedule, ScheduleError, candidates, is_legal, parse
 

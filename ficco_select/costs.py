@@ -2,7 +2,7 @@
 collective, their contention), a scenario's estimates (T_comp, T_comm, DIL, chunking loss)
 and whole schedules' times.
 
-The simulator (``data.simulate``), the features and the hand heuristic all call these, so
+The simulator (``ficco_select.data.simulate``), the features and the hand heuristic all call these, so
 they estimate with the same formulas. NumPy only (vectorized; scalars work too).
 """
 
@@ -222,7 +222,7 @@ def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_bytes, 
     Returns ``time_s`` (the schedule), ``t_comp_s`` and ``t_comm_s`` (the whole GEMM and
     the whole collective, each alone), and the per-rank GEMM (``M``, ``N``, ``K``) and
     shard (``shard_rows``, ``shard_cols``). One device per rank: the simulator scales for
-    ranks sharing devices. The model is ``data.simulate``'s (its docstring has the pipeline);
+    ranks sharing devices. The model is ``ficco_select.data.simulate``'s (its docstring has the pipeline);
     the features use it too, so that a model sees each candidate's whole physics.
 
     ``gemm_ar``: its ring schedules are ``gemm_rs``'s followed by the whole all-gather of

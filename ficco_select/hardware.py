@@ -43,8 +43,8 @@ def _field(unit: str, role: str, default: Any = dataclasses.MISSING, **bounds) -
 
 ROLES = ("label", "count", "peak", "topology", "rate", "latency", "fraction")
 """What a spec field is. The lists that treat fields alike derive from the roles
-(``fields_of``): validation, machine sampling (``data.machines``), recalibration
-(``data.calibrate.RECALIBRATED``), perturbation (``train.adapt.PERTURBED``) and the
+(``fields_of``): validation, machine sampling (``ficco_select.data.machines``), recalibration
+(``ficco_select.data.calibrate.RECALIBRATED``), perturbation (``ficco_select.train.adapt.PERTURBED``) and the
 runtime's range check (``ficco_select.runtime.scope.SPEC_RANGE_FIELDS``).
 - ``label``: a non-empty string. ``count``: a positive integer (``copy_engines`` may be 0).
 - ``peak``: TFLOP/s per dtype. ``topology``: one of ``TOPOLOGIES``.

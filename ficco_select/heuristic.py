@@ -50,7 +50,7 @@ against what decomposing costs, the paper's trade-off, for a handful of schedule
 6. If the result is not legal for the scenario, relax it step by step (ring, GEMM per
    piece, shard) down to the baseline, which is always legal.
 
-Both parameter sets are tuned on training data only (``train.selectors`` does the grid
+Both parameter sets are tuned on training data only (``ficco_select.train.selectors`` does the grid
 searches); the defaults are what that search picks on the default training data.
 Plain Python + NumPy: the runtime falls back to ``choose``.
 """
@@ -70,7 +70,7 @@ from ficco_select.schedule import BASELINE, SHARD, Schedule, degrees, is_legal
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HeuristicParams:
-    """``choose``'s two numbers (tuned on training data by ``train.selectors.Heuristic``)."""
+    """``choose``'s two numbers (tuned on training data by ``ficco_select.train.selectors.Heuristic``)."""
 
     min_gain: float = 0.0
     """Overlap runs only if its estimate saves this share of the baseline's."""

@@ -102,8 +102,8 @@ SHARD = Schedule(granularity="shard", pattern="ring")
 
 TIE = 0.02
 """Two schedule times within this fraction of each other are a tie, everywhere: near-opt@2%
-scores a choice within it of the best (``train.metrics``), a choice is a slowdown only
-beyond it over the baseline (``train.shipped``), a measured label counts a schedule as
+scores a choice within it of the best (``ficco_select.train.metrics``), a choice is a slowdown only
+beyond it over the baseline (``ficco_select.train.shipped``), a measured label counts a schedule as
 near-best unless it is shown slower by more (``MeasureConfig.tie_floor``), and the simulator
 and the overlap map use it as their floor."""
 

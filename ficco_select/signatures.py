@@ -1,5 +1,5 @@
 """The inefficiency signatures: the columns every dataset carries per scenario, whoever
-measured or simulated it (``data.dataset``). Plain names, no torch: reading a dataset
+measured or simulated it (``ficco_select.data.dataset``). Plain names, no torch: reading a dataset
 must not load the executor.
 
 - ``t_comp_s``, ``t_comm_s``: the whole GEMM and the whole collective, each timed alone;

@@ -1,4 +1,4 @@
-"""Open a training report (``report.html``, from ``train.report.write_report``) in headless
+"""Open a training report (``report.html``, from ``ficco_select.train.report.write_report``) in headless
 Chromium and check that it renders: the title and the section headings ``write_report``
 always writes are there, every ``<img>`` has loaded (``naturalWidth > 0``), and the page
 logs no console error and raises no JavaScript error. Saves a full-page screenshot.

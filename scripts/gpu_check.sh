@@ -67,7 +67,7 @@ limit=$(( BUDGET_S + 30 < left ? BUDGET_S + 30 : left ))
 BUDGET_S=$(( limit - 30 ))
 if [ "$BUDGET_S" -lt 30 ]; then say "only ${left}s left of ${TOTAL_S}s: not measuring"; exit 2; fi
 say "measuring for up to ${BUDGET_S}s (profile.json is rewritten as sections finish)"
-timeout -k 10 "$limit" "$PY" -m data.gpu_profile.run \
+timeout -k 10 "$limit" "$PY" -m ficco_select.data.gpu_profile.run \
     --out "$OUT_DIR" --budget-s "$BUDGET_S" 2>&1 | tee "$OUT_DIR/gpu_profile.log"
 rc=${PIPESTATUS[0]}
 case $rc in
@@ -82,7 +82,7 @@ if [ -f "$OUT_DIR/profile.json" ]; then
     base="${FICCO_BASE_PRESET:-$(timeout 5 "$PY" -c "import json,sys; print(json.load(open(sys.argv[1])).get('preset') or 'h200-nvswitch')" "$OUT_DIR/profile.json" 2>/dev/null || echo h200-nvswitch)}"
     say "spec from profile (base $base)"
     rm -f "$OUT_DIR/spec.yaml"  # an earlier run's, of the profile just rewritten (from-profile keeps any --out)
-    timeout 30 "$PY" -m ficco_cli.main hardware from-profile "$OUT_DIR/profile.json" \
+    timeout 30 "$PY" -m ficco_select.cli.main hardware from-profile "$OUT_DIR/profile.json" \
         --base "$base" --out "$OUT_DIR/spec.yaml" 2>&1 | tee "$OUT_DIR/spec.log" \
         || say "could not write spec.yaml (see spec.log); run 'ficco hardware from-profile' later"
     timeout 5 "$PY" - "$OUT_DIR/profile.json" <<'EOF' || true

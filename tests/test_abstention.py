@@ -1,11 +1,11 @@
-"""The abstention objective on hand-made validation outcomes (``train.shipped._margin_rule``):
+"""The abstention objective on hand-made validation outcomes (``ficco_select.train.shipped._margin_rule``):
 the most expected speed, under a tail guard set by what noise alone costs the labels' own best."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from train.shipped import FIXED_PREFIX, SLOWDOWN_CAP, fixed_rule_schedules, _margin_rule, tail_guard
+from ficco_select.train.shipped import FIXED_PREFIX, SLOWDOWN_CAP, fixed_rule_schedules, _margin_rule, tail_guard
 
 
 def outcomes(**columns) -> pd.DataFrame:
@@ -84,7 +84,7 @@ def test_the_fixed_rules_tried_are_the_schedules_most_scenarios_have_baselines_a
 
 def direct_rule(v: pd.DataFrame) -> tuple:
     """The rule by brute force: every fallback and threshold, each scored on its own."""
-    from train.metrics import NEAR_OPT
+    from ficco_select.train.metrics import NEAR_OPT
 
     margin, t_best, slow_at = v["margin"].to_numpy(), v["t_best"].to_numpy(), 1.02 * v["t_baseline"].to_numpy()
     thresholds = [0.0, *np.quantile(np.unique(margin), np.linspace(0, 1, 101)).tolist(), None]
@@ -118,7 +118,7 @@ def test_the_rule_scored_all_thresholds_at_once_is_the_brute_force_rule():
 
 
 def test_each_range_reason_gets_the_fallback_that_did_best_outside_the_ranges_per_kind():
-    from train.shipped import MIN_OUTSIDE_SCENARIOS, _range_fallbacks
+    from ficco_select.train.shipped import MIN_OUTSIDE_SCENARIOS, _range_fallbacks
 
     n = MIN_OUTSIDE_SCENARIOS
     # gpu: m outside (beyond_m > 1) on n scenarios, where the heuristic is 2x slow and the ring
@@ -153,7 +153,7 @@ def test_each_range_reason_gets_the_fallback_that_did_best_outside_the_ranges_pe
 
 
 def test_the_cost_model_is_a_range_fallback_where_it_does_best_but_never_a_margin_fallback():
-    from train.shipped import MIN_OUTSIDE_SCENARIOS, _range_fallbacks
+    from ficco_select.train.shipped import MIN_OUTSIDE_SCENARIOS, _range_fallbacks
 
     n = MIN_OUTSIDE_SCENARIOS
     # m outside on n gpu scenarios: the cost model's pick is the best, the heuristic 2x slow.
@@ -178,7 +178,7 @@ def test_the_model_is_ahead_of_the_heuristic_within_what_noise_costs_the_labels_
     # _against_heuristic (unseen machines, range slack): more scenarios within 2% of their
     # best, and slowdowns within the tail guard: on measured rows judged on a second sweep,
     # the labels' own best slows down that often by noise alone.
-    from train.shipped import _against_heuristic
+    from ficco_select.train.shipped import _against_heuristic
 
     n = 100
     # The model is the best but on 6 of 100, which it slows down (past the baseline); the

@@ -8,14 +8,14 @@ import pandas as pd
 import pytest
 import torch
 
-from data.calibrate import recalibrate
-from data.catalog import catalog
-from data.simulate import simulate, simulate_rows
+from ficco_select.data.calibrate import recalibrate
+from ficco_select.data.catalog import catalog
+from ficco_select.data.simulate import simulate, simulate_rows
 from ficco_select.hardware import load_hardware, spec_as_dict
 from ficco_select.scenario import Scenario
-from train import adapt as A
-from train.selectors import with_features
-from train.training_data import simulated
+from ficco_select.train import adapt as A
+from ficco_select.train.selectors import with_features
+from ficco_select.train.training_data import simulated
 
 GRID = [Scenario.from_record(r) for r in catalog("full", hardware="mi300x-8", world_sizes=(2, 4),
                                                   models=["llama3-8b", "mixtral-8x7b"])]
@@ -183,7 +183,7 @@ def test_a_cuda_grid_is_the_gpu_catalog_without_fp8_within_its_devices():
 def test_the_cli_says_in_one_line_that_cuda_is_missing(tmp_path):
     from click.testing import CliRunner
 
-    from ficco_cli.main import main
+    from ficco_select.cli.main import main
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
@@ -216,7 +216,7 @@ def test_register_trains_on_the_measured_rows_and_the_report_shows_the_learning_
 
 
 def test_finished_runs_become_curve_rows_and_a_folder_without_a_summary_is_named(tmp_path):
-    from train.adapt_curve import curve_from_runs
+    from ficco_select.train.adapt_curve import curve_from_runs
 
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "summary.json").write_text(
@@ -248,7 +248,7 @@ def test_a_folder_resumes_only_with_the_options_and_files_it_was_made_with(base,
     # A measured.parquet swapped for another machine's rows, or removed, is refused on resume.
     A.adapt(CountingMachine().machine, base, checkpoints=(0.0, 0.05), out_dir=out)
     measured = pd.read_parquet(out / "measured.parquet")
-    from data.dataset import write_parquet_atomic
+    from ficco_select.data.dataset import write_parquet_atomic
 
     write_parquet_atomic(measured.assign(hardware="cpu"), out / "measured.parquet")
     with pytest.raises(ValueError, match="holds rows of 'cpu'"):

@@ -17,13 +17,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from data.dataset import read_dataset, validate, write_parquet_atomic
-from ficco_cli.main import main
+from ficco_select.data.dataset import read_dataset, validate, write_parquet_atomic
+from ficco_select.cli.main import main
 from ficco_select.hardware import presets_dir
 from ficco_select.scenario import Scenario
 
 HEADER = "group,op,m,n,k,dtype,world_size,hardware,imbalance\n"
-FICCO = [sys.executable, "-m", "ficco_cli.main"]
+FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
 
 
 def table(tmp_path: Path, *rows: str, name: str = "scenarios.csv") -> Path:
@@ -278,7 +278,7 @@ def test_what_the_system_refuses_ends_in_one_line_naming_the_file(tmp_path, monk
 
 
 def test_sim_validate_refuses_simulated_rows(tmp_path):
-    from data.simulate import simulate
+    from ficco_select.data.simulate import simulate
     from ficco_select.hardware import load_hardware
 
     rows = simulate([Scenario(group="g", op="ag_gemm", m=64, n=64, k=64, dtype="bfloat16", world_size=2,
@@ -288,7 +288,7 @@ def test_sim_validate_refuses_simulated_rows(tmp_path):
 
 
 def test_validate_refuses_a_file_that_mixes_backends(tmp_path):
-    from data.simulate import simulate
+    from ficco_select.data.simulate import simulate
     from ficco_select.hardware import load_hardware
 
     measured = read_dataset(Path(__file__).parents[1] / "data" / "measured" / "cpu_catalog.parquet")

@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from train.bringup import STEPS
+from ficco_select.train.bringup import STEPS
 
-FICCO = [sys.executable, "-m", "ficco_cli.main"]
+FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

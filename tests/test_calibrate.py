@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from data.calibrate import calibrate, measurement_self_agreement, pool_sweeps, validate_simulator
-from data.simulate import simulate
+from ficco_select.data.calibrate import calibrate, measurement_self_agreement, pool_sweeps, validate_simulator
+from ficco_select.data.simulate import simulate
 from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
 

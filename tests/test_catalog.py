@@ -6,13 +6,13 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from data.catalog import (
+from ficco_select.data.catalog import (
     CPU_MAX_GFLOP_PER_RANK,
     MODELS,
     catalog,
     write_catalog,
 )
-from data.scenarios import read_scenarios
+from ficco_select.data.scenarios import read_scenarios
 from ficco_select.scenario import OPS, Scenario
 from ficco_select.schedule import candidates
 
@@ -155,7 +155,7 @@ def test_write_catalog_round_trips(tmp_path, cpu_records, suffix):
 
 
 def test_the_model_table_is_read_with_its_types_and_a_bad_cell_is_named(tmp_path):
-    from data.catalog import MODELS_CSV, read_models
+    from ficco_select.data.catalog import MODELS_CSV, read_models
 
     models = read_models()
     assert [m.name for m in models] == list(MODELS) and MODELS["bloom-176b"].gated_mlp is False

@@ -1,4 +1,4 @@
-"""Repeatability: two sweeps compared (``data.compare``, ``ficco dataset compare``), runs
+"""Repeatability: two sweeps compared (``ficco_select.data.compare``, ``ficco dataset compare``), runs
 per repetition."""
 
 import json
@@ -7,11 +7,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from data.catalog import catalog
-from data.compare import compare
-from data.dataset import attach_repeat, write_parquet_atomic
-from data.simulate import simulate
-from ficco_cli.main import main
+from ficco_select.data.catalog import catalog
+from ficco_select.data.compare import compare
+from ficco_select.data.dataset import attach_repeat, write_parquet_atomic
+from ficco_select.data.simulate import simulate
+from ficco_select.cli.main import main
 from ficco_select.hardware import load_hardware
 from ficco_select.scenario import Scenario
 

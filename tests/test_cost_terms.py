@@ -103,7 +103,7 @@ def test_the_simulator_s_baseline_is_the_estimates_collective_then_gemm(hw):
 
 
 def test_the_heuristic_and_the_features_read_the_same_estimates():
-    from features import FEATURE_NAMES, pair_features
+    from ficco_select.features import FEATURE_NAMES, pair_features
     from ficco_select.heuristic import estimates
     from ficco_select.scenario import Scenario
 
@@ -133,10 +133,10 @@ def test_the_new_terms_are_optional_and_zero_turns_them_off(tmp_path):
 
 
 def test_every_list_of_spec_fields_derives_from_their_roles():
-    from data.calibrate import RECALIBRATED
-    from data.machines import _DRAWN
+    from ficco_select.data.calibrate import RECALIBRATED
+    from ficco_select.data.machines import _DRAWN
     from ficco_select.runtime.scope import SPEC_RANGE_FIELDS
-    from train.adapt import PERTURBED
+    from ficco_select.train.adapt import PERTURBED
 
     rates_and_costs = set(fields_of("rate", "latency"))
     assert {"dma_bw_gbps", "coll_bw_gbps", "step_sync_us"} <= rates_and_costs
@@ -180,7 +180,7 @@ def test_fp8_gemms_scale_by_their_efficiency_and_write_bf16(hw):
 
 def test_the_fit_recovers_a_fixed_cost_from_points_made_with_it():
     """Hand-made published points timed by a spec with a known per-peer cost: ``fit`` finds it."""
-    from data.published import Point, fit, predict
+    from ficco_select.data.published import Point, fit, predict
 
     truth = dataclasses.replace(load_hardware("h100-nvswitch"), overlap_call_us=25.0)
     points = []

@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from test_bad_inputs import refused
-from train.bringup import STEPS
+from ficco_select.train.bringup import STEPS
 
-FICCO = [sys.executable, "-m", "ficco_cli.main"]
+FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
 REHEARSE = ["--rehearse", "--budget", "0.01"]
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,7 +116,7 @@ def test_a_second_bring_up_into_the_same_folder_refuses_at_once_naming_the_first
 def kill_mid_profile(folder: Path) -> None:
     """Run the profile bring-up runs (full-size shapes on the CPU: slow enough to catch) and
     SIGKILL it once profile.json says a section is running: what `kill -9` leaves."""
-    code = ("import sys; from pathlib import Path; from data.gpu_profile.run import profile; "
+    code = ("import sys; from pathlib import Path; from ficco_select.data.gpu_profile.run import profile; "
             "from ficco_select.hardware import load_hardware; "
             "profile(Path(sys.argv[1]), budget_s=300, preset=load_hardware('cpu'), preset_name='cpu', device='cpu')")
     proc = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=ROOT, start_new_session=True,
@@ -138,7 +138,7 @@ def kill_mid_profile(folder: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("left", ["killed mid-section", "truncated"])
 def test_a_profile_left_partial_is_profiled_again_and_the_spec_built_from_the_whole_one(tmp_path, left):
-    from data.gpu_profile.read import write_profiled_spec
+    from ficco_select.data.gpu_profile.read import write_profiled_spec
 
     out = tmp_path / "node"
     kill_mid_profile(out / "profile")

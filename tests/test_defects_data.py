@@ -15,14 +15,14 @@ import pytest
 from click.testing import CliRunner
 from test_bad_inputs import refused, table
 
-from data.dataset import DatasetError, read_dataset, read_timing, write_parquet_atomic
-from data.locks import OutputLocked, output_lock
-from data.measure.config import MeasureConfig
-from data.measure.sweep import shard_of
-from data.scenarios import read_scenarios
-from ficco_cli.main import main
+from ficco_select.data.dataset import DatasetError, read_dataset, read_timing, write_parquet_atomic
+from ficco_select.data.locks import OutputLocked, output_lock
+from ficco_select.data.measure.config import MeasureConfig
+from ficco_select.data.measure.sweep import shard_of
+from ficco_select.data.scenarios import read_scenarios
+from ficco_select.cli.main import main
 
-FICCO = [sys.executable, "-m", "ficco_cli.main"]
+FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
 MEASURED = Path(__file__).parents[1] / "data" / "measured" / "cpu_catalog.parquet"
 A_ROW = "t,ag_gemm,64,64,64,float32,2,cpu,"
 

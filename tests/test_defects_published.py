@@ -17,11 +17,11 @@ from test_bad_inputs import refused
 from test_published import AG_POINT, BUSBW, COLLECTIVE, GEMM, write
 from test_telemetry import SCENARIO, write_job
 
-import data.published as published
-from data.published import read_published
-from data.telemetry import TelemetryError, read_telemetry
+import ficco_select.data.published as published
+from ficco_select.data.published import read_published
+from ficco_select.data.telemetry import TelemetryError, read_telemetry
 
-FICCO = [sys.executable, "-m", "ficco_cli.main"]
+FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
 REPO = Path(__file__).parents[1]
 PUBLISHED = REPO / "data" / "published"
 MEASURED = REPO / "data" / "measured" / "cpu_catalog_ar_a2a.parquet"
@@ -141,10 +141,10 @@ def test_a_telemetry_line_of_a_rank_outside_the_job_is_skipped_naming_file_line_
     path, rows = telemetry
     first = json.loads(path.read_text().splitlines()[0])
     bad, number = with_line(path, "rank.jsonl", rank=rank, time_s=4 * first["time_s"])
-    with caplog.at_level(logging.WARNING, logger="data.telemetry"):
+    with caplog.at_level(logging.WARNING, logger="ficco_select.data.telemetry"):
         again = read_telemetry(bad)
     assert again["times_s"].tolist() == rows["times_s"].tolist()  # the 4x time is no rank's
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "data.telemetry"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "ficco_select.data.telemetry"]
     assert str(bad) in warning and f"line {number}: field 'rank'" in warning
     # A file of such lines alone is refused, naming the file, the line and the field.
     alone = bad.with_name("alone.jsonl")
@@ -159,11 +159,11 @@ WRONG_TYPES = {
     "schedule": ["none.sm"], "source": 5, "rank": 0.0, "call": "0", "time_s": "0.01", "verified": 1,
     "rel_error": "1e-7", "ts": 1700000000,
 }
-"""One wrong-typed value per field of a telemetry line (``data.telemetry.LINE_FIELDS``)."""
+"""One wrong-typed value per field of a telemetry line (``ficco_select.data.telemetry.LINE_FIELDS``)."""
 
 
 def test_every_telemetry_field_is_checked_for_its_type():
-    from data.telemetry import LINE_FIELDS
+    from ficco_select.data.telemetry import LINE_FIELDS
 
     assert set(WRONG_TYPES) == {*LINE_FIELDS, "imbalance"}
 
@@ -172,10 +172,10 @@ def test_every_telemetry_field_is_checked_for_its_type():
 def test_a_telemetry_field_of_the_wrong_type_is_named_by_file_line_and_field(telemetry, field, caplog):
     path, rows = telemetry
     bad, number = with_line(path, "typed.jsonl", **{field: WRONG_TYPES[field]})
-    with caplog.at_level(logging.WARNING, logger="data.telemetry"):
+    with caplog.at_level(logging.WARNING, logger="ficco_select.data.telemetry"):
         again = read_telemetry(bad)
     assert again["times_s"].tolist() == rows["times_s"].tolist()
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "data.telemetry"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "ficco_select.data.telemetry"]
     assert f"line {number}: field '{field}'" in warning
     alone = bad.with_name("alone.jsonl")
     alone.write_text(bad.read_text().splitlines()[-1] + "\n")

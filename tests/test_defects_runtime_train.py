@@ -161,7 +161,7 @@ def test_an_export_giving_the_cpu_preset_gpu_numbers_never_makes_select_pick_a_g
 
 # -- a truth that lacks schedules ------------------------------------------------------------
 def _catalog_slice(tmp_path: Path, scenarios: int = 40):
-    from data.dataset import read_dataset
+    from ficco_select.data.dataset import read_dataset
 
     df = read_dataset(Path(__file__).parents[1] / "data" / "measured" / "cpu_catalog.parquet")
     keep = list(dict.fromkeys(df["scenario_id"]))[:scenarios]
@@ -170,7 +170,7 @@ def _catalog_slice(tmp_path: Path, scenarios: int = 40):
 
 def _thinned(tmp_path: Path) -> Path:
     """The slice with every schedule but the baseline and shard.ring.sm dropped from all but 4 scenarios."""
-    from data.dataset import write_parquet_atomic
+    from ficco_select.data.dataset import write_parquet_atomic
 
     df = _catalog_slice(tmp_path)
     whole = set(list(dict.fromkeys(df["scenario_id"]))[:4])
@@ -183,8 +183,8 @@ def _thinned(tmp_path: Path) -> Path:
 def test_select_truth_refuses_a_dataset_lacking_most_schedules(tmp_path):
     from click.testing import CliRunner
 
-    from data.dataset import write_parquet_atomic
-    from ficco_cli.main import main
+    from ficco_select.data.dataset import write_parquet_atomic
+    from ficco_select.cli.main import main
     from test_bad_inputs import refused
 
     thin = _thinned(tmp_path)
@@ -210,7 +210,7 @@ def test_train_refuses_a_dataset_lacking_most_schedules(tmp_path, monkeypatch):
 
 # -- the pipeline's datasets -------------------------------------------------------------------
 def test_pipeline_validates_its_datasets_before_any_work(tmp_path, monkeypatch):
-    from data.dataset import write_parquet_atomic
+    from ficco_select.data.dataset import write_parquet_atomic
     from test_bad_inputs import refused
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
@@ -234,8 +234,8 @@ ADAPT_GRID_MODELS = ["llama3-8b", "mixtral-8x7b"]
 def _sim_machine(kill_on_call: int | None = None):
     """The machine `ficco adapt --backend sim --perturb 1.2` builds, made anew as a restarted
     process makes it; its `kill_on_call`-th measurement dies as a killed process would."""
-    from data.catalog import catalog
-    from train import adapt as A
+    from ficco_select.data.catalog import catalog
+    from ficco_select.train import adapt as A
 
     spec = load_hardware("mi300x-8")
     grid = [Scenario.from_record(r) for r in catalog("full", hardware="mi300x-8", world_sizes=(2, 4),
@@ -255,10 +255,10 @@ def _sim_machine(kill_on_call: int | None = None):
 
 
 def test_a_resumed_sim_adapt_measures_what_an_uninterrupted_one_does(tmp_path):
-    from data.dataset import read_dataset
-    from train import adapt as A
-    from train.selectors import with_features
-    from train.training_data import simulated
+    from ficco_select.data.dataset import read_dataset
+    from ficco_select.train import adapt as A
+    from ficco_select.train.selectors import with_features
+    from ficco_select.train.training_data import simulated
 
     base = with_features(simulated("h100-nvswitch", world_sizes=(2, 4), share=0.25, seed=3))
     plan = dict(checkpoints=(0.0, 0.05, 0.1), strategy="active", seed=7)

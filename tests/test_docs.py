@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ficco_cli.main import main
+from ficco_select.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ficco_select import candidates
-from data.measure.gloo import MeasureConfig, MeasureError, background_progress_rank, measure_spawned
+from ficco_select.data.measure.gloo import MeasureConfig, MeasureError, background_progress_rank, measure_spawned
 from ficco_select.executor.operators import TOLERANCE, piece_bounds, relative_error
 from scenario_sets import correctness_set
 

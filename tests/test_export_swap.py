@@ -1,6 +1,6 @@
 """Exports swapped while jobs load them: every load sees one export, whole.
 
-``train.export.publish`` writes each export to a version folder and switches the export's
+``ficco_select.train.export.publish`` writes each export to a version folder and switches the export's
 link to it in one ``os.replace``; ``Selector.load`` resolves the link once. A process
 loading in a loop while another publishes two different exports in turn must never find
 the folder missing (a heuristic-only selector) nor combine one export's selector.json
@@ -16,10 +16,10 @@ import time
 
 from test_selector_runtime import write_selector
 
-from train.export import write_tables
+from ficco_select.train.export import write_tables
 from ficco_select.runtime.selector import Selector
 from ficco_select.scenario import Scenario
-from train.export import KEEP_VERSIONS, publish
+from ficco_select.train.export import KEEP_VERSIONS, publish
 
 SECONDS = float(os.environ.get("FICCO_SWAP_SECONDS", "4"))
 """How long exports swap under the loading loop (the unit tier: a few seconds)."""

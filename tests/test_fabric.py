@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from data.measure.fabric import FabricError, check_permitted, parse_fabric
+from ficco_select.data.measure.fabric import FabricError, check_permitted, parse_fabric
 
 
 def _permitted() -> str | None:
@@ -45,8 +45,8 @@ def _tc_lo(*prefix: str) -> str:
 
 PROFILE = """
 import json
-from data.measure.fabric import inside
-from data.measure.fabric_profile import fabric_spec, profile_fabric
+from ficco_select.data.measure.fabric import inside
+from ficco_select.data.measure.fabric_profile import fabric_spec, profile_fabric
 if __name__ == "__main__":
     fabric = inside()
     profile = profile_fabric(fabric)
@@ -60,7 +60,7 @@ def test_the_profile_inside_a_shaped_namespace_measures_the_token_bucket_and_the
     script = tmp_path / "profile.py"
     script.write_text(PROFILE)
     host_before = _tc_lo()
-    done = subprocess.run([sys.executable, "-m", "data.measure.fabric", "200mbit", "--", sys.executable, str(script)],
+    done = subprocess.run([sys.executable, "-m", "ficco_select.data.measure.fabric", "200mbit", "--", sys.executable, str(script)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -73,7 +73,7 @@ def test_the_profile_inside_a_shaped_namespace_measures_the_token_bucket_and_the
 
 
 def test_the_profile_refuses_to_run_outside_its_fabric():
-    from data.measure.fabric_profile import profile_fabric
+    from ficco_select.data.measure.fabric_profile import profile_fabric
 
     with pytest.raises(FabricError, match="inside that fabric's namespace"):
         profile_fabric(parse_fabric("1gbit"))
@@ -99,11 +99,11 @@ def test_measure_refuses_a_fabric_it_cannot_make_before_any_work(tmp_path, args,
 
 @needs_namespaces
 def test_measure_on_a_fabric_names_the_machine_keeps_its_profile_and_resumes_on_it(tmp_path):
-    from data.dataset import read_dataset
-    from data.measure.fabric_profile import profile_path
+    from ficco_select.data.dataset import read_dataset
+    from ficco_select.data.measure.fabric_profile import profile_path
 
     out = tmp_path / "fab.parquet"
-    command = [sys.executable, "-m", "ficco_cli.main", "measure", "--scenarios", str(_scenario_table(tmp_path)),
+    command = [sys.executable, "-m", "ficco_select.cli.main", "measure", "--scenarios", str(_scenario_table(tmp_path)),
                "--out", str(out), "--reps", "5", "--min-rep-s", "0", "--no-progress", "--json"]
     host_before = _tc_lo()
     done = subprocess.run([*command, "--fabric", "1gbit"], capture_output=True, text=True, timeout=600)
@@ -140,7 +140,7 @@ def test_adapt_refuses_a_fabric_it_cannot_adapt_to_before_any_work(tmp_path, arg
 
 
 def test_adapt_to_a_fabric_runs_inside_it_only_and_on_the_cpu_backend():
-    from train.adapt.machines import load_target
+    from ficco_select.train.adapt.machines import load_target
 
     with pytest.raises(ValueError, match="not inside that fabric's network namespace"):
         load_target("cpu", "cpu", None, "1gbit")

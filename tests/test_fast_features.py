@@ -5,10 +5,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from data.catalog import catalog
+from ficco_select.data.catalog import catalog
 from ficco_select import Scenario, candidates
 from ficco_select.scenario import A2A_OPS, OPS
-from features import FEATURE_NAMES, candidate_features, grid_features, pair_features
+from ficco_select.features import FEATURE_NAMES, candidate_features, grid_features, pair_features
 from ficco_select.hardware import load_hardware, preset_names
 from ficco_select.heuristic import backend_for
 

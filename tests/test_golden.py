@@ -26,9 +26,9 @@ SIGNATURES = ["t_comp_s", "t_comm_s", "ideal_speedup", "dil_d2", "dil_d4", "chun
 
 
 def reference() -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    from data.catalog import catalog
-    from data.simulate import simulate_rows
-    from features import FEATURE_SCHEMA_HASH
+    from ficco_select.data.catalog import catalog
+    from ficco_select.data.simulate import simulate_rows
+    from ficco_select.features import FEATURE_SCHEMA_HASH
     from ficco_select.hardware import load_hardware
     from ficco_select.heuristic import choose, choose_v1
     from ficco_select.scenario import Scenario

@@ -24,13 +24,13 @@ import torch
 import torch.distributed as dist
 from scenario_sets import correctness_set
 
-from data.gpu_profile import copies, gemm, realized, runner
-from data.gpu_profile import run as gp
-from data.gpu_profile.read import (ProfileError, dil_vs_model, fit_latency_bw, profiled_spec, read_profile,
+from ficco_select.data.gpu_profile import copies, gemm, realized, runner
+from ficco_select.data.gpu_profile import run as gp
+from ficco_select.data.gpu_profile.read import (ProfileError, dil_vs_model, fit_latency_bw, profiled_spec, read_profile,
                                    validate_profile, write_profiled_spec)
-from data.measure.loopback import (HostLanes, LoopbackComm, LoopbackError, LoopbackTimeout, Rendezvous,
+from ficco_select.data.measure.loopback import (HostLanes, LoopbackComm, LoopbackError, LoopbackTimeout, Rendezvous,
                                    VirtualRanks, make_lanes, run_loopback)
-from data.measure.node import NodeOptions, init_rank
+from ficco_select.data.measure.node import NodeOptions, init_rank
 from ficco_select.executor.peer import (CudaPeerMemory, EngineComm, HostPeerMemory, PeerCopyComm, PeerTimeout,
                                         byte_view)
 from ficco_select.hardware import load_hardware
@@ -270,7 +270,7 @@ def test_non_finite_numbers_are_written_as_null(tmp_path):
 SIGTERM_SCRIPT = """
 import os, signal, sys, time
 from pathlib import Path
-from data.gpu_profile.runner import Run, write_on_term
+from ficco_select.data.gpu_profile.runner import Run, write_on_term
 state = {"sections": {"a": {"status": "ok", "message": ""}, "b": {"status": "running", "message": ""},
                       "c": {"status": "pending", "message": ""}}}
 run = Run(out=Path(sys.argv[1]), deadline=time.monotonic() + 60, state=state, device="cpu")

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from data.gpu_profile import copies, gemm, realized, runner
-from data.gpu_profile import run as gp
-from data.gpu_profile.read import (KEPT_FIELDS, ProfileError, dil_vs_model, fit_latency_bw, profiled_spec,
+from ficco_select.data.gpu_profile import copies, gemm, realized, runner
+from ficco_select.data.gpu_profile import run as gp
+from ficco_select.data.gpu_profile.read import (KEPT_FIELDS, ProfileError, dil_vs_model, fit_latency_bw, profiled_spec,
                                    read_profile, spec_overrides, validate_profile)
-from data.measure.loopback import LoopbackResult
-from ficco_cli.main import main
+from ficco_select.data.measure.loopback import LoopbackResult
+from ficco_select.cli.main import main
 from ficco_select.costs import gemm_time
 from ficco_select.hardware import load_hardware, preset_for_device
 from ficco_select.scenario import Scenario
@@ -166,7 +166,7 @@ def test_no_dma_overrides_when_the_base_has_no_copy_engines():
 
 
 def test_profiled_spec_writes_a_loadable_spec(tmp_path):
-    from data.calibrate import spec_yaml
+    from ficco_select.data.calibrate import spec_yaml
 
     base = load_hardware("h200-nvswitch")
     spec, overrides = profiled_spec(validate_profile(EXAMPLE), base)
@@ -223,7 +223,7 @@ def run_py(*args, timeout=120):
 
 
 def test_profiler_help_works_without_cuda():
-    res = run_py("-m", "data.gpu_profile.run", "--help")
+    res = run_py("-m", "ficco_select.data.gpu_profile.run", "--help")
     assert res.returncode == 0 and "--budget-s" in res.stdout
 
 
@@ -232,7 +232,7 @@ def test_profiler_exits_clearly_without_cuda(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: the profiler would run")
-    res = run_py("-m", "data.gpu_profile.run", "--out", str(tmp_path / "o"), "--budget-s", "5")
+    res = run_py("-m", "ficco_select.data.gpu_profile.run", "--out", str(tmp_path / "o"), "--budget-s", "5")
     assert res.returncode == 2
     assert "no CUDA device" in res.stderr and "Nothing was measured" in res.stderr
 

@@ -4,7 +4,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from ficco_cli.main import main
+from ficco_select.cli.main import main
 from ficco_select.hardware import HardwareError, load_hardware, preset_names, presets_dir
 
 

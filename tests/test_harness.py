@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from data.dataset import SCHEMA_VERSION, DatasetError, info, read_dataset, validate, write_parquet_atomic
-from data.measure.gloo import MeasureConfig
-from data.measure.sweep import measure
-from ficco_cli.main import main
+from ficco_select.data.dataset import SCHEMA_VERSION, DatasetError, info, read_dataset, validate, write_parquet_atomic
+from ficco_select.data.measure.gloo import MeasureConfig
+from ficco_select.data.measure.sweep import measure
+from ficco_select.cli.main import main
 from ficco_select import Scenario
 from ficco_select.signatures import SIGNATURE_COLUMNS
 

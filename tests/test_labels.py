@@ -1,4 +1,4 @@
-"""One labelling rule for every source (``data.labels``): the harness's rows, the
+"""One labelling rule for every source (``ficco_select.data.labels``): the harness's rows, the
 simulator's and telemetry's get their median, spread and best / tie labels from it."""
 
 import math
@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from data.labels import _median_law, best_labels, failed_label, label_columns, summarize
-from data.simulate import simulate
+from ficco_select.data.labels import _median_law, best_labels, failed_label, label_columns, summarize
+from ficco_select.data.simulate import simulate
 from ficco_select.hardware import load_hardware
 from ficco_select.scenario import Scenario
 

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.gloo, pytest.mark.skipif(not Path("/proc/self/stat").e
 REPO = Path(__file__).resolve().parents[1]
 
 LAUNCHER = """
-from data.measure.gloo import MeasureConfig, measure_spawned
+from ficco_select.data.measure.gloo import MeasureConfig, measure_spawned
 from ficco_select.scenario import Scenario
 
 shape = dict(op="ag_gemm", m=64, n=64, k=64, dtype="float32", world_size=2, hardware="cpu")

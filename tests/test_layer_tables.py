@@ -8,7 +8,7 @@ from bisect import bisect_right
 import pytest
 from test_selector_runtime import model_folder, write_selector  # noqa: F401 - the fixture, shared
 
-from data.catalog import catalog
+from ficco_select.data.catalog import catalog
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime.decision import Decision
 from ficco_select.runtime.layers import DENSE_M_LIMIT, GRID_STEPS_PER_OCTAVE, LayerTable, m_grid
@@ -114,8 +114,8 @@ def test_every_door_decides_through_the_layer_table(model_folder, tmp_path):  # 
 
     from click.testing import CliRunner
 
-    from ficco_cli.main import main
-    from train.export import write_tables
+    from ficco_select.cli.main import main
+    from ficco_select.train.export import write_tables
     from ficco_select.runtime.selector import decide_rows
 
     folder = tmp_path / "export"
@@ -174,7 +174,7 @@ def test_precompiled_tables_with_an_illegal_decision_are_refused_at_load(model_f
     import json
     import shutil
 
-    from train.export import write_tables
+    from ficco_select.train.export import write_tables
 
     folder = tmp_path / "export"
     shutil.copytree(model_folder[0], folder)

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from ficco_select import Scenario, candidates
-from data.measure import loopback
+from ficco_select.data.measure import loopback
 from ficco_select.executor.cuda import COPIES, copy_dma, copy_sm
-from data.measure.loopback import (
+from ficco_select.data.measure.loopback import (
     HostLanes, LoopbackComm, LoopbackError, LoopbackTimeout, VirtualRanks, run_loopback,
 )
 from ficco_select.executor.operators import TOLERANCE

@@ -5,15 +5,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from data.catalog import catalog
-from data.machines import SAMPLED_MARK, _DRAWN, base_machine, is_sampled, sampled_machines
-from data.simulate import simulate
+from ficco_select.data.catalog import catalog
+from ficco_select.data.machines import SAMPLED_MARK, _DRAWN, base_machine, is_sampled, sampled_machines
+from ficco_select.data.simulate import simulate
 from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
-from train.evaluate import SPLITS, folds
-from train.metrics import usable_rows
-from train.selectors import XGBTimeRegressor
-from train.shipped import fit_unseen_hardware
+from ficco_select.train.evaluate import SPLITS, folds
+from ficco_select.train.metrics import usable_rows
+from ficco_select.train.selectors import XGBTimeRegressor
+from ficco_select.train.shipped import fit_unseen_hardware
 
 PRESETS = ("h100-nvswitch", "mi300x-8")
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from data.dataset import SCHEMA_VERSION
+from ficco_select.data.dataset import SCHEMA_VERSION
 
 # Tier: real ranks (processes over gloo); deselect with -m "not gloo"
 pytestmark = pytest.mark.gloo
 
 REQUIRED = ["scenario_id", "group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "schedule",
             "time_s", "time_spread", "verified", "backend"]
-FICCO = [sys.executable, "-m", "ficco_cli.main"]
+FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
 
 
 def scenario_file(tmp_path: Path, rows: list[str]) -> Path:

@@ -16,18 +16,18 @@ import pandas as pd
 import pytest
 import torch
 
-import data.measure.loopback_scenario as scenario_mod
-from data.dataset import SCHEMA_VERSION, read_dataset, validate
-from data.measure.gloo import MeasureConfig
-from data.measure.loopback import LoopbackError
-from data.measure.loopback_scenario import loopback_rows
-from data.measure.sweep import measure, parts_dir
+import ficco_select.data.measure.loopback_scenario as scenario_mod
+from ficco_select.data.dataset import SCHEMA_VERSION, read_dataset, validate
+from ficco_select.data.measure.gloo import MeasureConfig
+from ficco_select.data.measure.loopback import LoopbackError
+from ficco_select.data.measure.loopback_scenario import loopback_rows
+from ficco_select.data.measure.sweep import measure, parts_dir
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import candidates
 from ficco_select.signatures import SIGNATURE_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
-FICCO = [sys.executable, "-m", "ficco_cli.main"]
+FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
 CONFIG = MeasureConfig(reps=5, warmup=1, timeout_s=30.0, min_rep_s=0.0)  # reps >= 5: what a dataset needs
 HEADER = "group,op,m,n,k,dtype,world_size,hardware,imbalance\n"
 
@@ -107,9 +107,9 @@ def test_a_failing_scenario_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypa
 
 RUN_SWEEP = """
 import sys, time
-import data.measure.sweep as m
-from data.scenarios import read_scenarios
-from data.measure.gloo import MeasureConfig
+import ficco_select.data.measure.sweep as m
+from ficco_select.data.scenarios import read_scenarios
+from ficco_select.data.measure.gloo import MeasureConfig
 
 real, pause = m.loopback_rows, float(sys.argv[3])
 
@@ -209,7 +209,7 @@ def test_cuda_sweep_on_the_gpu(tmp_path):
 def test_cuda_memory_an_earlier_scenario_left_cached_counts_as_free():
     """An adapt run on an H100 refused its second round ("11.2 GiB free" of 80): the
     caching allocator still held the first round's buffers."""
-    from data.measure.sweep import _free_bytes
+    from ficco_select.data.measure.sweep import _free_bytes
 
     before = _free_bytes(True, None)
     held = torch.empty(int(0.25 * before), dtype=torch.uint8, device="cuda")

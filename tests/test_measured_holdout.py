@@ -1,12 +1,12 @@
-"""The measured hold-out by machine (train.measured_holdout) on hand-made rows, and the
-committed fabric sweeps as training data (train.training_data)."""
+"""The measured hold-out by machine (ficco_select.train.measured_holdout) on hand-made rows, and the
+committed fabric sweeps as training data (ficco_select.train.training_data)."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from train.measured_holdout import fixed_rules, holdout_tables, holdout_text, measured_machines
-from train.metrics import score
+from ficco_select.train.measured_holdout import fixed_rules, holdout_tables, holdout_text, measured_machines
+from ficco_select.train.metrics import score
 
 
 def _rows(machine: str, times: dict[str, dict[str, float]], repeat: dict[str, dict[str, float]] | None) -> pd.DataFrame:
@@ -72,7 +72,7 @@ def test_the_fabric_sweeps_are_default_training_data_on_their_first_sweeps_spec(
     from ficco_select.hardware import load_hardware
     import json
 
-    from train.training_data import FABRICS, MEASURED_SWEEPS, measured_path, measured_rows
+    from ficco_select.train.training_data import FABRICS, MEASURED_SWEEPS, measured_path, measured_rows
 
     rows = measured_rows()
     machines = set(rows["hardware"])

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from train.metrics import METRICS, capture_scorer, comparison_table, format_table, oracle_choices, score
+from ficco_select.train.metrics import METRICS, capture_scorer, comparison_table, format_table, oracle_choices, score
 
 
 def rows(scenario_id, *specs, status="ok"):
@@ -199,7 +199,7 @@ def truth_rows(scenario_id, *specs, backend="sim"):
 
 
 def test_sim_rows_are_scored_on_the_noise_free_time_and_have_no_noise_ties():
-    from train.metrics import ceiling_choices
+    from ficco_select.train.metrics import ceiling_choices
 
     # Labels (noisy) say b is best; the model's truth says a (0.80) beats b (0.82, 2.5% slower).
     d = pd.DataFrame(truth_rows("S", ("none.sm", 1.00, 1.00, False), ("a", 0.84, 0.80, True),
@@ -214,7 +214,7 @@ def test_sim_rows_are_scored_on_the_noise_free_time_and_have_no_noise_ties():
 
 
 def test_measured_rows_with_a_repeat_sweep_are_scored_on_it_and_the_ceiling_is_the_repeat_oracle():
-    from train.metrics import ceiling_choices
+    from ficco_select.train.metrics import ceiling_choices
 
     # Sweep A (labels): a 0.80 best; sweep B (truth): b 0.84 beats a 0.90.
     d = pd.DataFrame(truth_rows("M", ("none.sm", 1.00, 1.00, False), ("a", 0.80, 0.90, True),

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from data.no_harm import MIN_POINTS, margins
+from ficco_select.data.no_harm import MIN_POINTS, margins
 from ficco_select.hardware import load_hardware
 from ficco_select.runtime.no_harm import NoHarmRule, holds, predicted_gain
 from ficco_select.runtime.selector import Selector

@@ -18,11 +18,11 @@ import torch.multiprocessing as mp
 from click.testing import CliRunner
 from scenario_sets import correctness_set
 
-from data.dataset import provenance
-from data.measure.gloo import MeasureConfig, MeasureError, measure_spawned
-from data.measure.node import NodeOptions
-from data.measure.sweep import measure
-from ficco_cli.main import main
+from ficco_select.data.dataset import provenance
+from ficco_select.data.measure.gloo import MeasureConfig, MeasureError, measure_spawned
+from ficco_select.data.measure.node import NodeOptions
+from ficco_select.data.measure.sweep import measure
+from ficco_select.cli.main import main
 from ficco_select import Scenario, candidates
 from ficco_select.executor.peer import EngineComm, HostPeerMemory, NcclComm, PeerCopyComm, PeerMemory
 

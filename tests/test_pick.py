@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 
 from ficco_select.runtime.decision import SINGLE_CANDIDATE_MARGIN, pick_with_margin
-from train.selectors import _argmin_choice
+from ficco_select.train.selectors import _argmin_choice
 
 
 def test_the_lowest_score_is_picked_and_its_margin_is_the_gap_to_the_second():

@@ -8,8 +8,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from data.published import COLUMNS, PublishedError, compare, fit, packaged, predict, read_published
-from ficco_cli.main import main as cli
+from ficco_select.data.published import COLUMNS, PublishedError, compare, fit, packaged, predict, read_published
+from ficco_select.cli.main import main as cli
 from ficco_select.costs import OP_CODES, US, collective_time, gemm_time
 from ficco_select.hardware import load_hardware
 

@@ -1,4 +1,4 @@
-"""The selector's calls on published GPU points (``data.published_calls``): each verdict on
+"""The selector's calls on published GPU points (``ficco_select.data.published_calls``): each verdict on
 hand-made points whose picks are pinned, and the calls in `ficco sim validate --published`."""
 
 import csv
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from data.published import PublishedError
-from data.published_calls import judge, judge_calls
-from ficco_cli.main import main
+from ficco_select.data.published import PublishedError
+from ficco_select.data.published_calls import judge, judge_calls
+from ficco_select.cli.main import main
 from ficco_select.runtime import selector as selector_module
 from ficco_select.runtime.decision import Decision
 from ficco_select.runtime.selector import Selector
@@ -109,7 +109,7 @@ def test_an_overlap_pick_without_a_twin_where_nothing_pays_is_unverifiable(tmp_p
 
 
 def test_the_rule_at_its_edges():
-    from data.published_calls import Measured
+    from ficco_select.data.published_calls import Measured
 
     fused = lambda s: [Measured(1, FUSED, "", s)]  # noqa: E731
     assert judge("none.sm", True, fused(1.05))[0] == "wrong"   # pays at exactly 5%

@@ -23,7 +23,7 @@ SCHEDULES = ["none.sm", "shard.ring.dma", "ficco.d2.ring.gemm_per_step.m.dma", "
 
 
 def small_training_output(folder: Path) -> Path:
-    """What ``train.run.train`` writes for the report, tiny and made up: two grouped splits,
+    """What ``ficco_select.train.run.train`` writes for the report, tiny and made up: two grouped splits,
     three selectors, twelve scenarios."""
     selectors = ["xgb-regressor", "heuristic", "ceiling"]
     metrics = {"n": 12, "top1": 0.5, "near_opt_2": 0.75, "near_opt_5": 0.8, "oracle_capture": 0.97,
@@ -43,7 +43,7 @@ def small_training_output(folder: Path) -> Path:
 
 
 def test_the_report_renders_in_chromium_with_every_image_and_no_error(tmp_path):
-    from train.report import write_report
+    from ficco_select.train.report import write_report
 
     report = write_report(small_training_output(tmp_path), adapt_curve_csv=tmp_path / "no-curve.csv")
     result = check_report.check_report(report, screenshot=tmp_path / "report.png")

@@ -40,7 +40,7 @@ def test_kill_9_then_rerun_measures_each_scenario_exactly_once(tmp_path):
     scenarios.write_text("group,op,m,n,k,dtype,world_size,hardware,imbalance\n" + "\n".join(rows) + "\n")
     out = tmp_path / "d.parquet"
     parts = tmp_path / "d.parquet.parts"
-    cmd = [sys.executable, "-m", "ficco_cli.main", "measure", "--scenarios", str(scenarios),
+    cmd = [sys.executable, "-m", "ficco_select.cli.main", "measure", "--scenarios", str(scenarios),
            "--out", str(out), "--no-progress", "--reps", "9"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from test_selector_runtime import FULL_RANGES, PRESETS, preference_model, spec_dict, write_selector
 
 from ficco_select import Scenario
-from features import FEATURE_NAMES
+from ficco_select.features import FEATURE_NAMES
 from ficco_select.hardware import HardwareSpec, is_spec_path, load_hardware, spec_from_dict
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime.selector import Decision, Selector

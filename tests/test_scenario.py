@@ -6,8 +6,8 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from data.scenarios import read_scenarios
-from ficco_cli.main import main
+from ficco_select.data.scenarios import read_scenarios
+from ficco_select.cli.main import main
 from ficco_select import Scenario, ScenarioError
 
 GOOD = dict(group="llama", op="ag_gemm", m=64, n=32, k=16, dtype="float32", world_size=2, hardware="cpu")
@@ -87,7 +87,7 @@ def test_cli_bad_input_writes_nothing(tmp_path):
 
 
 def test_rank_gemms_are_the_executor_s_shapes_and_the_cost_model_s_busiest_rank():
-    from data.catalog import catalog
+    from ficco_select.data.catalog import catalog
     from ficco_select.costs import OP_CODES, rank_work
 
     for r in catalog("full")[::5]:

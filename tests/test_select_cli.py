@@ -7,17 +7,17 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from data.catalog import catalog
-from data.dataset import write_parquet_atomic
-from data.simulate import simulate
-from ficco_cli.main import main
+from ficco_select.data.catalog import catalog
+from ficco_select.data.dataset import write_parquet_atomic
+from ficco_select.data.simulate import simulate
+from ficco_select.cli.main import main
 from ficco_select import Scenario
-from features import FEATURE_SCHEMA_HASH
+from ficco_select.features import FEATURE_SCHEMA_HASH
 from ficco_select.hardware import load_hardware
 from ficco_select.runtime.selector import Selector
 from ficco_select.schedule import BASELINE
-from train.selectors import XGBTimeRegressor
-from train.shipped import training_ranges
+from ficco_select.train.selectors import XGBTimeRegressor
+from ficco_select.train.shipped import training_ranges
 
 HEADER = "group,op,m,n,k,dtype,world_size,hardware,imbalance"
 MALFORMED = [  # (line, what is wrong)
@@ -152,7 +152,7 @@ def test_truth_scores_the_decisions_per_dtype_beside_the_heuristic_and_the_ceili
     # The shipped row scores exactly the decisions `ficco select` lists for these scenarios.
     listed = json.loads(select("--truth", tmp_path / "truth.parquet", "--model", folder, "--json").stdout)
     assert listed == tables
-    from train.metrics import score
+    from ficco_select.train.metrics import score
 
     decisions = Selector.load(folder)
     chosen = {Scenario.from_record(r).scenario_id: decisions.select(r).schedule.name for r in recs}

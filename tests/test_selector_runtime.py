@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ficco_select import Scenario, candidates
-from features import FEATURE_NAMES, candidate_features
+from ficco_select.features import FEATURE_NAMES, candidate_features
 from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime import selector as selector_module
@@ -99,7 +99,7 @@ def test_a_full_cache_starts_over_and_decisions_stay_right(monkeypatch):
 
 
 def test_cached_candidate_lists_equal_candidates():
-    from data.catalog import catalog
+    from ficco_select.data.catalog import catalog
 
     for scale, hw in (("full", "h100-nvswitch"), ("cpu", "cpu")):
         for r in catalog(scale, hardware=hw)[::3]:
@@ -141,8 +141,8 @@ def test_a_scenario_pickled_in_another_process_is_found_by_value():
 def model_folder(request, tmp_path_factory):
     import xgboost as xgb
 
-    from data.catalog import catalog
-    from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, pair_features
+    from ficco_select.data.catalog import catalog
+    from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, pair_features
 
     recs, scheds, hws = [], [], {}
     for name in ("mi300x-8", "h100-nvswitch", "l40s-pcie-8"):
@@ -184,8 +184,8 @@ def model_selector(model_folder):
 def test_model_decisions_match_pair_features_scored_by_xgboost(model_folder):
     import xgboost as xgb
 
-    from data.catalog import catalog
-    from features import pair_features
+    from ficco_select.data.catalog import catalog
+    from ficco_select.features import pair_features
 
     folder, booster, kind = model_folder
     sel = Selector.load(folder, layer_tables=False)  # the direct decision (tables: test_layer_tables.py)
@@ -232,7 +232,7 @@ def preference_model(**kw) -> dict:
     """Stumps on schedule axes whose sum has one best candidate wherever these axes vary:
     degree >= 4 (-1) and >= 8 (-1 more), a2a (-0.5), gemm_per_step (-0.25), dma (-0.125), an
     m split (-0.0625). Margins of at least 0.0625, so the model decides rather than abstains."""
-    from features import FEATURE_NAMES, candidate_features
+    from ficco_select.features import FEATURE_NAMES, candidate_features
 
     col = FEATURE_NAMES.index
     trees = [stump(col("degree"), 3.0, 0.0, -1.0), stump(col("degree"), 6.0, 0.0, -1.0),
@@ -244,7 +244,7 @@ def preference_model(**kw) -> dict:
 
 def write_selector(folder, model: dict | None = None, **meta) -> "Path":
     """An exported selector folder: model.json and selector.json (`meta` overrides fields)."""
-    from features import FEATURE_SCHEMA_HASH
+    from ficco_select.features import FEATURE_SCHEMA_HASH
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.json").write_text(json.dumps(model if model is not None else preference_model()))
@@ -513,7 +513,7 @@ def test_a_spec_file_is_decided_under_the_machine_s_name(tmp_path):
 
 
 def test_the_exports_fitted_abstention_rule_decides_where_the_model_abstains(tmp_path):
-    # The rule fitted at training (train.shipped.fit_abstention) travels in selector.json.
+    # The rule fitted at training (ficco_select.train.shipped.fit_abstention) travels in selector.json.
     trusted = Selector.load(write_selector(tmp_path / "a", abstention={"min_margin": 0.0, "fallback": "baseline"}))
     d = trusted.select(RECORD)
     assert d.source == "model" and trusted.min_margin == 0.0
@@ -564,7 +564,7 @@ def test_a_fixed_rule_fallback_runs_its_schedule_where_legal_else_the_baseline(t
 
 
 def test_an_unseen_machine_inside_the_trained_spec_ranges_is_decided_by_the_model(tmp_path):
-    # The export's unseen_hardware rule (train.shipped.fit_unseen_hardware): fitted on
+    # The export's unseen_hardware rule (ficco_select.train.shipped.fit_unseen_hardware): fitted on
     # machines held out at training; mi300x-8 was not trained on, but its numbers lie
     # inside the trained machines' ranges (here: exactly on them).
     import yaml
@@ -637,7 +637,7 @@ def test_a_validated_range_slack_lets_the_model_decide_just_outside_the_training
 
 
 def test_each_abstention_reason_runs_the_fallback_validation_chose_for_it(tmp_path):
-    # abstention.by_reason (train.shipped: fitted on validation folds and held-out machines):
+    # abstention.by_reason (ficco_select.train.shipped: fitted on validation folds and held-out machines):
     # per reason and kind of machine (any: every kind without its own), what runs where the
     # model may not decide. Hand-made: each reason sends to a different fallback.
     import yaml

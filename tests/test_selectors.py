@@ -6,21 +6,21 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from data.catalog import catalog
-from data.dataset import read_dataset
-from data.simulate import simulate
+from ficco_select.data.catalog import catalog
+from ficco_select.data.dataset import read_dataset
+from ficco_select.data.simulate import simulate
 from ficco_select import Scenario, candidates
-from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, pair_features
+from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, pair_features
 from ficco_select.hardware import load_hardware
 from ficco_select.schedule import BASELINE
 from ficco_select.heuristic import HeuristicParams, HeuristicV1Params, choose, choose_v1, estimates
-from train.evaluate import SPLITS, evaluate, folds, tables
-from train.metrics import score, usable_rows
-from train.selector_sets import all_selectors
-from train.selectors import AlwaysBaseline, Heuristic, HeuristicV1, Oracle, SimulatorSelector, XGBRanker, XGBTimeRegressor
+from ficco_select.train.evaluate import SPLITS, evaluate, folds, tables
+from ficco_select.train.metrics import score, usable_rows
+from ficco_select.train.selector_sets import all_selectors
+from ficco_select.train.selectors import AlwaysBaseline, Heuristic, HeuristicV1, Oracle, SimulatorSelector, XGBRanker, XGBTimeRegressor
 from ficco_select.runtime.selector import Selector as RuntimeSelector
-import train.shipped as shipped_module
-from train.shipped import SLOWDOWN_CAP, ShippedPolicy, fit_abstention, fit_unseen_hardware
+import ficco_select.train.shipped as shipped_module
+from ficco_select.train.shipped import SLOWDOWN_CAP, ShippedPolicy, fit_abstention, fit_unseen_hardware
 
 # Tier: end to end (training, MLflow, evaluation); deselect with -m "not slow"
 pytestmark = pytest.mark.slow
@@ -49,7 +49,7 @@ def test_features_are_the_same_for_one_row_and_a_batch(small):
 
 
 def test_the_feature_schema_hash_changes_with_a_formula_not_only_with_a_name(monkeypatch):
-    import features.extract as build
+    import ficco_select.features.extract as build
 
     before = build.formula_digest()
     assert build.formula_digest() == before  # deterministic
@@ -321,8 +321,8 @@ def test_mixed_backends_get_a_table_of_their_own(small):
 def test_ficco_evaluate_prints_a_table_per_split_and_per_backend(small, tmp_path):
     from click.testing import CliRunner
 
-    from data.dataset import write_parquet_atomic
-    from ficco_cli.main import main
+    from ficco_select.data.dataset import write_parquet_atomic
+    from ficco_select.cli.main import main
 
     cpu = read_dataset(Path(__file__).parents[1] / "data" / "measured" / "cpu_catalog.parquet")
     sim_path, cpu_path = tmp_path / "sim.parquet", tmp_path / "cpu.parquet"
@@ -339,7 +339,7 @@ def test_ficco_evaluate_prints_a_table_per_split_and_per_backend(small, tmp_path
 def test_range_slack_widens_only_where_the_model_was_ahead_outside_the_ranges():
     import pandas as pd
 
-    from train.shipped import _range_slack
+    from ficco_select.train.shipped import _range_slack
 
     n = 40
     v = pd.DataFrame({"kind": ["gpu"] * n + ["cpu"] * n, "op": "ag_gemm", "margin": 1.0,
@@ -365,7 +365,7 @@ def test_the_headline_table_is_the_family_hold_out_in_bfloat16_and_comes_first()
 def test_the_best_schedule_classifier_fits_a_best_schedule_that_one_scenario_has_among_many():
     # Over 10,000 scenarios scikit-learn's early stopping holds out a stratified split, which
     # fails on a class of one; the classifier must fit all the same.
-    from train.selectors import FEATURE_COLUMNS, HGBClassifier
+    from ficco_select.train.selectors import FEATURE_COLUMNS, HGBClassifier
 
     rng = np.random.default_rng(0)
     n = 10_050

@@ -9,13 +9,13 @@ import sys
 import pandas as pd
 import pytest
 
-from data.dataset import DatasetError, merge, read_dataset, write_parquet_atomic
-from data.measure.sweep import parse_shard, shard_of
-from data.scenarios import packaged, read_scenarios
-from data.simulate import simulate
+from ficco_select.data.dataset import DatasetError, merge, read_dataset, write_parquet_atomic
+from ficco_select.data.measure.sweep import parse_shard, shard_of
+from ficco_select.data.scenarios import packaged, read_scenarios
+from ficco_select.data.simulate import simulate
 from ficco_select.hardware import load_hardware
 
-FICCO = [sys.executable, "-m", "ficco_cli.main"]
+FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
 MEASURED = "data/measured/cpu_catalog.parquet"
 
 

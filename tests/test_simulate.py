@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from data.dataset import read_dataset, validate
-from data.simulate import simulate, simulate_rows
+from ficco_select.data.dataset import read_dataset, validate
+from ficco_select.data.simulate import simulate, simulate_rows
 from ficco_select.costs import contended as _contended
-from ficco_cli.main import main
+from ficco_select.cli.main import main
 from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from data.dataset import COLUMNS, SCHEMA_VERSION, write_parquet_atomic
-from data.telemetry import TelemetryError, read_telemetry
+from ficco_select.data.dataset import COLUMNS, SCHEMA_VERSION, write_parquet_atomic
+from ficco_select.data.telemetry import TelemetryError, read_telemetry
 from ficco_select import Scenario
 from ficco_select.runtime.telemetry import Telemetry
-from train.training_data import telemetry_training_rows
+from ficco_select.train.training_data import telemetry_training_rows
 
 # Tier: end to end (training, MLflow, evaluation); deselect with -m "not slow"
 pytestmark = pytest.mark.slow
@@ -76,7 +76,7 @@ def job(tmp_path):
 
 def test_aggregation_takes_the_slowest_rank_per_call_and_the_median_over_calls(job, caplog):
     path, bad = job
-    with caplog.at_level(logging.WARNING, logger="data.telemetry"):
+    with caplog.at_level(logging.WARNING, logger="ficco_select.data.telemetry"):
         df = read_telemetry(path)
     assert list(df.columns) == list(COLUMNS)
     rows = df.set_index("schedule")
@@ -109,7 +109,7 @@ def test_aggregation_takes_the_slowest_rank_per_call_and_the_median_over_calls(j
     assert math.isnan(first["t_comp_s"]) and math.isnan(first["cil_overlap_sm"])
 
     # one warning for the file, naming every skipped line and why
-    (warning,) = [r for r in caplog.records if r.name == "data.telemetry"]
+    (warning,) = [r for r in caplog.records if r.name == "ficco_select.data.telemetry"]
     text = warning.getMessage()
     n_lines = len(path.read_text().splitlines())
     assert str(path) in text and "4 malformed" in text
@@ -164,8 +164,8 @@ def test_training_keeps_verified_scenarios_with_a_baseline_not_already_measured(
 @pytest.fixture
 def tiny_dataset(tmp_path):
     """36 simulated scenarios, two model families, on h100-nvswitch only."""
-    from data.catalog import catalog
-    from data.simulate import simulate
+    from ficco_select.data.catalog import catalog
+    from ficco_select.data.simulate import simulate
     from ficco_select.hardware import load_hardware
 
     recs = catalog("full", world_sizes=(2,), hardware="h100-nvswitch", models=["llama3-8b", "mixtral-8x7b"])
@@ -180,9 +180,9 @@ def test_training_fits_the_registered_model_on_telemetry_but_scores_only_the_dat
     about 20 s even on a tiny dataset; the option's wiring is tested below)."""
     import mlflow
 
-    from train.config import TrainConfig
-    from train.run import REGISTERED_MODEL, train
-    from train.selectors import AlwaysBaseline, Heuristic, XGBTimeRegressor
+    from ficco_select.train.config import TrainConfig
+    from ficco_select.train.run import REGISTERED_MODEL, train
+    from ficco_select.train.selectors import AlwaysBaseline, Heuristic, XGBTimeRegressor
 
     path, _ = job
     data, _ = tiny_dataset
@@ -205,7 +205,7 @@ def test_ficco_train_fits_on_every_telemetry_file(job, tiny_dataset, tmp_path, m
     """The real command end to end (about 20 s): both files' calls reach the registered model."""
     from click.testing import CliRunner
 
-    from ficco_cli.main import main
+    from ficco_select.cli.main import main
 
     path, _ = job
     _, dataset = tiny_dataset
@@ -225,9 +225,9 @@ def test_ficco_train_fits_on_every_telemetry_file(job, tiny_dataset, tmp_path, m
 def test_ficco_train_refuses_telemetry_that_adds_nothing_before_training(job, tmp_path):
     from click.testing import CliRunner
 
-    from ficco_cli.main import main
+    from ficco_select.cli.main import main
 
-    from data.simulate import simulate
+    from ficco_select.data.simulate import simulate
     from ficco_select.hardware import load_hardware
 
     path, _ = job
@@ -239,7 +239,7 @@ def test_ficco_train_refuses_telemetry_that_adds_nothing_before_training(job, tm
 
 
 def test_a_cpu_line_labelled_as_a_gpu_is_skipped_as_validate_refuses_it(job, caplog):
-    # The rule `ficco dataset validate` applies (data.dataset.row_hardware_problem): cpu rows
+    # The rule `ficco dataset validate` applies (ficco_select.data.dataset.row_hardware_problem): cpu rows
     # never name a machine with copy engines.
     path, _ = job
     first = path.read_text().splitlines()[0]

@@ -273,7 +273,7 @@ def test_telemetry_records_every_execution_and_checks_the_first(tmp_path):
         assert lines[3]["verified"] is True and lines[3]["call"] == 0
         assert all(x["op"] == "gemm_rs" and x["m"] == 8 and x["k"] == 10 and x["time_s"] > 0 for x in lines)
     # ... and `ficco train --telemetry` reads them: one labeled row per schedule that ran.
-    from data.telemetry import read_telemetry
+    from ficco_select.data.telemetry import read_telemetry
 
     rows = read_telemetry(sorted(tmp_path.glob("telemetry-*.jsonl"))).set_index("schedule")
     assert len(rows) == 2 and rows["verified"].all() and (rows["status"] == "ok").all()
@@ -292,9 +292,9 @@ def check_explore(rank: int, P: int, tmp: Path) -> None:
 
 
 def test_exploration_times_the_alternatives_training_needs(tmp_path):
-    from data.telemetry import read_telemetry
+    from ficco_select.data.telemetry import read_telemetry
     from ficco_select import Scenario, candidates
-    from train.training_data import telemetry_training_rows
+    from ficco_select.train.training_data import telemetry_training_rows
 
     spawn(check_explore, 2, tmp_path)
     lines = [[json.loads(x) for x in (tmp_path / f"explore-{r}.jsonl").read_text().splitlines()] for r in range(2)]

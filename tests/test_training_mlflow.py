@@ -7,16 +7,16 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from data.catalog import catalog
-from data.simulate import simulate
-from ficco_cli.main import main
+from ficco_select.data.catalog import catalog
+from ficco_select.data.simulate import simulate
+from ficco_select.cli.main import main
 from ficco_select import Scenario
-from features import FEATURE_SCHEMA_HASH
+from ficco_select.features import FEATURE_SCHEMA_HASH
 from ficco_select.hardware import load_hardware
-from train.config import TrainConfig
-from train.run import ALIAS, EXPERIMENT, REGISTERED_MODEL, _maybe_promote, train
-from train.selectors import AlwaysBaseline, Heuristic, Oracle, XGBRanker, XGBTimeRegressor
-from train.shipped import ShippedPolicy
+from ficco_select.train.config import TrainConfig
+from ficco_select.train.run import ALIAS, EXPERIMENT, REGISTERED_MODEL, _maybe_promote, train
+from ficco_select.train.selectors import AlwaysBaseline, Heuristic, Oracle, XGBRanker, XGBTimeRegressor
+from ficco_select.train.shipped import ShippedPolicy
 
 # Tier: end to end (training, MLflow, evaluation); deselect with -m "not slow"
 pytestmark = pytest.mark.slow
@@ -110,7 +110,7 @@ def test_the_report_is_one_html_file_with_tables_and_plots(store):
     assert {p.name for p in (root / "out1").glob("*.png")} >= {"confusion.png", "best_schedule_map.png", "feature_importance.png"}
     from click.testing import CliRunner
 
-    from ficco_cli.main import main
+    from ficco_select.cli.main import main
 
     res = CliRunner().invoke(main, ["report", "--dir", str(root / "out1")])
     assert res.exit_code == 0 and res.output.strip().endswith("report.html")
@@ -119,7 +119,7 @@ def test_the_report_is_one_html_file_with_tables_and_plots(store):
 
 
 def test_pipeline_adds_new_hardware_rows_and_refuses_what_it_cannot_do(tmp_path):
-    from train.pipeline import new_hardware_rows
+    from ficco_select.train.pipeline import new_hardware_rows
 
     rows = new_hardware_rows("sim", "l40s-pcie-8", tmp_path, progress=False)
     assert set(rows["hardware"]) == {"l40s-pcie-8"} and (rows["backend"] == "sim").all()
@@ -136,7 +136,7 @@ def test_pipeline_adds_new_hardware_rows_and_refuses_what_it_cannot_do(tmp_path)
 
 def test_export_then_the_runtime_selector_decides_without_raising(store, tmp_path, caplog):
     from ficco_select.runtime.selector import Selector
-    from train.export import export
+    from ficco_select.train.export import export
 
     root, first, second = store
     folder = export(tmp_path / "sel", f"models:/{REGISTERED_MODEL}/{second['version']}")
@@ -171,7 +171,7 @@ def test_export_then_the_runtime_selector_decides_without_raising(store, tmp_pat
 def test_export_with_layers_precompiles_tables_that_the_runtime_reads(store, tmp_path, caplog):
     from ficco_select.runtime.layers import TABLES_FILE
     from ficco_select.runtime.selector import Selector
-    from train.export import export
+    from ficco_select.train.export import export
 
     root, first, second = store
     uri = f"models:/{REGISTERED_MODEL}/{second['version']}"
@@ -196,7 +196,7 @@ def test_export_with_layers_precompiles_tables_that_the_runtime_reads(store, tmp
 
 def test_a_new_champion_reaches_the_runtime_folder_without_a_manual_step(store, tmp_path):
     from ficco_select.runtime.selector import Selector
-    from train.pipeline import export_if_promoted
+    from ficco_select.train.pipeline import export_if_promoted
 
     root, first, second = store
     first = {**first, "promoted": True}  # as a pipeline's summary is when its version became the champion
@@ -235,23 +235,23 @@ def test_the_readme_retrain_flow_with_a_spec_file(tmp_path):
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
         return res.stdout
 
-    run("-m", "ficco_cli.main", "simulate", "--scenarios", str(table), "--out", "mine.parquet", "--noise", "0.03")
-    run("-m", "ficco_cli.main", "dataset", "validate", "mine.parquet")
+    run("-m", "ficco_select.cli.main", "simulate", "--scenarios", str(table), "--out", "mine.parquet", "--noise", "0.03")
+    run("-m", "ficco_select.cli.main", "dataset", "validate", "mine.parquet")
     simulated_ids = set(pd.read_parquet(tmp_path / "mine.parquet")["scenario_id"])
     assert set(pd.read_parquet(tmp_path / "mine.parquet")["hardware"]) == {"my-node"}
     # step 3: train beside a preset's rows, register, export (a fresh process reads the file's spec)
     run("-c", """
 import pandas as pd
-from data.catalog import catalog
-from data.dataset import read_dataset
-from data.simulate import simulate
+from ficco_select.data.catalog import catalog
+from ficco_select.data.dataset import read_dataset
+from ficco_select.data.simulate import simulate
 from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
-from train.export import export
-from train.config import TrainConfig
-from train.run import train
-from train.selectors import AlwaysBaseline, Heuristic, Oracle, XGBRanker, XGBTimeRegressor
-from train.shipped import ShippedPolicy
+from ficco_select.train.export import export
+from ficco_select.train.config import TrainConfig
+from ficco_select.train.run import train
+from ficco_select.train.selectors import AlwaysBaseline, Heuristic, Oracle, XGBRanker, XGBTimeRegressor
+from ficco_select.train.shipped import ShippedPolicy
 recs = catalog("full", world_sizes=(2, 4, 8), hardware="mi300x-8", models=["llama3-8b", "mixtral-8x7b"])
 preset = simulate([Scenario.from_record(r) for r in recs], load_hardware("mi300x-8"), noise=0.03, seed=4)
 df = pd.concat([read_dataset("mine.parquet"), preset], ignore_index=True)
@@ -264,7 +264,7 @@ export("sel", f"models:/ficco-selector/{summary['version']}")
     named = tmp_path / "named.csv"
     pd.read_csv(table).assign(hardware="my-node").to_csv(named, index=False)
     for path in (table, named):
-        decisions = json.loads(run("-m", "ficco_cli.main", "select", "--model", "sel", "--scenarios", str(path),
+        decisions = json.loads(run("-m", "ficco_select.cli.main", "select", "--model", "sel", "--scenarios", str(path),
                                    "--json"))
         assert {d["scenario_id"] for d in decisions} == simulated_ids  # one id per scenario, file or name
         # Known by its spec: no decision calls the machine unseen; a fallback is only the
@@ -277,7 +277,7 @@ export("sel", f"models:/ficco-selector/{summary['version']}")
 
 
 def test_export_never_empties_a_folder_it_did_not_write(store, tmp_path):
-    from train.export import export
+    from ficco_select.train.export import export
 
     root, first, second = store
     uri = f"models:/{REGISTERED_MODEL}/{second['version']}"
@@ -304,7 +304,7 @@ def test_export_never_empties_a_folder_it_did_not_write(store, tmp_path):
 
 
 def test_a_train_config_is_checked_before_any_work_and_names_the_field():
-    from train.config import TrainConfig
+    from ficco_select.train.config import TrainConfig
 
     with pytest.raises(ValueError, match=r"TrainConfig.splits: unknown split 'families'"):
         TrainConfig(splits=("families",))

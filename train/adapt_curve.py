@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from data.calibrate import recalibrate
+from ficco_select.data.calibrate import recalibrate
 from ficco_select.scenario import Scenario
-from train.adapt import (
+from ficco_select.train.adapt import (
     STRATEGIES,
     Machine,
     adapt,
@@ -27,7 +27,7 @@ from train.adapt import (
     summary_curve,
     usable_base,
 )
-from train.metrics import score
+from ficco_select.train.metrics import score
 
 CURVE_CHECKPOINTS = (0.0, 0.02, 0.05, 0.10, 0.20)
 FULL_FOLDS = 5
@@ -63,7 +63,7 @@ def learning_curve(df: pd.DataFrame, presets: Sequence[str], *, spread: float = 
     without that preset's family; near-opt@2% (and the simulator's on the adapted spec) on
     the grid's unmeasured rest at each checkpoint, for the active and the random choice,
     and the full retrain's. One row per (preset, strategy, fraction)."""
-    from data.catalog import catalog
+    from ficco_select.data.catalog import catalog
     from ficco_select.hardware import load_hardware
 
     rows = []

@@ -6,7 +6,7 @@
 Steps, in order, each writing into DIR; a step whose finished result is there already is
 not run again (``kept``), so a killed bring-up resumes where it stopped:
 
-1. ``profile``: GEMM, copies, contention and loopback on the GPU (``data.gpu_profile``)
+1. ``profile``: GEMM, copies, contention and loopback on the GPU (``ficco_select.data.gpu_profile``)
    -> ``DIR/profile/profile.json``; finished when every section in it ended (a profile
    killed mid-section is profiled again).
 2. ``spec``: the profile over the base preset (``ficco hardware from-profile``) -> ``DIR/spec.yaml``.
@@ -24,7 +24,7 @@ not run again (``kept``), so a killed bring-up resumes where it stopped:
 
 The summary (every step's status, seconds and result) is ``DIR/bring_up.json``, rewritten
 atomically as each step starts (``running``, ``ok`` false) and ends; a kept step keeps the
-figures its summary had. One bring-up per DIR at a time (``data.locks``: a second refuses,
+figures its summary had. One bring-up per DIR at a time (``ficco_select.data.locks``: a second refuses,
 naming the first). Refused in one line before any work: a DIR holding files bring-up does
 not write, a registered.json that is not what bring-up writes (the field named), and a step
 to redo while a later step's result, made from its old one, is there. A full disk ends the
@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from data.locks import output_lock, write_json_atomic
+from ficco_select.data.locks import output_lock, write_json_atomic
 
 STEPS = ("profile", "spec", "adapt", "register", "export", "benchmark")
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "e2e_tp.py"
@@ -202,7 +202,7 @@ def _read_registered(path: Path) -> dict:
 
 # -- each step: its finished result if there (the record's fields), else None ---------------
 def _profile_finished(c: dict) -> dict | None:
-    from data.gpu_profile.read import ProfileError, read_profile
+    from ficco_select.data.gpu_profile.read import ProfileError, read_profile
 
     path = c["out"] / "profile" / "profile.json"
     if not path.exists():
@@ -255,7 +255,7 @@ def _found_in_registry(c: dict) -> dict | None:
     except (OSError, ValueError, TypeError, KeyError):
         return None
     import mlflow
-    from train.run import ALIAS, REGISTERED_MODEL
+    from ficco_select.train.run import ALIAS, REGISTERED_MODEL
 
     client = mlflow.MlflowClient()
     found = [v for v in client.search_model_versions(f"run_id = '{run_id}'") if v.name == REGISTERED_MODEL]
@@ -287,7 +287,7 @@ def _export_finished(c: dict) -> dict | None:
 
 def _export_source(c: dict, registered: dict) -> tuple[str, str | None]:
     """The model the export step copies (its URI) and its training run (None: no champion)."""
-    from train.run import ALIAS, REGISTERED_MODEL
+    from ficco_select.train.run import ALIAS, REGISTERED_MODEL
 
     # The new version if it became the champion, else the champion; a rehearsal's own
     # registry holds only its debug version: that one.
@@ -319,7 +319,7 @@ def _benchmark_figures(result: list) -> dict:
 
 # -- each step run -------------------------------------------------------------------------
 def _profile(c: dict) -> dict:
-    from data.gpu_profile.run import profile
+    from ficco_select.data.gpu_profile.run import profile
     from ficco_select.hardware import load_hardware, preset_for_device
 
     path = c["out"] / "profile" / "profile.json"
@@ -339,7 +339,7 @@ def _profile(c: dict) -> dict:
 
 
 def _spec(c: dict) -> dict:
-    from data.gpu_profile.read import ProfileError, write_profiled_spec
+    from ficco_select.data.gpu_profile.read import ProfileError, write_profiled_spec
     from ficco_select.hardware import HardwareError
 
     path = c["out"] / "spec.yaml"
@@ -353,7 +353,7 @@ def _spec(c: dict) -> dict:
 
 
 def _adapt(c: dict) -> dict:
-    from train.adapt import run_adapt
+    from ficco_select.train.adapt import run_adapt
 
     folder = c["out"] / "adapt"
     try:
@@ -367,7 +367,7 @@ def _adapt(c: dict) -> dict:
 
 
 def _register(c: dict) -> dict:
-    from train.adapt import register_adapted
+    from ficco_select.train.adapt import register_adapted
 
     run_id = _open_training_run(c)
     os.environ["MLFLOW_RUN_ID"] = run_id  # the pipeline's mlflow.start_run() resumes (and unsets) it
@@ -386,7 +386,7 @@ def _open_training_run(c: dict) -> str:
     before anything is registered; an earlier one that registered nothing (killed) is
     marked so."""
     import mlflow
-    from train.run import EXPERIMENT
+    from ficco_select.train.run import EXPERIMENT
 
     client = mlflow.MlflowClient()
     record = c["out"] / "adapt" / TRAINING_RUN
@@ -404,7 +404,7 @@ def _open_training_run(c: dict) -> str:
 
 
 def _export(c: dict) -> dict:
-    from train.export import export
+    from ficco_select.train.export import export
 
     uri, _ = _export_source(c, _read_registered(c["out"] / "adapt" / REGISTERED))
     try:

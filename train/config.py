@@ -11,9 +11,9 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from train.evaluate import SPLITS
-from train.selector_sets import all_selectors, debug_selectors, fast_selectors
-from train.selectors import BaseSelector
+from ficco_select.train.evaluate import SPLITS
+from ficco_select.train.selector_sets import all_selectors, debug_selectors, fast_selectors
+from ficco_select.train.selectors import BaseSelector
 
 SELECTOR_SETS: dict[str, Callable[[], list[BaseSelector]]] = {
     "all": all_selectors, "fast": fast_selectors, "debug": debug_selectors}
@@ -24,7 +24,7 @@ pipeline's), ``debug`` (tiny models, for ``ficco pipeline --debug``)."""
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     splits: tuple[str, ...] = SPLITS
-    """Hold-out splits to evaluate, from ``train.evaluate.SPLITS``; ``family`` and
+    """Hold-out splits to evaluate, from ``ficco_select.train.evaluate.SPLITS``; ``family`` and
     ``hardware`` decide the promotion when present."""
     selectors: str | Callable[[], list[BaseSelector]] = "all"
     """A named set (``SELECTOR_SETS``), or a factory of fresh selectors (tests, research)."""

@@ -20,12 +20,12 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from data.machines import base_machine, is_sampled
+from ficco_select.data.machines import base_machine, is_sampled
 from ficco_select.hardware import load_hardware
-from train.metrics import (METRICS, ceiling_choices, comparison_table, require_every_candidate, score,
+from ficco_select.train.metrics import (METRICS, ceiling_choices, comparison_table, require_every_candidate, score,
                            true_times, usable_rows)
-from train.selector_sets import all_selectors
-from train.selectors import BaseSelector, with_features
+from ficco_select.train.selector_sets import all_selectors
+from ficco_select.train.selectors import BaseSelector, with_features
 
 Fold = tuple[str, pd.Series, pd.Series]
 SPLITS = ("random", "family", "hardware", "topology", "world_size")
@@ -34,7 +34,7 @@ SPLITS = ("random", "family", "hardware", "topology", "world_size")
 def folds(df: pd.DataFrame, split: str) -> list[Fold]:
     """Boolean masks over df's rows; every scenario is wholly on one side.
 
-    Machines sampled around a preset (``data.machines``) are training data only: no test
+    Machines sampled around a preset (``ficco_select.data.machines``) are training data only: no test
     side holds them, and holding a machine out holds out the machines sampled around it."""
     base = df["hardware"].map({h: base_machine(h) for h in set(df["hardware"].unique())})
     scored = ~df["hardware"].map({h: is_sampled(h) for h in set(df["hardware"].unique())}).astype(bool)
@@ -68,7 +68,7 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
     "by_op": {"<backend>.<dtype>.<op>": {selector: metrics}}}},
     "fit_seconds": {selector: total}, "choices": {split: {selector: {scenario_id: schedule}}}}
     (each scenario is in the test side of at most one fold per split). ValueError where a
-    scenario lacks some of its candidates (``train.metrics.require_every_candidate``).
+    scenario lacks some of its candidates (``ficco_select.train.metrics.require_every_candidate``).
     """
     require_every_candidate(df)
     df = with_features(df)  # once: every fold's selectors slice them
@@ -161,7 +161,7 @@ def scores_by_dtype(df: pd.DataFrame, choices: dict[str, dict[str, str]]) -> dic
     dataset `df`, with the ``ceiling`` row: one over every scenario (``all``) and one per
     dtype and one per operator where there are several (``ficco select --truth``). Scenarios
     without usable rows in `df` are left out of every row; ValueError where a scenario lacks
-    some of its candidates (``train.metrics.require_every_candidate``)."""
+    some of its candidates (``ficco_select.train.metrics.require_every_candidate``)."""
     require_every_candidate(df)
     ok = usable_rows(df)
     choices = {**choices, "ceiling": ceiling_choices(ok)}

@@ -17,11 +17,11 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from data.locks import output_lock
+from ficco_select.data.locks import output_lock
 from ficco_select.runtime.layers import GRID_STEPS_PER_OCTAVE, TABLES_FILE, export_digest
 from ficco_select.runtime.selector import Selector
 from ficco_select.scenario import LAYER_COLUMNS, Scenario
-from train.run import ALIAS, REGISTERED_MODEL
+from ficco_select.train.run import ALIAS, REGISTERED_MODEL
 
 EXPORT_FILES = ("model.json", "selector.json", "layers.json")
 """What an exported folder holds; a destination with anything else is not ours to replace."""
@@ -90,7 +90,7 @@ def publish(out: str | Path, write: Callable[[Path], None]) -> Path:
     or the new, whole. A real folder left at `out` by an older layout is moved aside first
     (that one switch leaves a moment without an export). The newest ``KEEP_VERSIONS``
     earlier versions are kept; older ones are removed. One exporter at a time: a second
-    refuses, naming the first (``data.locks``)."""
+    refuses, naming the first (``ficco_select.data.locks``)."""
     out = Path(out)
     # Two exporters at once: the second refuses. The lock is the link's own (it is what moves).
     with output_lock(out, "ficco export", follow=False):

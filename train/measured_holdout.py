@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from train.metrics import BASELINE_NAME, BASELINE_PREFIX, comparison_table, format_table, score, usable_rows
-from train.shipped import fixed_rule_schedules
+from ficco_select.train.metrics import BASELINE_NAME, BASELINE_PREFIX, comparison_table, format_table, score, usable_rows
+from ficco_select.train.shipped import fixed_rule_schedules
 
 SPLIT = "hardware"
 
@@ -35,7 +35,7 @@ def measured_machines(df: pd.DataFrame) -> list[str]:
 
 def fixed_rules(rows: pd.DataFrame) -> dict[str, dict[str, str]]:
     """{rule: {scenario_id: schedule}}: the baseline everywhere, and for each schedule that
-    the shipped policy's fallbacks may use (``train.shipped.fixed_rule_schedules``: one that
+    the shipped policy's fallbacks may use (``ficco_select.train.shipped.fixed_rule_schedules``: one that
     at least half of the scenarios of `rows` can run), that schedule where it is a usable
     row, else the scenario's baseline (``none.sm``, or its first ``none.*``)."""
     ok = usable_rows(rows)
@@ -50,7 +50,7 @@ def fixed_rules(rows: pd.DataFrame) -> dict[str, dict[str, str]]:
 def holdout_tables(df: pd.DataFrame, results: dict) -> dict[str, pd.DataFrame]:
     """{machine: comparison table} for every measured machine the ``hardware`` split held
     out: its fold's selectors (zero-shot), every fixed rule (``fixed <schedule>``, the best
-    first) and the ceiling last; every row judged on the second sweep (``train.metrics``)."""
+    first) and the ceiling last; every row judged on the second sweep (``ficco_select.train.metrics``)."""
     folds = results.get("splits", {}).get(SPLIT, {}).get("folds", {})
     out = {}
     for machine in measured_machines(df):

@@ -1,10 +1,10 @@
 """Selector quality: how good are a selector's chosen schedules against the truth?
 
-A dataset (see ``data.dataset``) has one row per (scenario, schedule). Only *usable* rows
+A dataset (see ``ficco_select.data.dataset``) has one row per (scenario, schedule). Only *usable* rows
 count: ``status == "ok"``, ``verified == True`` and a finite positive ``time_s``.
 Choices are scored against each row's *true* time (``true_times``): a simulated row's
 noise-free ``time_model_s``; a measured row's ``time_repeat_s`` where an independent
-second sweep timed it (``data.dataset.attach_repeat``), else its own ``time_s``.
+second sweep timed it (``ficco_select.data.dataset.attach_repeat``), else its own ``time_s``.
 Selectors learn from ``time_s``, the labels; they are judged on the truth. For a
 scenario ``s``:
 
@@ -51,7 +51,7 @@ from ficco_select.schedule import TIE, candidates
 
 NEAR_OPT = 1 + TIE
 """A choice within this factor of the best is near-best (``near_opt_2``); the shipped policy's
-rules are fitted to the same tolerance (``train.shipped``)."""
+rules are fitted to the same tolerance (``ficco_select.train.shipped``)."""
 METRICS: tuple[str, ...] = ("n", "top1", "near_opt_2", "near_opt_5", "oracle_capture", "worst_regret",
                             "mean_regret", "slower_than_baseline", "speedup", "oracle_speedup", "invalid")
 """The keys ``score`` returns, in the column order of ``comparison_table``."""
@@ -92,9 +92,9 @@ def lacking_schedules(df: pd.DataFrame) -> dict[str, tuple[list[str], int]]:
     """scenario_id -> (the candidates it has no row for, its number of candidates), for each
     scenario with usable rows that lacks some. A scenario's candidates are the legal
     schedules of its op, world size and machine on its backend: what ``ficco measure`` and
-    ``ficco simulate`` time (``data.dataset.validate`` holds a dataset to the same). A row
+    ``ficco simulate`` time (``ficco_select.data.dataset.validate`` holds a dataset to the same). A row
     that is no scenario, or of an unknown backend, is left to ``validate``."""
-    from data.dataset import row_hardware_problem
+    from ficco_select.data.dataset import row_hardware_problem
 
     scored = df[df["scenario_id"].isin(set(usable_rows(df)["scenario_id"]))]
     have = scored.groupby("scenario_id", sort=False)["schedule"].agg(set)

@@ -7,7 +7,7 @@ resumably on the cpu backend); a machine measured elsewhere (a GPU node, with ``
 measure --backend cuda``) joins as a dataset (``datasets``). The grouped evaluation then
 scores every selector with that hardware held out (leave-one-hardware-out) and with it
 included (the family and random splits), and the champion moves only by the promotion
-rules of ``train.run``.
+rules of ``ficco_select.train.run``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from train.config import TrainConfig
-from train.run import train
-from train.training_data import SAMPLED_PER_PRESET, default_training_data, read_training_dataset, simulated
+from ficco_select.train.config import TrainConfig
+from ficco_select.train.run import train
+from ficco_select.train.training_data import SAMPLED_PER_PRESET, default_training_data, read_training_dataset, simulated
 
 PIPELINE_SPLITS = ("family", "hardware", "topology")
 
@@ -32,9 +32,9 @@ def new_hardware_rows(backend: str, hardware: str | None, out_dir: Path, progres
             raise ValueError("--backend sim needs --hardware NAME|FILE (the machine to simulate)")
         return simulated(hardware)
     if backend == "cpu":
-        from data.measure.config import MeasureConfig
-        from data.measure.sweep import measure
-        from data.scenarios import packaged, read_scenarios
+        from ficco_select.data.measure.config import MeasureConfig
+        from ficco_select.data.measure.sweep import measure
+        from ficco_select.data.scenarios import packaged, read_scenarios
 
         scenarios = read_scenarios(packaged("catalog_cpu.csv"), backend="cpu")
         return measure(scenarios, config=MeasureConfig(), out=out_dir / "measured_cpu.parquet", progress=progress)
@@ -53,10 +53,10 @@ def run_pipeline(*, backend: str | None = None, hardware: str | None = None, dat
                  export_to: str | Path | None = None) -> dict:
     """`datasets`: measured datasets to add to the default training data (e.g. a GPU's,
     from ``ficco measure --backend cuda``), each checked before any work
-    (``train.training_data.read_training_dataset``: DatasetError naming the file). `debug`:
+    (``ficco_select.train.training_data.read_training_dataset``: DatasetError naming the file). `debug`:
     every stage on a tiny slice (a few scenarios per machine, tiny models), to check that it
     all runs; its numbers mean nothing.
-    `export_to`: when the champion moves, export it there (``train.export``), so that the
+    `export_to`: when the champion moves, export it there (``ficco_select.train.export``), so that the
     runtime (``Selector.load()``, ``ficco select``) uses it without a manual step; never in
     `debug` (a tiny model must not reach a job). The summary says where (``exported``) or why
     not (``export_error``: a folder the export may not replace)."""
@@ -75,13 +75,13 @@ def run_pipeline(*, backend: str | None = None, hardware: str | None = None, dat
 
 
 def export_if_promoted(summary: dict, export_to: str | Path) -> dict:
-    """`summary` (``train.run.train``'s) with ``exported`` (the folder) if its version became
+    """`summary` (``ficco_select.train.run.train``'s) with ``exported`` (the folder) if its version became
     the champion and was exported to `export_to`, or ``export_error`` if the folder may not
     be replaced (the model is registered either way; ``ficco export`` can still copy it)."""
     if not summary["promoted"]:
         return summary
-    from train.export import export
-    from train.run import REGISTERED_MODEL
+    from ficco_select.train.export import export
+    from ficco_select.train.run import REGISTERED_MODEL
 
     try:
         return {**summary, "exported": str(export(export_to, f"models:/{REGISTERED_MODEL}/{summary['version']}"))}

@@ -4,7 +4,7 @@ Plots (PNG, embedded): regret CDF per selector on each grouped split; the chosen
 selector's confusion of chosen vs best schedule family; a map of the best schedule family
 over token count and compute/communication ratio; feature importance of the chosen model.
 And, where ``benchmarks/adapt_curve.py`` has written one, ``ficco adapt``'s learning curve
-(``adapt_curve``). Input: what ``train.run.train`` writes to its output folder (``evaluation.json``,
+(``adapt_curve``). Input: what ``ficco_select.train.run.train`` writes to its output folder (``evaluation.json``,
 ``choices.parquet``, ``importance.json``); ``write_report(folder)`` renders ``report.html``.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from train.metrics import comparison_table
+from ficco_select.train.metrics import comparison_table
 
 
 def family_of(schedule: str) -> str:

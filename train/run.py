@@ -29,14 +29,14 @@ import numpy as np
 import pandas as pd
 
 from ficco_select import __version__
-from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
-from train.config import TrainConfig
-from train.evaluate import abstention_table, choices_table, evaluate, tables
-from train.measured_holdout import holdout_tables, holdout_text
-from train.metrics import format_table
-from train.report import write_report
-from train.selectors import BaseSelector, XGBRanker, XGBTimeRegressor, clone, with_features
-from train.shipped import ShippedPolicy, fit_abstention, fit_unseen_hardware, runtime_meta, with_machine_fallbacks
+from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
+from ficco_select.train.config import TrainConfig
+from ficco_select.train.evaluate import abstention_table, choices_table, evaluate, tables
+from ficco_select.train.measured_holdout import holdout_tables, holdout_text
+from ficco_select.train.metrics import format_table
+from ficco_select.train.report import write_report
+from ficco_select.train.selectors import BaseSelector, XGBRanker, XGBTimeRegressor, clone, with_features
+from ficco_select.train.shipped import ShippedPolicy, fit_abstention, fit_unseen_hardware, runtime_meta, with_machine_fallbacks
 
 EXPERIMENT = "ficco-select"
 REGISTERED_MODEL = "ficco-selector"
@@ -54,12 +54,12 @@ def dataset_digest(df: pd.DataFrame) -> str:
 def train(df: pd.DataFrame, config: TrainConfig | None = None, *, extra: pd.DataFrame | None = None) -> dict:
     """Evaluate, log, register, maybe promote. Returns a summary (tables, run id, version, promoted).
 
-    `config`: the splits, the selector set, where to write (``train.config.TrainConfig``,
+    `config`: the splits, the selector set, where to write (``ficco_select.train.config.TrainConfig``,
     checked when made; default: every split, every selector, ``out/train``).
 
     `extra`: labeled rows added only to the registered model's training data, never
     scored (e.g. telemetry, whose scenarios lack most candidates:
-    ``train.training_data.telemetry_training_rows``). The evaluation, and so the choice of
+    ``ficco_select.train.training_data.telemetry_training_rows``). The evaluation, and so the choice of
     selector and its promotion, is on `df` alone.
     """
     import mlflow
@@ -93,10 +93,10 @@ class TrainingData:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Scores:
-    """The evaluation of every selector (``train.evaluate``)."""
+    """The evaluation of every selector (``ficco_select.train.evaluate``)."""
 
     results: dict
-    """``train.evaluate.evaluate``'s results (per split, and the choices)."""
+    """``ficco_select.train.evaluate.evaluate``'s results (per split, and the choices)."""
     by_split: dict[str, pd.DataFrame]
     """A comparison table per split: a row per selector, a column per metric."""
     grouped: list[str]
@@ -105,9 +105,9 @@ class Scores:
     text: str
     """The tables as ``comparison.txt`` holds them."""
     abstentions: pd.DataFrame
-    """``train.evaluate.abstention_table``: where the shipped policy's model did not decide."""
+    """``ficco_select.train.evaluate.abstention_table``: where the shipped policy's model did not decide."""
     holdout: dict[str, pd.DataFrame]
-    """``train.measured_holdout.holdout_tables``: each measured machine held out, on its second sweep."""
+    """``ficco_select.train.measured_holdout.holdout_tables``: each measured machine held out, on its second sweep."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -304,8 +304,8 @@ def train_from_files(config: TrainConfig, datasets: Sequence[str], telemetry: Se
     """``ficco train``: train on `datasets` (default: the default training data) plus the
     telemetry files' rows; returns (train's summary, the telemetry rows or None).
     Raises DatasetError, ValueError (a telemetry file that adds nothing)."""
-    from data.telemetry import read_telemetry
-    from train.training_data import load_training_data, telemetry_training_rows
+    from ficco_select.data.telemetry import read_telemetry
+    from ficco_select.train.training_data import load_training_data, telemetry_training_rows
 
     df = load_training_data(datasets)
     extra = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from train.selectors import (
+from ficco_select.train.selectors import (
     AlwaysBaseline,
     AlwaysShard,
     BaseSelector,
@@ -15,7 +15,7 @@ from train.selectors import (
     XGBRanker,
     XGBTimeRegressor,
 )
-from train.shipped import ShippedPolicy, UnguardedShipped
+from ficco_select.train.shipped import ShippedPolicy, UnguardedShipped
 
 
 def all_selectors() -> list[BaseSelector]:

@@ -1,6 +1,6 @@
 """Selectors with one API: ``fit(df)`` on a labeled dataset, ``predict(df)`` -> {scenario_id: schedule}.
 
-``df`` is a dataset (``data.dataset`` schema); ``predict`` uses only the scenario
+``df`` is a dataset (``ficco_select.data.dataset`` schema); ``predict`` uses only the scenario
 columns and the schedule names of each scenario's rows (its legal candidates), never
 the times, except ``Oracle`` which is the upper bound by definition. Learned state ends
 in ``_``; constructors only store arguments (scikit-learn style).
@@ -16,15 +16,15 @@ import zlib
 import numpy as np
 import pandas as pd
 
-from data.calibrate import calibrate
-from data.simulate import simulate_rows
-from features import FEATURE_NAMES, pair_features
+from ficco_select.data.calibrate import calibrate
+from ficco_select.data.simulate import simulate_rows
+from ficco_select.features import FEATURE_NAMES, pair_features
 from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.heuristic import HeuristicParams, HeuristicV1Params, choose, choose_v1, estimates
 from ficco_select.runtime.decision import pick_with_margin
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
 from ficco_select.schedule import BASELINE, SHARD
-from train.metrics import capture_scorer, ceiling_choices, oracle_choices, usable_rows
+from ficco_select.train.metrics import capture_scorer, ceiling_choices, oracle_choices, usable_rows
 
 SEED = 0
 
@@ -171,10 +171,10 @@ class HeuristicV1(Heuristic):
 
 
 class SimulatorSelector(BaseSelector):
-    """The physics alone: the argmin of the analytic model (``data.simulate``) on each
+    """The physics alone: the argmin of the analytic model (``ficco_select.data.simulate``) on each
     scenario's machine. Does learning add anything over it?
 
-    ``fit`` calibrates the model (``data.calibrate``) on the training rows a machine
+    ``fit`` calibrates the model (``ficco_select.data.calibrate``) on the training rows a machine
     *measured* (>= 4 scenarios of it), never on the test fold. A machine without measured
     training rows is modelled by its spec as given; for a simulated machine that spec is
     the one its rows were simulated with, so on sim rows this selector is the noise-free
@@ -357,7 +357,7 @@ class HGBClassifier(BaseSelector):
 
     @staticmethod
     def _n_scenario_features() -> int:
-        from features import SCENARIO_FEATURES
+        from ficco_select.features import SCENARIO_FEATURES
 
         return len(SCENARIO_FEATURES)
 

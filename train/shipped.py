@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from data.dataset import user_specs
-from data.machines import base_machine
-from features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
+from ficco_select.data.dataset import user_specs
+from ficco_select.data.machines import base_machine
+from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.runtime.decision import GATED, fixed_rule_pick, pick_with_margin
 from ficco_select.runtime.scope import (
@@ -37,8 +37,8 @@ from ficco_select.runtime.selector import Selector as RuntimeSelector
 from ficco_select.runtime.trees import TreeEnsemble
 from ficco_select.scenario import DTYPES
 from ficco_select.schedule import BASELINE, TIE
-from train.metrics import NEAR_OPT, true_times, usable_rows
-from train.selectors import (
+from ficco_select.train.metrics import NEAR_OPT, true_times, usable_rows
+from ficco_select.train.selectors import (
     AlwaysBaseline,
     BaseSelector,
     Heuristic,
@@ -77,7 +77,7 @@ def dtype_ranges(df: pd.DataFrame) -> dict:
 
 def runtime_meta(name: str, df: pd.DataFrame) -> dict:
     """The fields of an export's ``selector.json`` that the runtime reads, for a model
-    named `name` trained on `df` (``train.run`` adds provenance)."""
+    named `name` trained on `df` (``ficco_select.train.run`` adds provenance)."""
     return {"selector": name, "feature_schema_version": FEATURE_SCHEMA_VERSION,
             "feature_schema_hash": FEATURE_SCHEMA_HASH, "feature_names": list(FEATURE_NAMES),
             "target": "log(time / baseline time)" if name == "xgb-regressor" else "rank score (higher is better)",
@@ -88,8 +88,8 @@ def runtime_meta(name: str, df: pd.DataFrame) -> dict:
 @functools.cache
 def gpu_no_harm() -> dict:
     """selector.json's ``gpu_no_harm``: the GPU do-no-harm rule fitted on the committed
-    calibration rows of the published record (``data.no_harm``); the same for every model."""
-    from data.no_harm import fit_no_harm
+    calibration rows of the published record (``ficco_select.data.no_harm``); the same for every model."""
+    from ficco_select.data.no_harm import fit_no_harm
 
     return fit_no_harm()
 
@@ -389,7 +389,7 @@ def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abst
     held_out = []  # every kind's validation outcomes on held-out machines
     for kind in sorted({machine_kind(hw) for hw in specs.values()}):
         mine = [h for h, hw in specs.items() if machine_kind(hw) == kind]
-        # Halves of machines with the machines sampled around them (``data.machines``),
+        # Halves of machines with the machines sampled around them (``ficco_select.data.machines``),
         # so that a held-out machine is not in training under another name.
         bases = sorted({base_machine(h) for h in mine}, key=lambda h: zlib.crc32(h.encode()))
         if len(bases) < 2:

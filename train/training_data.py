@@ -1,11 +1,11 @@
 """The default training data: the committed cpu measurements plus the catalog simulated
 on every GPU preset (with measurement-like noise), one dataset schema for all, and, as
 training data only, part of the catalog simulated on machines sampled around the presets
-(``data.machines``: evaluation never scores them).
+(``ficco_select.data.machines``: evaluation never scores them).
 
 The cpu rows that an independent second sweep re-timed (``MEASURED_REPEAT``, when there is
 one for the committed labels) carry its times as ``time_repeat_s``: metrics judge choices
-on them, and the ceiling there is the repeat oracle (``train.metrics``)."""
+on them, and the ceiling there is the repeat oracle (``ficco_select.train.metrics``)."""
 
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from data.catalog import catalog
-from data.dataset import COLUMNS, DatasetError, attach_repeat, read_dataset, refuse_invalid
-from data.machines import sampled_machines
-from data.simulate import simulate
+from ficco_select.data.catalog import catalog
+from ficco_select.data.dataset import COLUMNS, DatasetError, attach_repeat, read_dataset, refuse_invalid
+from ficco_select.data.machines import sampled_machines
+from ficco_select.data.simulate import simulate
 from ficco_select.hardware import load_hardware, preset_names
 from ficco_select.scenario import Scenario
-from train.metrics import BASELINE_PREFIX, require_every_candidate, usable_rows
+from ficco_select.train.metrics import BASELINE_PREFIX, require_every_candidate, usable_rows
 
-log = logging.getLogger("train.training_data")
+log = logging.getLogger("ficco_select.train.training_data")
 
 MEASURED = "cpu_catalog.parquet"
 """The committed measured dataset in data/measured/."""
@@ -48,7 +48,7 @@ data/scenarios/catalog_fabric.csv on each shaped fabric (``ficco measure --fabri
 SIM_NOISE = 0.03
 """Log-normal sigma of the simulated repetitions: a few percent, like a quiet GPU."""
 SAMPLED_PER_PRESET = 3
-"""Machines sampled around each GPU preset (``data.machines``), training data only."""
+"""Machines sampled around each GPU preset (``ficco_select.data.machines``), training data only."""
 SAMPLED_SPREAD = 3.0
 """Each of a sampled machine's numbers is its preset's times a factor in [1/3, 3]."""
 SAMPLED_SHARE = 0.2
@@ -56,7 +56,7 @@ SAMPLED_SHARE = 0.2
 
 
 def measured_path(name: str = MEASURED) -> Path:
-    return Path(str(resources.files("data") / "measured" / name))
+    return Path(str(resources.files("ficco_select.data") / "measured" / name))
 
 
 def simulated(hardware: str, *, world_sizes=(2, 4, 8), noise: float = SIM_NOISE, seed: int = 0,
@@ -98,7 +98,7 @@ def measured_rows() -> pd.DataFrame:
 def default_training_data(*, noise: float = SIM_NOISE, seed: int = 0, extra: list[pd.DataFrame] = (),
                           sampled_per_preset: int = SAMPLED_PER_PRESET) -> pd.DataFrame:
     """Measured cpu rows + simulated rows on every GPU preset and on machines sampled
-    around them (training only, ``data.machines``) (+ any extra datasets)."""
+    around them (training only, ``ficco_select.data.machines``) (+ any extra datasets)."""
     frames = [measured_rows()]
     frames += [simulated(name, noise=noise, seed=seed) for name in preset_names() if name != "cpu"]
     if sampled_per_preset:
@@ -108,12 +108,12 @@ def default_training_data(*, noise: float = SIM_NOISE, seed: int = 0, extra: lis
 
 
 def telemetry_training_rows(telemetry: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
-    """The telemetry rows (``data.telemetry.read_telemetry``) a learned selector can fit on
+    """The telemetry rows (``ficco_select.data.telemetry.read_telemetry``) a learned selector can fit on
     beside the dataset `df`, as extra rows for the registered model only.
 
     Telemetry holds the one or two schedules a job ran per scenario, not every candidate,
     so it is never scored: the metrics compare a choice with the best of *all* candidates
-    (``train.metrics``), which a partial scenario cannot give. Kept: scenarios with a
+    (``ficco_select.train.metrics``), which a partial scenario cannot give. Kept: scenarios with a
     verified baseline (``none.*``) row and at least one other verified row, since the
     learned targets are times relative to the scenario's baseline and a lone row compares
     nothing; and only scenarios not already in `df`, whose complete, controlled
@@ -136,8 +136,8 @@ def telemetry_training_rows(telemetry: pd.DataFrame, df: pd.DataFrame) -> pd.Dat
 
 def read_training_dataset(path: str | Path) -> pd.DataFrame:
     """A dataset to train and score on: read, then refused (DatasetError naming the file) if
-    a scenario lacks some of its candidates (``train.metrics.require_every_candidate``: how
-    many, and which) or ``data.dataset.validate`` finds a problem (the first: its row and
+    a scenario lacks some of its candidates (``ficco_select.train.metrics.require_every_candidate``: how
+    many, and which) or ``ficco_select.data.dataset.validate`` finds a problem (the first: its row and
     column). Both before any work is done on it."""
     df = read_dataset(path)
     missing = [c for c in COLUMNS if c not in df.columns]

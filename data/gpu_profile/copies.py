@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from data.gpu_profile.read import fit_latency_bw
-from data.gpu_profile.runner import Run, Skip
-from data.gpu_profile.timing import inner_for, is_cuda, median, new_stream, sig, sleep_s, time_gpu, us
+from ficco_select.data.gpu_profile.read import fit_latency_bw
+from ficco_select.data.gpu_profile.runner import Run, Skip
+from ficco_select.data.gpu_profile.timing import inner_for, is_cuda, median, new_stream, sig, sleep_s, time_gpu, us
 from ficco_select.executor.cuda import COPIES
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from data.gpu_profile.runner import Run
-from data.gpu_profile.timing import inner_for, median, sig, time_gpu, us
+from ficco_select.data.gpu_profile.runner import Run
+from ficco_select.data.gpu_profile.timing import inner_for, median, sig, time_gpu, us
 from ficco_select.executor.operators import TORCH_DTYPES, piece_bounds
 
 GEMM_PEAK_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (16384, 8192, 8192))

@@ -1,6 +1,6 @@
 """Measured GPU profiles: read one, and turn it into a hardware spec the simulator uses.
 
-A profile is the JSON file ``python -m data.gpu_profile.run`` (run by
+A profile is the JSON file ``python -m ficco_select.data.gpu_profile.run`` (run by
 ``scripts/gpu_check.sh``) writes on one GPU; every field is documented in
 ``data/profiles/README.md``. This module defines the format (name, version, the fitted
 fields and their checks), reads it with errors that name the field, and maps what one GPU
@@ -207,7 +207,7 @@ def spec_overrides(profile: GpuProfile | Mapping[str, Any], base: HardwareSpec) 
       peer transfer, which also crosses a link.
     - ``sm_comm_units`` <- ``1 - 1 / (1 + cil_gemm_sm)`` (clipped to [0, 0.9]):
       ``contended`` slows a fully overlapped GEMM by ``1 / (1 - sm_comm_units) - 1``, so
-      this inverts the measured GEMM slowdown beside an SM copy (as ``data.calibrate`` does).
+      this inverts the measured GEMM slowdown beside an SM copy (as ``ficco_select.data.calibrate`` does).
     - ``dma_mem_contention`` <- ``cil_gemm_dma`` (clipped to [0, 1]): ``contended`` slows a
       fully overlapped GEMM by exactly ``dma_mem_contention`` beside a ``dma`` transfer.
 
@@ -333,7 +333,7 @@ def write_profiled_spec(profile_path, *, base: str | None, out, name: str | None
     overridden field (base and profiled value), the fields kept, and how far the DIL
     measured lies from the simulated one. Raises ProfileError, HardwareError.
     """
-    from data.calibrate import write_spec
+    from ficco_select.data.calibrate import write_spec
 
     profile = read_profile(profile_path)
     base = base or profile.preset

@@ -1,6 +1,6 @@
 """Loopback sections: the real schedules on this GPU, verified, then timed against the ideal overlap.
 
-Both run every legal cuda schedule of a scenario with ``data.measure.loopback.run_loopback``
+Both run every legal cuda schedule of a scenario with ``ficco_select.data.measure.loopback.run_loopback``
 (P virtual ranks on one device):
 
 - ``loopback_correctness``: small scenarios, odd sizes on purpose; each schedule's output
@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from data.gpu_profile.runner import Run
-from data.gpu_profile.timing import median, time_gpu
-from data.measure.loopback import LoopbackResult, run_loopback
+from ficco_select.data.gpu_profile.runner import Run
+from ficco_select.data.gpu_profile.timing import median, time_gpu
+from ficco_select.data.measure.loopback import LoopbackResult, run_loopback
 from ficco_select.executor.operators import TORCH_DTYPES
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import Schedule, candidates

@@ -1,11 +1,11 @@
 """Characterize one CUDA GPU for the simulator: GEMM, copy and contention microbenchmarks.
 
-    python -m data.gpu_profile.run --out DIR [--budget-s N] [--preset NAME] [--sections a,b]
+    python -m ficco_select.data.gpu_profile.run --out DIR [--budget-s N] [--preset NAME] [--sections a,b]
 
 (``scripts/gpu_check.sh`` runs it with a hard time limit.) Sections run in order, each
 against its own share of the time budget and guarded (``runner``): a section that fails
 records its error and the next one runs. Everything goes into ``DIR/profile.json`` (the
-format of ``data.gpu_profile.read``, every field documented in ``data/profiles/README.md``),
+format of ``ficco_select.data.gpu_profile.read``, every field documented in ``data/profiles/README.md``),
 rewritten atomically after every section and every few seconds during one, so a run killed
 by a timeout still leaves what it had measured.
 
@@ -37,11 +37,11 @@ from typing import Any
 
 import torch
 
-from data.gpu_profile.copies import section_cil, section_copy_dma, section_copy_h2d, section_copy_sm
-from data.gpu_profile.gemm import section_dil, section_gemm_peak
-from data.gpu_profile.read import SCHEMA, SCHEMA_VERSION
-from data.gpu_profile.realized import section_loopback_correctness, section_loopback_realized
-from data.gpu_profile.runner import Run, Section, run_sections, write_on_term
+from ficco_select.data.gpu_profile.copies import section_cil, section_copy_dma, section_copy_h2d, section_copy_sm
+from ficco_select.data.gpu_profile.gemm import section_dil, section_gemm_peak
+from ficco_select.data.gpu_profile.read import SCHEMA, SCHEMA_VERSION
+from ficco_select.data.gpu_profile.realized import section_loopback_correctness, section_loopback_realized
+from ficco_select.data.gpu_profile.runner import Run, Section, run_sections, write_on_term
 from ficco_select.hardware import preset_for_device
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def profile(out: Path, *, budget_s: float, preset: Any, preset_name: str | None,
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m data.gpu_profile.run",
+        prog="python -m ficco_select.data.gpu_profile.run",
         description="Characterize one CUDA GPU for ficco-select: GEMM throughput and DIL, copy-engine "
                     "and SM copy latency/bandwidth, contention (CIL), loopback correctness and realized "
                     "overlap. Writes OUT/profile.json as it goes (see data/profiles/README.md).")

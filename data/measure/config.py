@@ -16,7 +16,7 @@ from ficco_select.schedule import TIE
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TimingPolicy:
     """How one scenario's schedules are timed, re-measured and labelled
-    (``harness.measure_scenario``, ``loopback_scenario.loopback_rows``, ``data.labels``)."""
+    (``harness.measure_scenario``, ``loopback_scenario.loopback_rows``, ``ficco_select.data.labels``)."""
 
     warmup: int = 2
     """Untimed passes before timing."""
@@ -29,7 +29,7 @@ class TimingPolicy:
     before a noisy schedule is kept with its `noisy` flag set."""
     tie_floor: float = TIE
     """A schedule is a near-tie of the best unless its repetitions show it more than this
-    much slower (``data.labels.best_labels``)."""
+    much slower (``ficco_select.data.labels.best_labels``)."""
     min_rep_s: float = 0.01
     """Shortest timed repetition, s: a repetition runs a function back to back as many times
     as the scenario's baseline needs to last this long (the same count for every function of
@@ -43,7 +43,7 @@ class TimingPolicy:
     """At most this many runs per repetition."""
 
     def timing(self) -> dict:
-        """This policy's settings, as a measured dataset records them (``data.dataset.TIMING_KEY``):
+        """This policy's settings, as a measured dataset records them (``ficco_select.data.dataset.TIMING_KEY``):
         rows timed with other settings are never joined to its rows."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(TimingPolicy)}
 

@@ -114,7 +114,7 @@ def exec_inside(fabric: Fabric, argv: list[str]) -> NoReturn:
     shaped to `fabric`. Same process id: whoever waits for or kills this process waits for or
     kills the measurement."""
     check_permitted()
-    os.execvp("unshare", ["unshare", "--net", "--", sys.executable, "-m", "data.measure.fabric",
+    os.execvp("unshare", ["unshare", "--net", "--", sys.executable, "-m", "ficco_select.data.measure.fabric",
                           f"{INSIDE_FLAG}={_namespace()}", fabric.rate, "--", *argv])
 
 
@@ -127,7 +127,7 @@ def _enter(rate: str, outer: str, argv: list[str]) -> NoReturn:
     fabric = parse_fabric(rate)
     if _namespace() == outer:
         sys.exit(f"Error: --fabric {rate}: not inside a private network namespace; "
-                 f"run `python -m data.measure.fabric {rate} -- COMMAND` (it makes one)")
+                 f"run `python -m ficco_select.data.measure.fabric {rate} -- COMMAND` (it makes one)")
     done = subprocess.run(["sh", "-c", _setup_script(fabric)], capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"Error: --fabric {rate}: shaping the namespace's loopback failed: {done.stderr.strip()}")
@@ -146,11 +146,11 @@ def shaping() -> str:
 
 
 def main(args: list[str]) -> NoReturn:
-    """``python -m data.measure.fabric RATE -- COMMAND [ARGS...]``: COMMAND on that fabric."""
+    """``python -m ficco_select.data.measure.fabric RATE -- COMMAND [ARGS...]``: COMMAND on that fabric."""
     inner = bool(args) and args[0].startswith(f"{INSIDE_FLAG}=")
     rest = args[1:] if inner else args
     if len(rest) < 3 or rest[1] != "--":
-        sys.exit("usage: python -m data.measure.fabric RATE -- COMMAND [ARGS...]")
+        sys.exit("usage: python -m ficco_select.data.measure.fabric RATE -- COMMAND [ARGS...]")
     try:
         if inner:
             _enter(rest[0], args[0].partition("=")[2], rest[2:])

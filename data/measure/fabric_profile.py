@@ -27,8 +27,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data.locks import write_json_atomic
-from data.measure.fabric import Fabric, FabricError, inside, shaping
+from ficco_select.data.locks import write_json_atomic
+from ficco_select.data.measure.fabric import Fabric, FabricError, inside, shaping
 from ficco_select.hardware import HardwareSpec, load_hardware, register_hardware, spec_as_dict, spec_from_dict
 from ficco_select.scenario import Scenario
 

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from data.measure.config import MeasureConfig, MeasureError
-from data.measure.harness import measure_scenario
-from data.measure.node import NodeOptions, engine_comm, init_rank, rank_device
+from ficco_select.data.measure.config import MeasureConfig, MeasureError
+from ficco_select.data.measure.harness import measure_scenario
+from ficco_select.data.measure.node import NodeOptions, engine_comm, init_rank, rank_device
 from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.operators import build_operator
 from ficco_select.scenario import Scenario

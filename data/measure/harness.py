@@ -27,9 +27,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from data.dataset import dataset_row
-from data.labels import failed_label, label_columns, summarize
-from data.measure.config import TimingPolicy
+from ficco_select.data.dataset import dataset_row
+from ficco_select.data.labels import failed_label, label_columns, summarize
+from ficco_select.data.measure.config import TimingPolicy
 from ficco_select.executor.cuda import make_timer
 from ficco_select.executor.operators import TOLERANCE, Operator, relative_error
 from ficco_select.scenario import Scenario
@@ -198,7 +198,7 @@ def schedule_rows(scenario: Scenario, schedules: Sequence[Schedule], errors: Seq
                   pooled: Sequence[list[float]], attempts: Sequence[int], policy: TimingPolicy,
                   signature: dict, threads_per_rank: int, runs_per_rep: int = 1) -> list[dict]:
     """One dataset row per measured schedule: median, spread, verification, best labels
-    (``data.labels.label_columns``)."""
+    (``ficco_select.data.labels.label_columns``)."""
     labels = label_columns(pooled, verified=[e <= TOLERANCE[scenario.dtype] for e in errors], rel_error=errors,
                            attempts=attempts, noisy_spread=policy.noisy_spread, tie_floor=policy.tie_floor)
     return [dataset_row(scenario, schedule.name, {"status": "ok", "error": "", "time_model_s": math.nan,

@@ -10,9 +10,9 @@ import statistics
 
 import torch
 
-from data.measure.config import MeasureConfig
-from data.measure.harness import pool_until_calm, ring_at, schedule_rows
-from data.measure.loopback import VirtualRanks, run_loopback
+from ficco_select.data.measure.config import MeasureConfig
+from ficco_select.data.measure.harness import pool_until_calm, ring_at, schedule_rows
+from ficco_select.data.measure.loopback import VirtualRanks, run_loopback
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import BASELINE, Schedule, candidates
 from ficco_select.signatures import SIGNATURE_GRANULARITIES, signature
@@ -26,7 +26,7 @@ def loopback_rows(scenario: Scenario, config: MeasureConfig, *, backend: str = "
     Times: ``run_loopback``'s, each repetition the slowest virtual rank's (CUDA events on
     CUDA); while a schedule's spread exceeds ``config.noisy_spread``, every schedule is re-run (fresh
     virtual ranks, verified again) up to ``config.max_remeasure`` times, pooling the
-    repetitions, as the harness does. Labels by ``data.labels``. Signatures from
+    repetitions, as the harness does. Labels by ``ficco_select.data.labels``. Signatures from
     skeleton and contended runs (``loopback_signature``).
     Raises ``LoopbackError`` (or ``LoopbackTimeout``) naming the scenario, schedule and rank.
     """

@@ -3,13 +3,13 @@
 dead rank) is recorded as failed with its reason and the sweep goes on.
 
 Two row sources feed the same sweep (parts, resume, failed rows, progress, summary):
-- the cpu backend's gloo ranks (``data.measure.gloo``), spawned here or under
+- the cpu backend's gloo ranks (``ficco_select.data.measure.gloo``), spawned here or under
   torchrun;
-- the loopback executor (``data.measure.loopback``): P virtual ranks on one
+- the loopback executor (``ficco_select.data.measure.loopback``): P virtual ranks on one
   device, one scenario at a time (``loopback_rows``). It is the cuda backend's single-GPU
   mode; on ``device='cpu'`` it runs the cpu backend's candidates on CPU threads, which
   tests the plumbing (its times are not labels);
-- the cuda backend's node mode (``data.measure.node``): a gloo-launched process per
+- the cuda backend's node mode (``ficco_select.data.measure.node``): a gloo-launched process per
   GPU, spawned like the cpu backend's ranks (``ranks="node"``).
 """
 
@@ -27,17 +27,17 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from data.dataset import DatasetError, provenance, read_dataset, read_timing, unlike_timing, write_parquet_atomic
-from data.locks import output_lock
-from data.measure.config import MeasureConfig, MeasureError
-from data.measure.fabric import Fabric, inside
-from data.measure.fabric_profile import on_fabric
-from data.measure.gloo import init_from_env, measure_in_group, measure_spawned, under_torchrun
-from data.measure.harness import failed_rows
-from data.measure.loopback import LoopbackError
-from data.measure.loopback_scenario import loopback_rows
-from data.measure.node import NodeOptions
-from data.scenarios import read_scenarios
+from ficco_select.data.dataset import DatasetError, provenance, read_dataset, read_timing, unlike_timing, write_parquet_atomic
+from ficco_select.data.locks import output_lock
+from ficco_select.data.measure.config import MeasureConfig, MeasureError
+from ficco_select.data.measure.fabric import Fabric, inside
+from ficco_select.data.measure.fabric_profile import on_fabric
+from ficco_select.data.measure.gloo import init_from_env, measure_in_group, measure_spawned, under_torchrun
+from ficco_select.data.measure.harness import failed_rows
+from ficco_select.data.measure.loopback import LoopbackError
+from ficco_select.data.measure.loopback_scenario import loopback_rows
+from ficco_select.data.measure.node import NodeOptions
+from ficco_select.data.scenarios import read_scenarios
 from ficco_select.executor.operators import rank_buffer_bytes
 from ficco_select.hardware import HardwareError, load_hardware
 from ficco_select.scenario import Scenario
@@ -85,7 +85,7 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     are removed once in `out`; parts of other scenarios (an interrupted sweep of another
     table into the same `out`) stay where they are.
     Two runs into one `out` at once: the second refuses at once, naming the first
-    (``data.locks``), and the first goes on untouched.
+    (``ficco_select.data.locks``), and the first goes on untouched.
     """
     writes = out is not None and not (under_torchrun() and int(os.environ.get("RANK", "0")) != 0)  # only rank 0 writes
     with output_lock(out, "ficco measure") if writes else contextlib.nullcontext():

@@ -25,7 +25,7 @@ two indexings (``LayerTable.decide``: an index over every m up to the table's en
 The selector builds a table (``Selector.layer_table``: it resolves the machine, the m range
 the model may decide, and decides the points); ``build_table`` here lays the grid and
 bisects, knowing nothing of the selector. Precompiled tables: ``ficco export --layers FILE``
-(``train.export.write_tables``) writes the tables of a scenario table's layers into the
+(``ficco_select.train.export.write_tables``) writes the tables of a scenario table's layers into the
 export folder (``layers.json``, generated, deterministic, with the digest
 of the model and selector.json they came from); ``Selector.load`` reads them, so known
 layers never walk trees. A file whose digest is not the folder's is ignored with a warning.

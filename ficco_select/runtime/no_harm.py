@@ -5,7 +5,7 @@ Every GPU decision was learned from the simulator, and the simulator's overlap g
 checked against published GPU measurements (``data/published/``): at each collective + GEMM
 point, its best overlap gain over the best gain any real implementation measured there.
 That log ratio is its *residual*; positive where it was too optimistic. The rule (fitted by
-``data.no_harm.fit_no_harm`` on the calibration rows, stored in ``selector.json`` as
+``ficco_select.data.no_harm.fit_no_harm`` on the calibration rows, stored in ``selector.json`` as
 ``gpu_no_harm``): on a GPU machine, a decision to overlap stands only if the cost model's
 gain of the picked schedule over the serial baseline exceeds exp(margin) of its regime (the
 serial baseline's simulated time below ``split_us``, or not), where the margin is a

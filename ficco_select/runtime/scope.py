@@ -9,7 +9,7 @@ world_size; the values seen for hardware, dtype and op) and optional ``hardware_
 or null, "fallback": "heuristic" | "baseline" | "cost_model" | a schedule name, i.e. a fixed rule: that
 schedule where it is legal, else the baseline | "gated:" + a schedule name: of that schedule
 and the baseline, the one the model predicts faster}: the rule fitted on validation folds at
-training, ``train.shipped.fit_abstention``; null: the model never decides; an optional
+training, ``ficco_select.train.shipped.fit_abstention``; null: the model never decides; an optional
 ``by_kind`` {"gpu" | "cpu": the same two fields} overrides it for that kind of machine, and
 an optional ``by_op`` {"<kind>.<op>", e.g. "cpu.gemm_ar": the same two fields} for one
 operator on that kind (it wins over ``by_kind``); an optional ``by_reason`` {"m_range" |

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from features import FEATURE_NAMES, candidate_features, feature_schema_hash, grid_features
+from ficco_select.features import FEATURE_NAMES, candidate_features, feature_schema_hash, grid_features
 from ficco_select.hardware import HardwareError, HardwareSpec, hardware_name, is_spec_path, load_hardware
 from ficco_select.heuristic import backend_for, choose
 from ficco_select.runtime.decision import GATED, Decision, fixed_rule_pick, pick_with_margin
@@ -131,7 +131,7 @@ class Selector:
             folder = Path(path) if path is not None else DEFAULT_PATH
             if path is None and not folder.exists():
                 return cls(**kw)
-            # An export is a link switched atomically to its newest version (train.export):
+            # An export is a link switched atomically to its newest version (ficco_select.train.export):
             # resolved once, so that every file read comes from one version.
             folder = Path(os.path.realpath(folder))
             selector = cls(meta=read_json(folder / "selector.json"), **kw)  # checks every field

@@ -4,7 +4,7 @@ Off unless ``$FICCO_TELEMETRY`` (or ``configure(telemetry=...)`` in ``ficco_sele
 names a file. One JSON object per line, appended with a single ``write`` so that ranks
 sharing a file do not interleave and a killed job loses at most its last line; a
 ``{rank}`` in the path gives each rank its own file. ``ficco train --telemetry FILE``
-turns the lines into labeled dataset rows (``data.telemetry``).
+turns the lines into labeled dataset rows (``ficco_select.data.telemetry``).
 
 A line (version ``TELEMETRY_VERSION``)::
 

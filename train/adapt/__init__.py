@@ -12,7 +12,7 @@ grid of scenarios) is spent:
    spec with noise, for experiments; ``cpu`` times them on this machine's gloo ranks with
    the harness (``cpu_machine``);
 3. recalibrate the spec's primitive numbers from every row measured so far
-   (``data.calibrate.recalibrate``), so the features of *every* scenario on the machine,
+   (``ficco_select.data.calibrate.recalibrate``), so the features of *every* scenario on the machine,
    measured or not, use what the machine showed; kept only where, cross-fitted over the
    measured scenarios, the adapted model picks better with it than with the start spec
    (``checked_spec``): the spec is how the model reads the machine;
@@ -37,7 +37,7 @@ round), ``state`` (what the folder keeps between rounds and how a run resumes fr
 rounds on one machine) and ``run_adapt`` (``ficco adapt``); every name callers use is
 importable from here.
 
-``train.adapt_curve`` draws the learning curve over the GPU presets.
+``ficco_select.train.adapt_curve`` draws the learning curve over the GPU presets.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from data.locks import output_lock
+from ficco_select.data.locks import output_lock
 from ficco_select.hardware import load_hardware
-from train.adapt.machines import (
+from ficco_select.train.adapt.machines import (
     ADAPT_NOISE,
     PERTURBED,
     Machine,
@@ -64,7 +64,7 @@ from train.adapt.machines import (
     register_spec,
     sim_machine,
 )
-from train.adapt.rounds import (
+from ficco_select.train.adapt.rounds import (
     STRATEGIES,
     active_priority,
     adapted_model,
@@ -81,9 +81,9 @@ from train.adapt.rounds import (
     strata,
     usable_base,
 )
-from train.adapt.state import OPTIONS_FILE, Round, check_state, last_spec, pending, resume, save, write_pending
-from train.adapt.tracking import EXPERIMENT, register_adapted, run_summary, summary_curve, track_run
-from train.selectors import with_features
+from ficco_select.train.adapt.state import OPTIONS_FILE, Round, check_state, last_spec, pending, resume, save, write_pending
+from ficco_select.train.adapt.tracking import EXPERIMENT, register_adapted, run_summary, summary_curve, track_run
+from ficco_select.train.selectors import with_features
 
 
 __all__ = ["ADAPT_NOISE", "EXPERIMENT", "OPTIONS_FILE", "PERTURBED", "STRATEGIES", "Machine", "Round", "adapt",
@@ -153,8 +153,8 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
     measured rows then join the training data and the pipeline trains, registers and
     promotes by its usual rules (``register_adapted``), exporting a new champion to
     `export_to`. Returns the summary."""
-    from data.calibrate import write_spec
-    from train.training_data import default_training_data
+    from ficco_select.data.calibrate import write_spec
+    from ficco_select.train.training_data import default_training_data
 
     if backend not in ("sim", "cpu", "cuda"):
         raise ValueError(f"--backend {backend}: sim, cpu or cuda")

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from data.simulate import simulate, simulate_rows
+from ficco_select.data.simulate import simulate, simulate_rows
 from ficco_select.hardware import HardwareSpec, fields_of, load_hardware, preset_names, register_hardware, spec_field
 from ficco_select.scenario import Scenario
 
@@ -95,8 +95,8 @@ def _measured_as(name: str, grid: Sequence[Scenario], out_dir: str | Path, **opt
     ``<out_dir>/harness.parquet`` (crash-safe on its own): (the named grid, how to measure
     some of its scenarios, how to relabel the grid machine's rows as `name`'s). The adapted
     spec cannot take a preset's name, so rows carry `name`."""
-    from data.measure.config import MeasureConfig
-    from data.measure.sweep import measure
+    from ficco_select.data.measure.config import MeasureConfig
+    from ficco_select.data.measure.sweep import measure
 
     named = [dataclasses.replace(s, hardware=name) for s in grid]
     renamed = {s.scenario_id: g.scenario_id for s, g in zip(grid, named)}
@@ -120,9 +120,9 @@ def cpu_machine(name: str, start: HardwareSpec, out_dir: str | Path, *, progress
     (``data/scenarios/catalog_cpu.csv``), each round's scenarios are timed by the harness
     (gloo ranks, the ``ficco measure`` defaults; ``_measured_as``); the truth to score
     against is the committed full measurement (its repeat sweep where there is one:
-    ``train.metrics``)."""
-    from data.scenarios import packaged, read_scenarios
-    from train.training_data import MEASURED, MEASURED_REPEAT, measured_sweep
+    ``ficco_select.train.metrics``)."""
+    from ficco_select.data.scenarios import packaged, read_scenarios
+    from ficco_select.train.training_data import MEASURED, MEASURED_REPEAT, measured_sweep
 
     grid, measure_here, relabel = _measured_as(name, read_scenarios(packaged("catalog_cpu.csv"), backend="cpu"),
                                                out_dir, backend="cpu", progress=progress)
@@ -143,11 +143,11 @@ def fabric_machine(fabric, out_dir: str | Path, *, progress: bool = True) -> Mac
     start); each round's scenarios are timed by the harness on the fabric's gloo ranks. The
     truth to score against: the committed sweep of that fabric (``data/measured/
     fabric_<rate>.parquet``), judged on its second sweep, where there is one."""
-    from data.measure.config import MeasureConfig
-    from data.measure.fabric_profile import on_fabric
-    from data.measure.sweep import measure
-    from data.scenarios import packaged, read_scenarios
-    from train.training_data import measured_path, measured_sweep
+    from ficco_select.data.measure.config import MeasureConfig
+    from ficco_select.data.measure.fabric_profile import on_fabric
+    from ficco_select.data.measure.sweep import measure
+    from ficco_select.data.scenarios import packaged, read_scenarios
+    from ficco_select.train.training_data import measured_path, measured_sweep
 
     on_host = read_scenarios(packaged(FABRIC_CATALOG), backend="cpu")
     harness = Path(out_dir) / "harness.parquet"
@@ -177,7 +177,7 @@ def cuda_machine(name: str, start: HardwareSpec, grid: Sequence[Scenario], out_d
     adapted spec and the measured rows are the result. `device` ``cpu``: the path's stand-in
     on this machine's CPU (the loopback executor on CPU threads, the cpu backend's
     schedules; tests)."""
-    from data.measure.sweep import fitting
+    from ficco_select.data.measure.sweep import fitting
 
     backend = "cpu" if device == "cpu" else "cuda"
     grid, measure_here, _ = _measured_as(name, fitting(grid, backend=backend, device=device, ranks=ranks), out_dir,
@@ -190,8 +190,8 @@ def cuda_grid(spec: HardwareSpec) -> list[Scenario]:
     """The scenarios ``ficco adapt --backend cuda`` measures from: the full catalog on the
     GPU's spec, at world sizes its devices hold, without fp8 (the executor's GEMMs do not run
     fp8). On a spec without copy engines (the CPU stand-in's), the cpu catalog on it."""
-    from data.catalog import catalog
-    from data.scenarios import packaged, read_scenarios
+    from ficco_select.data.catalog import catalog
+    from ficco_select.data.scenarios import packaged, read_scenarios
 
     if not spec.copy_engines:
         return [dataclasses.replace(s, hardware=spec.name)
@@ -220,7 +220,7 @@ def load_target(hardware: str, backend: str, device: str | None, fabric: str | N
     hardware."""
     spec = load_hardware(hardware)
     if fabric is not None:
-        from data.measure.fabric import inside, parse_fabric
+        from ficco_select.data.measure.fabric import inside, parse_fabric
 
         if backend != "cpu" or spec.name != "cpu":
             raise ValueError(f"--fabric {fabric}: a shaped fabric carries this host's cpu backend: "
@@ -245,11 +245,11 @@ def adapted_machine(spec: HardwareSpec, name: str, out: Path, options: dict) -> 
     to: on cpu and cuda the real one, starting from the ``start`` spec (off by up to
     ``perturb`` where that is above 1); on sim `spec`'s full catalog (world sizes 2, 4, 8
     its devices hold), measured on `spec` off by up to ``perturb``, starting from ``start``."""
-    from data.catalog import catalog
+    from ficco_select.data.catalog import catalog
 
     backend, start, perturb, seed = options["backend"], options["start"], options["perturb"], options["seed"]
     if options.get("fabric"):
-        from data.measure.fabric import parse_fabric
+        from ficco_select.data.measure.fabric import parse_fabric
 
         return fabric_machine(parse_fabric(options["fabric"]), out)
     if backend in ("cpu", "cuda"):

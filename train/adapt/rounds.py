@@ -20,16 +20,16 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from data.calibrate import recalibrate
-from data.machines import base_machine
-from data.simulate import simulate_rows
+from ficco_select.data.calibrate import recalibrate
+from ficco_select.data.machines import base_machine
+from ficco_select.data.simulate import simulate_rows
 from ficco_select.hardware import HardwareSpec, spec_as_dict
 from ficco_select.runtime.decision import SINGLE_CANDIDATE_MARGIN, pick_with_margin
 from ficco_select.scenario import Scenario
-from train.adapt.machines import Machine
-from train.adapt.state import Round
-from train.metrics import ceiling_choices, score, usable_rows
-from train.selectors import FEATURE_COLUMNS, XGBTimeRegressor, feature_pairs, with_features
+from ficco_select.train.adapt.machines import Machine
+from ficco_select.train.adapt.state import Round
+from ficco_select.train.metrics import ceiling_choices, score, usable_rows
+from ficco_select.train.selectors import FEATURE_COLUMNS, XGBTimeRegressor, feature_pairs, with_features
 
 STRATEGIES = ("active", "random")
 
@@ -127,7 +127,7 @@ def candidate_rows(machine: Machine) -> pd.DataFrame:
 
 def checked_spec(machine: Machine, start: HardwareSpec, base: pd.DataFrame, measured: pd.DataFrame,
                  folds: int = 2) -> HardwareSpec:
-    """`start` recalibrated to the rows `measured` (``data.calibrate.recalibrate``) where the
+    """`start` recalibrated to the rows `measured` (``ficco_select.data.calibrate.recalibrate``) where the
     adapted model picks better with it, else `start`. The spec is what the model reads the
     machine by, so a fit that predicts times better can still mislead it: the training data's
     other measured machines carry specs of another making (a fabric's is its quick profile,

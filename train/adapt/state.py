@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from data.dataset import read_dataset, write_parquet_atomic
-from data.locks import write_json_atomic as write_json
+from ficco_select.data.dataset import read_dataset, write_parquet_atomic
+from ficco_select.data.locks import write_json_atomic as write_json
 from ficco_select.hardware import HardwareSpec, spec_from_dict
 
-log = logging.getLogger("train.adapt")
+log = logging.getLogger("ficco_select.train.adapt")
 
 OPTIONS_FILE = "options.json"
 """What an adapt folder was made with: the machine and every option that shapes its rounds."""

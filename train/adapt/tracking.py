@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from train.adapt.machines import Machine
-from train.adapt.state import Round
+from ficco_select.train.adapt.machines import Machine
+from ficco_select.train.adapt.state import Round
 
 EXPERIMENT = "ficco-adapt"
 
@@ -45,7 +45,7 @@ def run_summary(machine: Machine, done: Sequence[Round], out: Path, *, hardware:
 
 
 def summary_curve(summary: dict) -> pd.DataFrame:
-    """A run's summary as learning-curve rows (``train.report.adapt_curve``): one per round, the
+    """A run's summary as learning-curve rows (``ficco_select.train.report.adapt_curve``): one per round, the
     machine and backend as the preset, the round's headline scores."""
     return pd.DataFrame([{"preset": f"{summary['machine']} on {summary['backend']}", "strategy": summary["strategy"],
                           **r} for r in summary["rounds"]])
@@ -65,7 +65,7 @@ def track_run(summary: dict, out: Path, params: dict) -> str:
                     mlflow.log_metric(key, float(r[key]), step=int(r["measured"]))
         curve = summary_curve(summary)
         if "near_opt_2" in curve:
-            from train.report import plot_curve
+            from ficco_select.train.report import plot_curve
 
             plot_curve(curve, out / "curve.png")
         mlflow.log_artifacts(str(out), artifact_path="adapt")
@@ -76,12 +76,12 @@ def register_adapted(out_dir: str | Path, *, export_to: str | Path | None = None
                      progress: bool = True) -> dict:
     """Train on the default training data plus an adapt run's measured rows (``measured.parquet``
     in `out_dir`, which carries the adapted spec): the pipeline's grouped evaluation, MLflow
-    run and registration, and its promotion rule (``train.run``: the champion moves only if
+    run and registration, and its promotion rule (``ficco_select.train.run``: the champion moves only if
     what ships beats the heuristic on both grouped hold-outs and is not worse than the
     champion), exporting a new champion to `export_to`. The pipeline's output goes to
     ``<out_dir>/pipeline``. `debug`: the pipeline's tiny slice (tests). Returns the version,
     whether it was promoted, and where it was exported."""
-    from train.pipeline import run_pipeline
+    from ficco_select.train.pipeline import run_pipeline
 
     measured = Path(out_dir) / "measured.parquet"
     if not measured.exists():

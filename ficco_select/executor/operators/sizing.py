@@ -11,7 +11,7 @@ def rank_buffer_bytes(scenario: Scenario) -> int:
     operator's buffers (every schedule's, as measurement builds them eagerly), its float32
     reference and the float32 copies verification makes. For the busiest rank (the hot
     expert's, for a2a_gemm), so P times this bounds a node's P ranks. Checked before any
-    rank starts (``data.measure.sweep``): a shape that cannot fit is refused, not allocated.
+    rank starts (``ficco_select.data.measure.sweep``): a shape that cannot fit is refused, not allocated.
     """
     s, P, b = scenario, scenario.world_size, scenario.dtype_bytes
     f32 = 4

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from ficco_cli.output import json_option, reported, show
+from ficco_select.cli.output import json_option, reported, show
 
 COLUMNS = ("row", "scenario_id", "op", "m,n,k", "P", "hardware", "schedule", "source", "confidence", "reason")
 
@@ -34,7 +34,7 @@ def select_cmd(scenarios_path, truth_path, model_path, heuristic_only, as_json) 
     decided once over its grid of m (its layer table), then every row of it looked up.
     With --truth, the decisions are scored on that dataset instead of listed.
     """
-    from data.scenarios import read_rows
+    from ficco_select.data.scenarios import read_rows
     from ficco_select.runtime.selector import decide_rows
     from ficco_select.scenario import ScenarioError
 
@@ -51,8 +51,8 @@ def select_cmd(scenarios_path, truth_path, model_path, heuristic_only, as_json) 
         show(as_json, decisions, lambda: _decision_lines(decisions, records, selector, model_path))
         return
     from ficco_select.runtime.selector import Selector
-    from train.evaluate import scores_by_dtype
-    from train.metrics import format_table
+    from ficco_select.train.evaluate import scores_by_dtype
+    from ficco_select.train.metrics import format_table
 
     chosen = {d["scenario_id"]: d["schedule"] for d in decisions if d["scenario_id"] is not None}
     heuristic = {d["scenario_id"]: d["schedule"] for d in decide_rows(Selector(), records) if d["scenario_id"]}
@@ -66,8 +66,8 @@ def select_cmd(scenarios_path, truth_path, model_path, heuristic_only, as_json) 
 def _truth(path):
     """The labeled dataset at `path`, refused before any decision if a scenario lacks some of
     its candidates: its best would be unknown."""
-    from data.dataset import DatasetError, read_dataset
-    from train.metrics import require_every_candidate
+    from ficco_select.data.dataset import DatasetError, read_dataset
+    from ficco_select.train.metrics import require_every_candidate
 
     with reported(DatasetError):
         truth = read_dataset(path)

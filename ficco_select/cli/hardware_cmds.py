@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ficco_cli.output import json_option, refuse_existing_out, reported, show
+from ficco_select.cli.output import json_option, refuse_existing_out, reported, show
 
 
 @click.group()
@@ -50,7 +50,7 @@ def hardware_show(name, as_json) -> None:
 @json_option("Print the overrides as JSON.")
 def hardware_from_profile(profile_path, base, out, name, as_json) -> None:
     """Turn a measured GPU profile (scripts/gpu_check.sh) into a hardware spec the simulator loads."""
-    from data.gpu_profile.read import ProfileError, write_profiled_spec
+    from ficco_select.data.gpu_profile.read import ProfileError, write_profiled_spec
     from ficco_select.hardware import HardwareError
 
     if Path(out).suffix not in (".yaml", ".yml"):
@@ -108,8 +108,8 @@ def sim_validate(dataset_path, published_path, overrides, model_dir, fallback, d
         return _validate_published(published_path, overrides, model_dir, fallback, as_json)
     if model_dir is not None or fallback is not None:
         raise click.UsageError("--model and --fallback go with --published (the selector's calls on published points)")
-    from data.calibrate import measured_rows, validate_simulator
-    from data.dataset import DatasetError, read_dataset
+    from ficco_select.data.calibrate import measured_rows, validate_simulator
+    from ficco_select.data.dataset import DatasetError, read_dataset
 
     with reported(DatasetError, ValueError):
         report = validate_simulator(measured_rows(read_dataset(dataset_path)), devices=devices, seed=seed)
@@ -119,9 +119,9 @@ def sim_validate(dataset_path, published_path, overrides, model_dir, fallback, d
 
 
 def _validate_published(path, overrides, model_dir, fallback, as_json) -> None:
-    from data.published import compare, read_published
-    from data.no_harm import best_gain_summary, residuals
-    from data.published_calls import judge_calls
+    from ficco_select.data.published import compare, read_published
+    from ficco_select.data.no_harm import best_gain_summary, residuals
+    from ficco_select.data.published_calls import judge_calls
     from ficco_select.hardware import HardwareError
     from ficco_select.runtime.selector import Selector
 
@@ -194,7 +194,7 @@ def _published_lines(report: dict) -> list[str]:
 
 
 def _call_lines(calls: dict) -> list[str]:
-    """The selector's calls (``data.published_calls``): a line per point, then the counts."""
+    """The selector's calls (``ficco_select.data.published_calls``): a line per point, then the counts."""
     chosen = {"model": "an exported model", "heuristic": "the heuristic alone: no exported model"}.get(
         calls["selector"], f"the {calls['selector']} alone")
     lines = ["", f"the selector's calls on the collective + GEMM points, by {chosen} (right: its pick paid, or "
@@ -220,7 +220,7 @@ def _call_lines(calls: dict) -> list[str]:
 @click.option("--published", "published_path", type=click.Path(dir_okay=False), required=True,
               help="A table of published GPU measurements (data/published/gpu-calibration.csv).")
 @click.option("--hardware", "name", required=True, help="The preset whose points to fit to.")
-@click.option("--fields", default=None, help="Comma-separated spec fields to fit (default: data.published.FITTED).")
+@click.option("--fields", default=None, help="Comma-separated spec fields to fit (default: ficco_select.data.published.FITTED).")
 @click.option("--kinds", default=None,
               help="Comma-separated kinds of point to fit to (default: overlap,collective).")
 @click.option("--rows", "row_range", default=None, metavar="FIRST-LAST",
@@ -233,7 +233,7 @@ def sim_fit(published_path, name, fields, kinds, row_range, settings, as_json) -
     numbers, the rows they were fitted to, and the agreement before and after."""
     import dataclasses
 
-    from data.published import FIT_KINDS, FITTED, fit, read_published
+    from ficco_select.data.published import FIT_KINDS, FITTED, fit, read_published
     from ficco_select.hardware import HardwareError, load_hardware
 
     with reported(HardwareError, ValueError):
@@ -274,9 +274,9 @@ def sim_map(name, dtype, as_json) -> None:
     the GPU do-no-harm rule's margin (``no harm``: where a GPU selector ships the overlap)."""
     import dataclasses
 
-    from data.catalog import catalog
-    from data.no_harm import fit_no_harm
-    from data.simulate import overlap_map, simulate_rows
+    from ficco_select.data.catalog import catalog
+    from ficco_select.data.no_harm import fit_no_harm
+    from ficco_select.data.simulate import overlap_map, simulate_rows
     from ficco_select.hardware import HardwareError, load_hardware
     from ficco_select.scenario import Scenario
 
@@ -312,8 +312,8 @@ def _preset_names() -> set[str]:
               help="YAML spec file to write; an existing file is refused.")
 def sim_calibrate(dataset_paths, name, devices, out) -> None:
     """Fit a hardware spec's primitive costs to a measured dataset."""
-    from data.calibrate import calibrate, pool_sweeps, write_spec
-    from data.dataset import DatasetError, read_dataset
+    from ficco_select.data.calibrate import calibrate, pool_sweeps, write_spec
+    from ficco_select.data.dataset import DatasetError, read_dataset
 
     refuse_existing_out(out, {"--dataset": dataset_paths})
     sources = " and ".join(dataset_paths)

@@ -1,13 +1,13 @@
 """The `ficco` command line: one subcommand per stage, each a thin wrapper.
 
 Each subcommand parses its options, builds a config, calls one function of its stage and
-prints the result (a table, or JSON with --json) through `ficco_cli.output`. This module
+prints the result (a table, or JSON with --json) through `ficco_select.cli.output`. This module
 holds the group, sets up logging once, and registers the commands of:
 
-- `ficco_cli.data_cmds`: measure, catalog, simulate, dataset (validate, info, compare)
-- `ficco_cli.hardware_cmds`: hardware (list, show, from-profile), sim (validate, calibrate)
-- `ficco_cli.train_cmds`: evaluate, train, pipeline, export, report
-- `ficco_cli.select_cmds`: select
+- `ficco_select.cli.data_cmds`: measure, catalog, simulate, dataset (validate, info, compare)
+- `ficco_select.cli.hardware_cmds`: hardware (list, show, from-profile), sim (validate, calibrate)
+- `ficco_select.cli.train_cmds`: evaluate, train, pipeline, export, report
+- `ficco_select.cli.select_cmds`: select
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 
 import click
 
-from ficco_cli import data_cmds, hardware_cmds, select_cmds, train_cmds
+from ficco_select.cli import data_cmds, hardware_cmds, select_cmds, train_cmds
 
 
 class _OneLineErrors(click.Group):

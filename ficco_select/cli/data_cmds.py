@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from ficco_cli.output import (
+from ficco_select.cli.output import (
     json_option,
     naming,
     naming_rows_of,
@@ -58,9 +58,9 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeou
     cuda: one process, the P ranks of each scenario virtual on the local GPU (loopback), or
     with --ranks node a process per GPU (rank r on GPU r).
     """
-    from data.measure.config import MeasureConfig, MeasureError
-    from data.measure.sweep import measure_table, parse_shard, summary_table, sweep_summary
-    from data.scenarios import DEFAULT_SCENARIOS, packaged
+    from ficco_select.data.measure.config import MeasureConfig, MeasureError
+    from ficco_select.data.measure.sweep import measure_table, parse_shard, summary_table, sweep_summary
+    from ficco_select.data.scenarios import DEFAULT_SCENARIOS, packaged
     from ficco_select.scenario import ScenarioError
 
     path = scenarios_path or packaged(DEFAULT_SCENARIOS)
@@ -82,9 +82,9 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeou
 
 def enter_fabric(rate: str, backend: str):
     """The fabric this process measures on: outside it, refuse what cannot run there, then
-    become this same command inside a namespace shaped to it (``data.measure.fabric``)."""
-    from data.measure.fabric import FabricError, exec_inside, inside, parse_fabric
-    from data.measure.gloo import under_torchrun
+    become this same command inside a namespace shaped to it (``ficco_select.data.measure.fabric``)."""
+    from ficco_select.data.measure.fabric import FabricError, exec_inside, inside, parse_fabric
+    from ficco_select.data.measure.gloo import under_torchrun
 
     with reported(FabricError):
         fabric = parse_fabric(rate)
@@ -96,7 +96,7 @@ def enter_fabric(rate: str, backend: str):
         if "--fabric" not in " ".join(sys.argv):
             raise FabricError(f"--fabric {rate}: re-running this command inside the fabric needs its command "
                               "line (run `ficco measure|adapt ... --fabric RATE`)")
-        exec_inside(fabric, [sys.executable, "-m", "ficco_cli.main", *sys.argv[1:]])
+        exec_inside(fabric, [sys.executable, "-m", "ficco_select.cli.main", *sys.argv[1:]])
 
 
 def _sweep_lines(df, table, sweep: dict, out) -> list[str]:
@@ -133,7 +133,7 @@ def _sweep_lines(df, table, sweep: dict, out) -> list[str]:
 @json_option("Print a JSON summary.")
 def catalog_cmd(scale, out, world_sizes, models, dtype, hardware, sample, as_json) -> None:
     """Write a scenario table from real layer shapes of public model families."""
-    from data.catalog import catalog_to_file
+    from ficco_select.data.catalog import catalog_to_file
     from ficco_select.scenario import ScenarioError
 
     refuse_existing_out(out, {})
@@ -160,8 +160,8 @@ def catalog_cmd(scale, out, world_sizes, models, dtype, hardware, sample, as_jso
 @json_option("Print a JSON summary.")
 def simulate(scenarios_path, hardware, out, noise, seed, as_json) -> None:
     """Predict every legal schedule's time on hardware we do not have (backend=sim)."""
-    from data.dataset import write_parquet_atomic
-    from data.simulate import simulate_table
+    from ficco_select.data.dataset import write_parquet_atomic
+    from ficco_select.data.simulate import simulate_table
     from ficco_select.hardware import HardwareError
     from ficco_select.scenario import ScenarioError
 
@@ -184,8 +184,8 @@ def dataset() -> None:
 @json_option("Print the problems as JSON.")
 def validate(path, as_json) -> None:
     """Check a dataset's schema and invariants; exit 1 and name row and column if broken."""
-    from data.dataset import DatasetError, read_dataset
-    from data.dataset import validate as check
+    from ficco_select.data.dataset import DatasetError, read_dataset
+    from ficco_select.data.dataset import validate as check
 
     with reported(DatasetError):
         problems = check(read_dataset(path))
@@ -198,8 +198,8 @@ def validate(path, as_json) -> None:
 @json_option("Print the summary as JSON.")
 def info(path, as_json) -> None:
     """Summarise a dataset: scenarios, how often each schedule is fastest, speedups, noise."""
-    from data.dataset import DatasetError, read_dataset
-    from data.dataset import info as summarize
+    from ficco_select.data.dataset import DatasetError, read_dataset
+    from ficco_select.data.dataset import info as summarize
 
     with reported(DatasetError, message=naming(path)):
         summary = summarize(read_dataset(path))
@@ -227,8 +227,8 @@ def merge_cmd(paths, out, as_json) -> None:
     an invalid input (as `ficco dataset validate` finds it), other backends, machines or
     timing settings (--reps, --min-rep-s, --warmup), and a scenario measured twice with
     different results."""
-    from data.dataset import DatasetError, merge, read_timing, write_parquet_atomic
-    from data.locks import OutputLocked, output_lock
+    from ficco_select.data.dataset import DatasetError, merge, read_timing, write_parquet_atomic
+    from ficco_select.data.locks import OutputLocked, output_lock
 
     resolved = {str(Path(p).resolve()) for p in paths}
     if Path(out).exists() and str(Path(out).resolve()) not in resolved:
@@ -254,8 +254,8 @@ def compare_cmd(a, b, as_json) -> None:
     is a tie of the other's, the repeat capture (B's best / B's time of A's best), median
     spreads, and whether the best speedup exceeds the ideal beyond its spread.
     """
-    from data.compare import compare
-    from data.dataset import DatasetError, read_valid_dataset
+    from ficco_select.data.compare import compare
+    from ficco_select.data.dataset import DatasetError, read_valid_dataset
 
     with reported(DatasetError, ValueError):
         summary, per = compare(read_valid_dataset(a), read_valid_dataset(b))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from ficco_cli.output import json_option, reported, show
+from ficco_select.cli.output import json_option, reported, show
 
 SPLITS = "random,family,hardware,topology,world_size"
 
@@ -33,9 +33,9 @@ def _names(text: str) -> list[str]:
 @click.option("--no-progress", is_flag=True)
 def evaluate(datasets, splits, as_json, no_progress) -> None:
     """Train every selector and the heuristic on some groups, score them on unseen ones."""
-    from data.dataset import DatasetError
-    from train.evaluate import evaluate as run_evaluate
-    from train.training_data import load_training_data
+    from ficco_select.data.dataset import DatasetError
+    from ficco_select.train.evaluate import evaluate as run_evaluate
+    from ficco_select.train.training_data import load_training_data
 
     with reported(DatasetError, ValueError):
         results = run_evaluate(load_training_data(datasets), splits=_names(splits), progress=not no_progress)
@@ -44,8 +44,8 @@ def evaluate(datasets, splits, as_json, no_progress) -> None:
 
 def _evaluation_lines(results: dict) -> list[str]:
     """Each comparison table under a heading that says how its folds were combined."""
-    from train.evaluate import tables
-    from train.metrics import format_table
+    from ficco_select.train.evaluate import tables
+    from ficco_select.train.metrics import format_table
 
     lines = []
     for name, table in tables(results).items():
@@ -76,9 +76,9 @@ def train_cmd(datasets, splits, selectors, out_dir, telemetry, as_json, no_progr
 
     Tracking store: $MLFLOW_TRACKING_URI, else MLflow's default (sqlite:///mlflow.db here).
     """
-    from data.dataset import DatasetError
-    from train.config import TrainConfig
-    from train.run import train_from_files
+    from ficco_select.data.dataset import DatasetError
+    from ficco_select.train.config import TrainConfig
+    from ficco_select.train.run import train_from_files
 
     with reported(DatasetError, ValueError):
         config = TrainConfig(splits=tuple(_names(splits)), selectors=selectors, out_dir=out_dir,
@@ -123,7 +123,7 @@ def pipeline(backend, hardware, datasets, out_dir, debug, export_to, no_export, 
     """The whole pipeline in one command: data, training, grouped evaluation, MLflow, report,
     and, when the champion moves, its export to the runtime folder."""
     from ficco_select.runtime.selector import DEFAULT_PATH
-    from train.pipeline import run_pipeline
+    from ficco_select.train.pipeline import run_pipeline
 
     with reported(ValueError):
         summary = run_pipeline(backend=backend, hardware=hardware, datasets=datasets, out_dir=out_dir,
@@ -157,10 +157,10 @@ def _export_lines(summary: dict, debug: bool) -> list[str]:
 def export_cmd(model_uri, out, layers_path) -> None:
     """Copy a registered selector out of MLflow into a runtime folder (XGBoost JSON + selector.json,
     and with --layers the decision tables of those layers over every m)."""
-    from data.scenarios import read_layers
+    from ficco_select.data.scenarios import read_layers
     from ficco_select.runtime.selector import DEFAULT_PATH
     from ficco_select.scenario import ScenarioError
-    from train.export import export
+    from ficco_select.train.export import export
 
     with reported(ScenarioError):
         layers = read_layers(layers_path) if layers_path else []
@@ -175,7 +175,7 @@ def export_cmd(model_uri, out, layers_path) -> None:
               help="A training's output folder (what `ficco train` wrote).")
 def report(folder) -> None:
     """Render a training's comparison tables and plots as one HTML file."""
-    from train.report import write_report
+    from ficco_select.train.report import write_report
 
     with reported(FileNotFoundError,
                   message=lambda e: f"{folder}: not a training output folder ({e.filename} missing)"):
@@ -218,9 +218,9 @@ def report(folder) -> None:
 def adapt_cmd(hardware, backend, ranks, fabric, start, budget, rounds, strategy, perturb, seed, out_dir, no_track, register,
               export_to, as_json) -> None:
     """Adapt the selector to a new machine in a few measurements, round by round."""
-    from ficco_cli.data_cmds import enter_fabric
+    from ficco_select.cli.data_cmds import enter_fabric
     from ficco_select.runtime.selector import DEFAULT_PATH
-    from train.adapt import run_adapt
+    from ficco_select.train.adapt import run_adapt
 
     if fabric is not None:
         enter_fabric(fabric, backend)  # re-executes this command inside it, once
@@ -268,7 +268,7 @@ def _registered_lines(registered: dict | None) -> list[str]:
 @json_option("Print the summary as JSON.")
 def bring_up_cmd(out_dir, base, budget, rounds, ranks, export_to, profile_s, rehearse, as_json) -> None:
     """A new GPU node in one command: profile, spec, adapt, register, export, benchmark."""
-    from train.bringup import bring_up
+    from ficco_select.train.bringup import bring_up
 
     def line(step: dict) -> None:
         if not as_json:

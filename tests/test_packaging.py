@@ -1,0 +1,97 @@
+"""The install puts one name on the import path, `ficco_select`, so it lives beside a user's
+own `data/`, `features/` or `train.py`.
+
+Both installs are checked from a folder of decoys that fail loudly when imported: the wheel
+(built here, installed into a fresh venv that borrows this venv's dependencies) and the
+editable install this suite runs in.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = {"data": "ficco_select.data", "features": "ficco_select.features", "train": "ficco_select.train"}
+
+
+def test_the_package_list_holds_every_folder_of_the_package_and_the_stages():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"] == {v: k for k, v in STAGES.items()}  # the stages' folders, mapped into the namespace
+    on_disk = set()
+    for init in ROOT.glob("*/**/__init__.py"):
+        parts = init.parent.relative_to(ROOT).parts
+        if parts[0] in STAGES:
+            on_disk.add(".".join((STAGES[parts[0]], *parts[1:])))
+        elif parts[0] == "ficco_select":
+            on_disk.add(".".join(parts))
+    assert sorted(config["packages"]) == sorted(on_disk)
+
+
+def _decoys(folder: Path) -> Path:
+    """A user's working folder whose generic names fail loudly if ficco-select imports them."""
+    folder.mkdir()
+    boom = "raise SystemExit('decoy {} was imported')\n"
+    for package in ("data", "features"):
+        (folder / package).mkdir()
+        (folder / package / "__init__.py").write_text(boom.format(package))
+    (folder / "data" / "dataset.py").write_text(boom.format("data/dataset.py"))
+    (folder / "features.py").write_text(boom.format("features.py"))
+    (folder / "train.py").write_text(boom.format("train.py"))
+    return folder
+
+
+def _run(python: Path, ficco: Path, cwd: Path, *args: str, timeout: float = 120) -> None:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{cwd / 'mlflow.db'}"}
+    env.pop("PYTHONPATH", None)
+    command = [str(ficco), *args] if args else [str(python), "-c",
+                                                "from ficco_select.runtime.selector import Selector; Selector"]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
+    assert "decoy" not in done.stdout + done.stderr
+
+
+def _use_from_decoys(python: Path, ficco: Path, folder: Path) -> None:
+    """Import the runtime, then `ficco --help`, `ficco select` and the debug pipeline."""
+    scenarios = folder / "scenarios.csv"
+    scenarios.write_text("group,op,m,n,k,dtype,world_size,hardware\n"
+                         "llama3,ag_gemm,4096,4096,4096,bfloat16,8,h100-nvswitch\n")
+    _run(python, ficco, folder)
+    _run(python, ficco, folder, "--help")
+    _run(python, ficco, folder, "select", "--scenarios", str(scenarios), "--heuristic-only")
+    _run(python, ficco, folder, "pipeline", "--debug", "--no-export", "--no-progress", "--out", str(folder / "p"),
+         timeout=600)
+
+
+@pytest.mark.slow
+def test_the_wheel_runs_beside_a_users_generic_folders(tmp_path):
+    source, wheels = tmp_path / "source", tmp_path / "wheels"  # a copy: setuptools leaves build/ behind
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".*", "out", "build", "site", "mlruns", "*.egg-info",
+                                                                "__pycache__", "mlflow.db"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(wheels), str(source)], check=True, capture_output=True, timeout=300)
+    (wheel,) = wheels.glob("ficco_select-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    installed = sorted(p.name for p in site.iterdir() if not p.name.endswith((".dist-info", ".pth")))
+    assert installed == ["ficco_select"], installed
+    # The dependencies (torch, pandas, mlflow, ...) come from this venv, after the wheel's folder:
+    # a path line in a .pth does not run that folder's own .pth files (this checkout's editable
+    # finder stays out).
+    (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    _use_from_decoys(python, venv / "bin" / "ficco", _decoys(tmp_path / "work"))
+
+
+@pytest.mark.slow
+def test_the_editable_install_runs_beside_a_users_generic_folders(tmp_path):
+    _use_from_decoys(Path(sys.executable), Path(sys.executable).parent / "ficco", _decoys(tmp_path / "work"))
