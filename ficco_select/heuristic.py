@@ -1,4 +1,4 @@
-"""The hand heuristics: documented rules in the spirit of the FiCCO paper.
+"""The hand heuristic: documented rules in the spirit of the FiCCO paper.
 
 Estimates come from ``ficco_select.costs`` on the scenario's hardware spec:
 T_comp (whole per-rank GEMM), T_comm (whole collective), DIL at degree d (the pieces'
@@ -27,32 +27,6 @@ against what decomposing costs, the paper's trade-off, for a handful of schedule
 3. **Overlap only if it pays.** The fastest estimate runs if it saves at least ``min_gain``
    of the baseline's estimate (T_comp + T_comm); else the baseline. Candidates are tried in
    order of estimate; the first legal one runs.
-
-``choose_v1`` (``heuristic-v1``) is the first version, threshold rules on the same estimates:
-
-1. **Does overlap pay at all?** If the ideal speedup (T_comp + T_comm) / max(...) is
-   below ``min_ideal``, one side dwarfs the other: run the baseline.
-2. **How fine?** Shard-level if its own decomposition loss (P shard GEMMs vs the whole)
-   is at most ``max_dil``, else the baseline. Go one level deeper (d = 2, 4 or P, the finest
-   that passes) only if its decomposition loss is at most ``max_dil`` and its piece
-   transfer is not latency-bound (at least ``min_piece_over_latency`` times the
-   per-transfer fixed cost): finer pieces hide more communication but lose GEMM efficiency
-   and pay the fixed transfer cost more often.
-3. **Which pattern?** ``a2a`` (every link at once) on a fully connected or switched
-   topology with P >= 3, else ``ring``. A ring moves all bytes over one link per step: if
-   that alone outlasts the estimated baseline, ring schedules (shard included) are out.
-4. **GEMM per piece or per step?** Per step when per-piece GEMMs lose more than
-   ``max_dil`` / 2 (fewer, larger GEMMs), else per piece.
-5. **Which engine?** ``dma`` when the hardware has copy engines, the GEMM is at least as
-   long as the transfers (so SM contention would cost), and a piece is large enough
-   that the copy engine's larger fixed cost is amortized (transfer >= ``dma_amortize`` x
-   its latency); else ``sm``.
-6. If the result is not legal for the scenario, relax it step by step (ring, GEMM per
-   piece, shard) down to the baseline, which is always legal.
-
-Both parameter sets are tuned on training data only (``ficco_select.train.selectors`` does the grid
-searches); the defaults are what that search picks on the default training data.
-Plain Python + NumPy: the runtime falls back to ``choose``.
 """
 
 from __future__ import annotations
@@ -76,20 +50,6 @@ class HeuristicParams:
     """Overlap runs only if its estimate saves this share of the baseline's."""
     fill: float = 1.0
     """Share of one step's shorter side (GEMM or transfer) left exposed by fill and drain."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class HeuristicV1Params:
-    """The thresholds of ``choose_v1``'s rules 1, 2 and 5 (tuned on training data by ``train``)."""
-
-    min_ideal: float = 1.1
-    """Below this ideal overlap speedup, run the baseline."""
-    max_dil: float = 0.15
-    """Largest estimated decomposition loss accepted for a finer degree."""
-    min_piece_over_latency: float = 4.0
-    """A piece's transfer must take this many times the per-transfer fixed cost."""
-    dma_amortize: float = 3.0
-    """Use dma only if a piece's transfer takes this many times the DMA fixed cost."""
 
 
 def backend_for(hw: HardwareSpec) -> str:
@@ -188,48 +148,3 @@ def _estimated_times(s: Scenario, hw: HardwareSpec, est: dict[str, float], f: _F
             time = time + np.where(f.a2a, 0.0, collective_time(hw, OP_CODES["ag_gemm"], est["shard_bytes"], P))
     return np.asarray(time, float)
 
-
-def choose_v1(s: Scenario, hw: HardwareSpec, params: HeuristicV1Params = HeuristicV1Params(),
-              backend: str | None = None, est: dict[str, float] | None = None) -> Schedule:
-    """``heuristic-v1``'s schedule for `s` on `hw` (always legal on `backend`).
-
-    `est` may pass ``estimates(s, hw)`` computed once (tuning calls this many times).
-    """
-    backend = backend or backend_for(hw)
-    est = est or estimates(s, hw)
-    P = s.world_size
-    if est["ideal"] < params.min_ideal:
-        return BASELINE
-    # Pattern: every link at once where each peer has its own path; a ring otherwise.
-    pattern = "a2a" if hw.topology in ("fully_connected", "switch") and P >= 3 else "ring"
-    # A ring moves everything over one link per step: when that alone outlasts the whole
-    # baseline, no ring schedule can win.
-    ring_viable = est["ring"] < est["t_comp"] + est["t_comm"]
-    latency = hw.sm_comm_latency_us * 1e-6
-    degree = 1
-    for d in degrees(P):
-        if (est[f"dil_{d}"] <= params.max_dil
-                and est[f"piece_comm_{d}"] >= params.min_piece_over_latency * latency):
-            degree = d
-    if degree == 1 and not (ring_viable and est["dil_1"] <= params.max_dil):
-        return BASELINE  # shard-level overlap would not pay either
-    engine = "sm"
-    if "dma" in hw.engines and est["t_comp"] >= est["t_comm"]:
-        if est[f"piece_comm_{degree}"] >= params.dma_amortize * hw.dma_latency_us * 1e-6:
-            engine = "dma"
-    wanted: list[Schedule] = []
-    if degree > 1:
-        compute = "gemm_per_step" if est[f"dil_{degree}"] > params.max_dil / 2 else "gemm_per_piece"
-        base = Schedule(granularity="ficco", degree=degree, pattern=pattern, compute=compute, split="m",
-                        engine=engine)
-        wanted += [base, dataclasses.replace(base, compute="gemm_per_piece"),
-                   dataclasses.replace(base, engine="sm")]
-        if ring_viable:
-            wanted += [dataclasses.replace(base, pattern="ring"),
-                       dataclasses.replace(base, pattern="ring", compute="gemm_per_piece")]
-    if ring_viable:
-        wanted += [dataclasses.replace(SHARD, engine=engine), SHARD]
-    for schedule in wanted:
-        if is_legal(schedule, s, backend):
-            return schedule
-    return BASELINE

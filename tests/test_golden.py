@@ -30,25 +30,23 @@ def reference() -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     from ficco_select.data.simulate import simulate_rows
     from ficco_select.features import FEATURE_SCHEMA_HASH
     from ficco_select.hardware import load_hardware
-    from ficco_select.heuristic import choose, choose_v1
+    from ficco_select.heuristic import choose
     from ficco_select.scenario import Scenario
 
     by_kind: dict[tuple, list] = {}
     for r in catalog("full", models=["llama3-8b", "mixtral-8x7b", "gpt3-175b"], dtype="float32"):
         by_kind.setdefault((r["op"], r["world_size"]), []).append(r)
     scenarios = [Scenario.from_record(r) for kind in sorted(by_kind) for r in by_kind[kind][::5][:2]]
-    frames, choices, choices_v1 = [], {}, {}
+    frames, choices = [], {}
     for name in PRESETS:
         hw = load_hardware(name)
         on = [Scenario.from_record({**s.as_record(), "hardware": name}) for s in scenarios]
         frames.append(simulate_rows(on, hw))
         choices.update({f"{name}/{s.scenario_id}": choose(s, hw).name for s in on})
-        choices_v1.update({f"{name}/{s.scenario_id}": choose_v1(s, hw).name for s in on})
     rows = pd.concat(frames, ignore_index=True)
     times = rows[["scenario_id", "hardware", "schedule", "time_s"]]
     signatures = rows.groupby(["scenario_id", "hardware"], sort=False).first().reset_index()[KEYS + SIGNATURES]
-    return times, signatures, {"feature_schema_hash": FEATURE_SCHEMA_HASH, "heuristic": choices,
-                                "heuristic-v1": choices_v1}
+    return times, signatures, {"feature_schema_hash": FEATURE_SCHEMA_HASH, "heuristic": choices}
 
 
 @functools.cache
@@ -74,8 +72,7 @@ def test_the_reference_covers_every_op_world_size_and_topology():
     hardware = [load_hardware(name) for name in set(signatures["hardware"])]
     assert {hw.topology for hw in hardware} == set(TOPOLOGIES)
     assert set(signatures["op"]) == {"ag_gemm", "gemm_rs", "a2a_gemm", "gemm_ar", "gemm_a2a"} and set(signatures["world_size"]) == {2, 4, 8}
-    for name in ("heuristic", "heuristic-v1"):  # each heuristic picks more than one kind of schedule
-        assert len(set(decisions[name].values())) > 3
+    assert len(set(decisions["heuristic"].values())) > 3  # the heuristic picks more than one kind of schedule
 
 
 if __name__ == "__main__":

@@ -523,8 +523,6 @@ def test_the_exports_fitted_abstention_rule_decides_where_the_model_abstains(tmp
     high = Selector.load(write_selector(tmp_path / "c", abstention={"min_margin": 1e9, "fallback": "heuristic"}))
     d = high.select(RECORD)
     assert d.source == "heuristic" and "below 1000000000" in d.reason
-    # A margin given by the caller wins over the export's rule.
-    assert Selector.load(tmp_path / "b", min_margin=0.0).select(RECORD).source == "model"
     # A rule per kind of machine wins over the pooled one for that kind.
     by_kind = {"min_margin": None, "fallback": "baseline",
                "by_kind": {"gpu": {"min_margin": 0.0, "fallback": "heuristic"}}}
@@ -534,7 +532,9 @@ def test_the_exports_fitted_abstention_rule_decides_where_the_model_abstains(tmp
     cpu = {**RECORD, "m": 64, "n": 64, "k": 64, "dtype": "float32", "world_size": 2, "hardware": "cpu"}
     d = sel.select(cpu)  # the pooled rule: never trust, run the baseline
     assert d.source == "fallback" and d.schedule == BASELINE and "never trusts the model" in d.reason
-    assert Selector.load(tmp_path / "d", min_margin=0.0).select(cpu).source == "model"
+    trusting = Selector.load(write_selector(tmp_path / "t", abstention={"min_margin": 0.0, "fallback": "baseline"},
+                                            training_ranges={**FULL_RANGES, "hardware": [*PRESETS, "cpu"]}))
+    assert trusting.select(cpu).source == "model"
     # A rule per operator on a kind wins over the kind's and the pooled one, for that operator only.
     by_op = {**by_kind, "by_op": {f"gpu.{RECORD['op']}": {"min_margin": None, "fallback": "baseline"}}}
     sel = Selector.load(write_selector(tmp_path / "e", abstention=by_op,
@@ -578,7 +578,8 @@ def test_an_unseen_machine_inside_the_trained_spec_ranges_is_decided_by_the_mode
     sel = Selector.load(write_selector(tmp_path / "sel", training_ranges=trained_on, unseen_hardware=rule))
     d = sel.select(RECORD)
     assert d.source == "model" and "mi300x-8 not seen in training: inside the trained machines' spec ranges" in d.reason
-    assert d.schedule == Selector.load(tmp_path / "sel", min_margin=0.0).select(RECORD).schedule
+    trusting = Selector.load(write_selector(tmp_path / "t", abstention={"min_margin": 0.0, "fallback": "heuristic"}))
+    assert d.schedule == trusting.select(RECORD).schedule
     assert sel.select({**RECORD, "hardware": "h100-nvswitch"}).reason == ""  # a trained machine: no note
     # Outside a range, another topology, another backend: the heuristic, saying which.
     faster = tmp_path / "faster.yaml"

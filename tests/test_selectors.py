@@ -13,11 +13,11 @@ from ficco_select import Scenario, candidates
 from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, pair_features
 from ficco_select.hardware import load_hardware
 from ficco_select.schedule import BASELINE
-from ficco_select.heuristic import HeuristicParams, HeuristicV1Params, choose, choose_v1, estimates
+from ficco_select.heuristic import HeuristicParams, choose, estimates
 from ficco_select.train.evaluate import SPLITS, evaluate, folds, tables
 from ficco_select.train.metrics import score, usable_rows
 from ficco_select.train.selector_sets import all_selectors
-from ficco_select.train.selectors import AlwaysBaseline, Heuristic, HeuristicV1, Oracle, SimulatorSelector, XGBRanker, XGBTimeRegressor
+from ficco_select.train.selectors import AlwaysBaseline, Heuristic, Oracle, SimulatorSelector, XGBRanker, XGBTimeRegressor
 from ficco_select.runtime.selector import Selector as RuntimeSelector
 import ficco_select.train.shipped as shipped_module
 from ficco_select.train.shipped import SLOWDOWN_CAP, ShippedPolicy, fit_abstention, fit_unseen_hardware
@@ -77,15 +77,13 @@ def test_heuristics_are_always_legal_and_follow_their_rules():
             s = Scenario(group="r", op=op, m=int(rng.integers(1, 512)) * P, n=int(rng.integers(1, 512)) * P,
                          k=int(rng.integers(1, 512)) * P, dtype="float32", world_size=P, hardware=hw_name,
                          imbalance=float(rng.uniform(1, P)) if op in ("a2a_gemm", "gemm_a2a") else 1.0)
-            assert choose(s, hw) in candidates(s, backend) and choose_v1(s, hw) in candidates(s, backend)
+            assert choose(s, hw) in candidates(s, backend)
     mi300x = load_hardware("mi300x-8")
     # nothing to overlap with: a GEMM of 8 rows and a huge transfer -> baseline
     tiny = Scenario(group="t", op="ag_gemm", m=8, n=8, k=65536, dtype="bfloat16", world_size=8, hardware="mi300x-8")
-    assert choose(tiny, mi300x).is_baseline and choose_v1(tiny, mi300x, HeuristicV1Params(min_ideal=1.1)).is_baseline
+    assert choose(tiny, mi300x).is_baseline
     big = Scenario(group="t", op="ag_gemm", m=65536, n=16384, k=8192, dtype="bfloat16", world_size=8,
                    hardware="mi300x-8")
-    # fully connected: finer pieces go over every link at once
-    assert choose_v1(big, mi300x, HeuristicV1Params(max_dil=0.5)).pattern == "a2a"
     assert not choose(big, mi300x).is_baseline  # both sides large: overlap pays
 
 
@@ -182,9 +180,9 @@ def test_the_shipped_row_scores_the_runtime_policy_not_the_bare_model(small):
     shipped = ShippedPolicy(XGBRanker(n_estimators=40)).fit(train)
     assert set(shipped.predict(test)) == set(bare)
     assert {d.source for d in shipped.decisions_.values()} <= {"model", "heuristic", "fallback"}
-    # Trust every margin (a margin given wins over the fitted rules): then it is the bare
-    # model, scored by the runtime's trees.
-    shipped.runtime_ = RuntimeSelector(shipped.model_, shipped.meta_, min_margin=0.0, layer_tables=False)
+    # A rule that trusts every margin: then it is the bare model, scored by the runtime's trees.
+    trusting = {**shipped.meta_, "abstention": {"min_margin": 0.0, "fallback": "heuristic"}}
+    shipped.runtime_ = RuntimeSelector(shipped.model_, trusting, layer_tables=False)
     chosen = shipped.predict(test)
     clear = [sid for sid, d in shipped.decisions_.items() if d.source == "model" and d.confidence > 1e-4]
     assert len(clear) > len(chosen) / 2  # (a float32 near-tie may go either way)
@@ -277,9 +275,9 @@ def test_the_unseen_hardware_rule_holds_machines_out_of_the_fit_and_bounds_the_t
         allowed = [c["capture"] for c in chosen["candidates"].values() if c["slowdowns"] <= chosen["tail_guard"]]
         assert chosen["capture"] == max(allowed) == chosen["candidates"][chosen["fallback"]]["capture"]
         assert {"heuristic", "baseline", "cost_model"} < set(chosen["candidates"])  # and the fixed rules
-    # Against a rival a model trained on one machine beats (the first heuristic), the model
+    # Against a rival a model trained on one machine beats (always the baseline), the model
     # decides unseen machines inside the trained specs, widened as far as validation tested.
-    monkeypatch.setattr(shipped_module, "Heuristic", HeuristicV1)
+    monkeypatch.setattr(shipped_module, "Heuristic", lambda tune: AlwaysBaseline())
     rule = fit_unseen_hardware(lambda: Spy(n_estimators=20), rows, abstention)
     assert rule["validation"]["gpu"]["ahead"] and rule["decide"] == "model", rule["validation"]["gpu"]
     gpu = rule["kinds"]["gpu"]

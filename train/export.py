@@ -1,4 +1,5 @@
-"""Export a registered selector for the runtime: XGBoost JSON + selector.json in one folder.
+"""Export a registered selector for the runtime: XGBoost JSON, selector.json (its rules) and
+evidence.json (their validation figures) in one folder.
 
 The runtime (``ficco_select.runtime.selector``) never talks to MLflow: this explicit step copies
 the model out of the registry once, with the precompiled layer tables of a scenario table
@@ -23,7 +24,7 @@ from ficco_select.runtime.selector import Selector
 from ficco_select.scenario import LAYER_COLUMNS, Scenario
 from ficco_select.train.run import ALIAS, REGISTERED_MODEL
 
-EXPORT_FILES = ("model.json", "selector.json", "layers.json")
+EXPORT_FILES = ("model.json", "selector.json", "evidence.json", "layers.json")
 """What an exported folder holds; a destination with anything else is not ours to replace."""
 
 
@@ -44,9 +45,13 @@ def export(out: str | Path, model_uri: str = f"models:/{REGISTERED_MODEL}@{ALIAS
     booster = xgb.Booster()
     booster.load_model(str(model_files[0]))
 
+    evidence = metas[0].with_name("evidence.json")  # what training found; the runtime never reads it
+
     def write(folder: Path) -> None:
         booster.save_model(str(folder / "model.json"))
         shutil.copy(metas[0], folder / "selector.json")
+        if evidence.exists():
+            shutil.copy(evidence, folder / "evidence.json")
         if layers:
             write_tables(Selector.load(folder), layers, folder)
 

@@ -36,7 +36,8 @@ from ficco_select.train.measured_holdout import holdout_tables, holdout_text
 from ficco_select.train.metrics import format_table
 from ficco_select.train.report import write_report
 from ficco_select.train.selectors import BaseSelector, XGBRanker, XGBTimeRegressor, clone, with_features
-from ficco_select.train.shipped import ShippedPolicy, fit_abstention, fit_unseen_hardware, runtime_meta, with_machine_fallbacks
+from ficco_select.train.shipped import (ShippedPolicy, fit_abstention, fit_unseen_hardware, rules_and_evidence,
+                                       runtime_meta, with_machine_fallbacks)
 
 EXPERIMENT = "ficco-select"
 REGISTERED_MODEL = "ficco-selector"
@@ -262,11 +263,14 @@ def _log_model(model: BaseSelector, candidate: BaseSelector, df: pd.DataFrame, d
     meta = {**runtime_meta(name, df), "abstention": with_machine_fallbacks(abstention, unseen),
             "unseen_hardware": unseen, "dataset_digest": digest,
             "mlflow_run_id": run_id, "ficco_version": __version__}
+    rules, evidence = rules_and_evidence(meta)
+    mlflow.log_dict(evidence, "evidence.json")
     with tempfile.TemporaryDirectory() as tmp:
-        meta_path = Path(tmp) / "selector.json"
-        meta_path.write_text(json.dumps(meta, indent=2))
+        files = [Path(tmp) / "selector.json", Path(tmp) / "evidence.json"]
+        files[0].write_text(json.dumps(rules, indent=1))
+        files[1].write_text(json.dumps(evidence, indent=1))
         info = mlflow.xgboost.log_model(model.model_, name="selector", registered_model_name=REGISTERED_MODEL,
-                                        model_format="ubj", extra_files=[str(meta_path)])
+                                        model_format="ubj", extra_files=[str(f) for f in files])
     version = str(info.registered_model_version)
     client = mlflow.MlflowClient()
     for split in grouped:

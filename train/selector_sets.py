@@ -7,7 +7,6 @@ from ficco_select.train.selectors import (
     AlwaysShard,
     BaseSelector,
     Heuristic,
-    HeuristicV1,
     HGBClassifier,
     Oracle,
     RandomForestTime,
@@ -27,7 +26,7 @@ def all_selectors() -> list[BaseSelector]:
     regressor = XGBTimeRegressor()
     shipped = ShippedPolicy(regressor)
     return [regressor, XGBRanker(), shipped, UnguardedShipped(shipped), HGBClassifier(), RandomForestTime(), Heuristic(),
-            HeuristicV1(), SimulatorSelector(), AlwaysBaseline(), AlwaysShard(), Oracle()]
+            SimulatorSelector(), AlwaysBaseline(), AlwaysShard(), Oracle()]
 
 
 def fast_selectors() -> list[BaseSelector]:
@@ -39,7 +38,7 @@ def fast_selectors() -> list[BaseSelector]:
     family hold-out) and the random forest (below the ranker on every split and metric)."""
     regressor = XGBTimeRegressor(n_estimators=100, learning_rate=0.12)  # ficco evaluate: 300 at 0.08
     shipped = ShippedPolicy(regressor)
-    return [regressor, shipped, UnguardedShipped(shipped), Heuristic(tune_scenarios=150), HeuristicV1(tune_scenarios=150),
+    return [regressor, shipped, UnguardedShipped(shipped), Heuristic(tune_scenarios=150),
             SimulatorSelector(), AlwaysBaseline(), AlwaysShard(), Oracle()]
 
 
@@ -48,5 +47,5 @@ def debug_selectors() -> list[BaseSelector]:
     pipeline --debug`` checks that every stage runs, not how well."""
     regressor = XGBTimeRegressor(n_estimators=20, learning_rate=0.3)
     shipped = ShippedPolicy(regressor)
-    return [regressor, shipped, UnguardedShipped(shipped), Heuristic(tune=False), HeuristicV1(tune=False), SimulatorSelector(),
+    return [regressor, shipped, UnguardedShipped(shipped), Heuristic(tune=False), SimulatorSelector(),
             AlwaysBaseline(), AlwaysShard(), Oracle()]

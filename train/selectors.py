@@ -20,7 +20,7 @@ from ficco_select.data.calibrate import calibrate
 from ficco_select.data.simulate import simulate_rows
 from ficco_select.features import FEATURE_NAMES, pair_features
 from ficco_select.hardware import HardwareSpec, load_hardware
-from ficco_select.heuristic import HeuristicParams, HeuristicV1Params, choose, choose_v1, estimates
+from ficco_select.heuristic import HeuristicParams, choose, estimates
 from ficco_select.runtime.decision import pick_with_margin
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
 from ficco_select.schedule import BASELINE, SHARD
@@ -157,17 +157,6 @@ class Heuristic(BaseSelector):
         return out
 
     _rules = staticmethod(choose)
-
-
-class HeuristicV1(Heuristic):
-    """The first hand heuristic (``ficco_select.heuristic.choose_v1``), kept as a row of its own
-    so that the tables show what the current one changed; tuned the same way."""
-
-    name = "heuristic-v1"
-    GRID = {"min_ideal": (1.0, 1.05, 1.1, 1.2), "max_dil": (0.05, 0.15, 0.4, 1.0),
-            "min_piece_over_latency": (1.0, 4.0, 16.0), "dma_amortize": (1.0, 3.0)}
-    PARAMS = HeuristicV1Params
-    _rules = staticmethod(choose_v1)
 
 
 class SimulatorSelector(BaseSelector):

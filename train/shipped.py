@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ficco_select.data.dataset import user_specs
-from ficco_select.data.machines import base_machine
+from ficco_select.data.machines import SAMPLED_MARK, base_machine
 from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.runtime.decision import GATED, fixed_rule_pick, pick_with_margin
@@ -83,6 +83,34 @@ def runtime_meta(name: str, df: pd.DataFrame) -> dict:
             "target": "log(time / baseline time)" if name == "xgb-regressor" else "rank score (higher is better)",
             "training_ranges": training_ranges(df), "unseen_dtype": dtype_ranges(df),
             "hardware_specs": user_specs(df), "gpu_no_harm": gpu_no_harm()}
+
+
+def rules_and_evidence(meta: dict) -> tuple[dict, dict]:
+    """An export's ``selector.json`` (the rules the runtime reads) and ``evidence.json`` (what
+    training found while fitting them, which the runtime never reads), from the full `meta`.
+
+    Evidence: every ``validation*`` figure of the abstention and unseen-hardware rules (per
+    kind and operator too), how far the unseen-hardware ranges were widened, and the specs of
+    the sampled machines (``name~i``, ``data.machines``) that only training names."""
+    def split(rules: dict, where: tuple[str, ...]) -> dict:
+        kept = {}
+        for key, value in rules.items():
+            if key.startswith("validation") or key in ("by_reason_validation", "widened_by"):
+                evidence.setdefault(".".join(where), {})[key] = value
+            elif isinstance(value, dict) and key not in ("hardware_specs", "training_ranges"):
+                kept[key] = split(value, (*where, key))
+            else:
+                kept[key] = value
+        return kept
+
+    evidence: dict = {}
+    rules = split(meta, ())
+    specs = rules.get("hardware_specs", {})
+    sampled = {name: spec for name, spec in specs.items() if SAMPLED_MARK in name}
+    if sampled:
+        rules["hardware_specs"] = {name: spec for name, spec in specs.items() if name not in sampled}
+        evidence["sampled_machines"] = sampled
+    return rules, {"mlflow_run_id": meta.get("mlflow_run_id"), **evidence}
 
 
 @functools.cache

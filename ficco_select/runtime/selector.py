@@ -89,18 +89,17 @@ DEFAULT_PATH = Path(os.environ.get("FICCO_SELECTOR", Path.home() / ".cache" / "f
 """Where ``ficco export`` puts the champion and ``Selector.load()`` looks for it."""
 class Selector:
     def __init__(self, model: TreeEnsemble | None = None, meta: Mapping[str, Any] | None = None, *,
-                 min_margin: float | None = None, layer_tables: bool = True) -> None:
+                 layer_tables: bool = True) -> None:
         # meta is selector.json's contents: checked here, so that every decision can trust it.
         self._scope = Scope.from_meta(meta) if meta is not None else Scope()
         self.model = model
         self.meta = dict(meta or {})
-        # A margin given here wins over the export's fitted rules (its fallback: the heuristic).
-        rule = self._scope.abstention if min_margin is None else None
-        self.min_margin = rule[0] if rule else (DEFAULT_MIN_MARGIN if min_margin is None else min_margin)
+        rule = self._scope.abstention
+        self.min_margin = rule[0] if rule else DEFAULT_MIN_MARGIN
         self.margin_fallback = rule[1] if rule else "heuristic"
-        self._margin_by_kind = dict(self._scope.abstention_by_kind) if min_margin is None else {}
-        self._margin_by_op = dict(self._scope.abstention_by_op) if min_margin is None else {}
-        self._by_reason = dict(self._scope.fallback_by_reason) if min_margin is None else {}
+        self._margin_by_kind = dict(self._scope.abstention_by_kind)
+        self._margin_by_op = dict(self._scope.abstention_by_op)
+        self._by_reason = dict(self._scope.fallback_by_reason)
         self._trained_hardware = dict(self._scope.seen).get("hardware")  # None: not recorded
         self._trained_dtypes = dict(self._scope.seen).get("dtype")
         self.layer_tables = layer_tables

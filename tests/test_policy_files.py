@@ -1,0 +1,56 @@
+"""An export's two files: ``selector.json``, the rules the runtime reads, and
+``evidence.json``, what training found while fitting them, which the runtime never reads."""
+
+import json
+
+from test_selector_runtime import FULL_RANGES, RECORD, spec_dict, warnings_of, write_selector
+
+from ficco_select.runtime.scope import Scope
+from ficco_select.runtime.selector import Selector
+from ficco_select.train.shipped import rules_and_evidence
+
+FIGURES = {"validation_scenarios": 120, "validation_capture": 0.97, "validation_slowdowns": 0.01}
+META = {
+    "selector": "xgb-regressor", "training_ranges": {**FULL_RANGES, "hardware": ["mi300x-8", "node-a", "mi300x-8~1"]},
+    "hardware_specs": {"node-a": spec_dict("node-a"), "mi300x-8~1": spec_dict("mi300x-8~1", devices=4)},
+    "abstention": {"min_margin": 0.02, "fallback": "heuristic", **FIGURES,
+                   "by_kind": {"gpu": {"min_margin": 0.03, "fallback": "baseline", **FIGURES}},
+                   "by_op": {"gpu.ag_gemm": {"min_margin": None, "fallback": "shard.ring.sm", **FIGURES}},
+                   "by_reason": {"m_range": {"gpu": "cost_model"}},
+                   "by_reason_validation": {"m_range": {"gpu": {"fallback": "cost_model", "scenarios": 9}}}},
+    "unseen_hardware": {"decide": "model", "validation": {"gpu": {"scenarios": 40, "ahead": True}},
+                        "kinds": {"gpu": {"topologies": ["switch"], "spec_ranges": {"link_bw_gbps": [10.0, 900.0]},
+                                          "widened_by": {"link_bw_gbps": 1.5}, "any_topology": False}},
+                        "by_reason_validation": {"spec_range": {"gpu": {"fallback": "heuristic"}}}},
+    "mlflow_run_id": "r1",
+}
+
+
+def test_every_validation_figure_leaves_the_rules_and_the_rules_read_the_same():
+    rules, evidence = rules_and_evidence(META)
+    text = json.dumps(rules)
+    assert "validation" not in text and "widened_by" not in text and "~" not in json.dumps(rules["hardware_specs"])
+    assert evidence["abstention.by_op.gpu.ag_gemm"] == FIGURES
+    assert evidence["abstention"]["by_reason_validation"]["m_range"]["gpu"]["scenarios"] == 9
+    assert evidence["unseen_hardware"]["validation"]["gpu"]["ahead"]
+    assert evidence["unseen_hardware.kinds.gpu"] == {"widened_by": {"link_bw_gbps": 1.5}}
+    assert set(evidence["sampled_machines"]) == {"mi300x-8~1"} and evidence["mlflow_run_id"] == "r1"
+    # What the runtime parses from the rules is what it parsed from everything, but the
+    # sampled machine only training names.
+    full, read = Scope.from_meta(META), Scope.from_meta(rules)
+    assert read == Scope.from_meta({**META, "hardware_specs": {"node-a": spec_dict("node-a")}})
+    assert set(full.specs) - set(read.specs) == {"mi300x-8~1"}
+
+
+def test_the_evidence_file_never_changes_a_decision_nor_blocks_a_load(tmp_path, caplog):
+    rules, evidence = rules_and_evidence(META)
+    folder = write_selector(tmp_path / "sel", **{k: v for k, v in rules.items() if k != "training_ranges"})
+    records = [RECORD, {**RECORD, "op": "gemm_rs"}, {**RECORD, "m": 1 << 30}, {**RECORD, "hardware": "node-a"}]
+    without = [Selector.load(folder).select(r) for r in records]
+    assert {d.source for d in without} >= {"model"}
+    for text in (json.dumps(evidence), json.dumps(evidence)[:50], "[1, 2", json.dumps({"abstention": {"min_margin": 9}}),
+                 json.dumps(rules)):  # whole, truncated, broken, another's, the rules in its place
+        (folder / "evidence.json").write_text(text)
+        caplog.clear()
+        assert [Selector.load(folder).select(r) for r in records] == without
+        assert warnings_of(caplog) == []
