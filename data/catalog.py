@@ -200,7 +200,7 @@ GEMM's wider output)."""
 def dtype_shares(hw: HardwareSpec) -> dict[str, float]:
     """{dtype: share of the layer shapes} that jobs run on `hw`: float32 on the cpu backend's
     machines (no copy engines), ``GPU_DTYPE_SHARES`` on GPUs (fp8 where the spec has a peak)."""
-    if not hw.copy_engines:
+    if hw.kind == "cpu":
         return {"float32": 1.0}
     return {d: share for d, share in GPU_DTYPE_SHARES.items() if d in hw.peak_tflops}
 

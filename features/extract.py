@@ -23,11 +23,11 @@ from ficco_select.costs import (
     collective_time,
     gemm_time,
     rank_work,
-    scenario_estimates,
     schedule_times,
     transfer_time,
 )
 from ficco_select.hardware import TOPOLOGIES, HardwareSpec
+from ficco_select.heuristic import backend_for
 from ficco_select.scenario import DTYPES, OPS, Scenario
 from ficco_select.schedule import GRANULARITIES, Schedule, parse
 
@@ -367,7 +367,7 @@ def _probe() -> tuple[list[dict], list[str], dict[str, HardwareSpec]]:
             for P, (m, n, k) in ((2, (64, 4096, 4096)), (8, (8192, 14336, 4096)), (4, (512, 1024, 8192))):
                 rec = dict(group="probe", op=op, m=m * P, n=n * P, k=k, dtype="bfloat16", world_size=P,
                            hardware=name, imbalance=1.5 if op == "a2a_gemm" else 1.0)
-                backend = "sim" if spec.copy_engines else "cpu"
+                backend = backend_for(spec)
                 for c in candidates(Scenario(**rec), backend):
                     records.append(rec)
                     names.append(c.name)

@@ -134,6 +134,22 @@ class HardwareSpec:
     def engines(self) -> tuple[str, ...]:
         return ("sm", "dma") if self.copy_engines > 0 else ("sm",)
 
+    @property
+    def kind(self) -> str:
+        """``gpu`` or ``cpu``, the kind of machine: one with copy engines is a GPU node, whose
+        ranks are its devices; one without is the cpu backend's kind, whose ranks are
+        processes time-sharing its cores (a shaped fabric's ``cpu-1gbit`` too). Candidate
+        sets, feature scales, the abstention rules and the device-count rule follow it."""
+        return "gpu" if self.copy_engines else "cpu"
+
+    def beyond_devices(self, world_size: int) -> str | None:
+        """The device-count rule: why `world_size` ranks are beyond this machine (a GPU spec
+        describes one node: its costs say nothing about a larger job), or None. The cpu
+        kind measures more ranks than cores, and the simulator stretches those times alike."""
+        if self.kind == "gpu" and world_size > self.devices:
+            return f"world_size {world_size} exceeds the {self.devices} devices of {self.name} (a spec describes one node)"
+        return None
+
 
 _FIELDS = {f.name: f for f in dataclasses.fields(HardwareSpec)}
 

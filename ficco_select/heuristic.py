@@ -53,9 +53,9 @@ class HeuristicParams:
 
 
 def backend_for(hw: HardwareSpec) -> str:
-    """The backend whose candidate set applies: the cpu backend for a machine without copy
-    engines (its kind, as ``schedule.hardware_problem`` says), else a GPU's (cuda/sim)."""
-    return "sim" if hw.copy_engines else "cpu"
+    """The backend whose candidate set applies: the cpu backend's on the cpu kind of machine
+    (``HardwareSpec.kind``), else a GPU's (cuda and sim share theirs)."""
+    return "cpu" if hw.kind == "cpu" else "sim"
 
 
 def estimates(s: Scenario, hw: HardwareSpec) -> dict[str, float]:

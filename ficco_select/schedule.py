@@ -165,20 +165,16 @@ def hardware_problem(scenario: Scenario, backend: str, spec: HardwareSpec) -> st
     """Why rows of `backend` cannot carry `spec` as the scenario's machine (naming the
     column), or None. The cpu backend measures this machine's CPU, so its rows never name a
     GPU; the cuda backend measures a GPU; a spec describes one node of ``devices`` ranks."""
-    if backend == "cpu" and spec.copy_engines:
+    if backend == "cpu" and spec.kind == "gpu":
         return (f"column 'hardware': {spec.name!r} is a GPU ({spec.copy_engines} copy engines), but the cpu "
                 "backend measures this machine's CPU; set the column to cpu (or a spec without copy "
                 "engines), or measure that GPU with --backend cuda")
-    if backend == "cuda" and not spec.copy_engines:
+    if backend == "cuda" and spec.kind == "cpu":
         return (f"column 'hardware': {spec.name!r} is not a GPU (no copy engines), but the cuda backend "
                 "measures this machine's GPU; set the column to its preset name (e.g. h100-nvswitch) or "
                 "spec file, or use --backend cpu")
-    if backend in ("sim", "cuda") and scenario.world_size > spec.devices and spec.copy_engines:
-        # A GPU node's ranks are its devices. A machine without copy engines is the cpu
-        # backend's kind, whose ranks are processes time-sharing its cores (the cpu backend
-        # measures P = 3 and 4 on 2 cores): the simulator stretches those times alike.
-        return (f"column 'world_size': {scenario.world_size} exceeds the {spec.devices} devices of "
-                f"{spec.name} (a spec describes one node)")
+    if backend in ("sim", "cuda") and (beyond := spec.beyond_devices(scenario.world_size)):
+        return f"column 'world_size': {beyond}"
     return None
 
 

@@ -30,7 +30,6 @@ from ficco_select.runtime.scope import (
     DEFAULT_MIN_MARGIN,
     FALLBACKS,
     SPEC_RANGE_FIELDS,
-    machine_kind,
     spec_value,
 )
 from ficco_select.runtime.selector import Selector as RuntimeSelector
@@ -69,7 +68,7 @@ def dtype_ranges(df: pd.DataFrame) -> dict:
     peaks: dict[str, list[float]] = {}
     for hardware, dtype in zip(ok["hardware"], ok["dtype"]):
         hw = load_hardware(hardware)
-        peaks.setdefault(machine_kind(hw), []).append(hw.peak_of(dtype))
+        peaks.setdefault(hw.kind, []).append(hw.peak_of(dtype))
     sizes = [DTYPES[d] for d in ok["dtype"]]
     return {"dtype_bytes": [min(sizes), max(sizes)],
             "peak_tflops": {kind: [min(values), max(values)] for kind, values in sorted(peaks.items())}}
@@ -415,8 +414,8 @@ def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abst
     rule: dict = {"decide": "heuristic", "kinds": {}, "validation": {}}
     fixed = fixed_rule_schedules(ok)
     held_out = []  # every kind's validation outcomes on held-out machines
-    for kind in sorted({machine_kind(hw) for hw in specs.values()}):
-        mine = [h for h, hw in specs.items() if machine_kind(hw) == kind]
+    for kind in sorted({hw.kind for hw in specs.values()}):
+        mine = [h for h, hw in specs.items() if hw.kind == kind]
         # Halves of machines with the machines sampled around them (``ficco_select.data.machines``),
         # so that a held-out machine is not in training under another name.
         bases = sorted({base_machine(h) for h in mine}, key=lambda h: zlib.crc32(h.encode()))
@@ -499,7 +498,7 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame, fixed: Sequence
     by_sid = np.argsort(sid, kind="stable")  # each scenario's candidates: names and scores, for fixed_rule_pick
     rows_of = np.split(by_sid, np.flatnonzero(sid[by_sid][1:] != sid[by_sid][:-1]) + 1)
     scored = {sid[rows[0]]: (names[rows].tolist(), lower_is_better[rows]) for rows in rows_of if len(rows)}
-    kind_of = {h: machine_kind(load_hardware(h)) for h in set(ok["hardware"].unique())}
+    kind_of = {h: load_hardware(h).kind for h in set(ok["hardware"].unique())}
     columns = ok.groupby("scenario_id", sort=False)[["hardware", "op", *SLACK_COLUMNS]].first().reindex(first.index)
     return pd.DataFrame({
         "kind": columns["hardware"].map(kind_of).to_numpy(),

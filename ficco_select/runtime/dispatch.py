@@ -376,7 +376,7 @@ def _backend(scenario: Scenario) -> str:
     """The backend whose schedules a call may run: the cpu backend's on a machine without
     copy engines, whatever its name (a shaped fabric's ``cpu-1gbit`` too), else a GPU's."""
     try:
-        return "cuda" if load_hardware(scenario.hardware).copy_engines else "cpu"
+        return "cpu" if load_hardware(scenario.hardware).kind == "cpu" else "cuda"
     except HardwareError:  # a name no spec describes: the cpu preset's name alone is the cpu
         return "cpu" if scenario.hardware == "cpu" else "cuda"
 

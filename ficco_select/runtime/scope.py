@@ -42,7 +42,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ficco_select.hardware import HardwareSpec, fields_of, load_hardware, shipped_names, spec_from_dict
-from ficco_select.heuristic import backend_for
 from ficco_select.runtime.decision import ABSTENTION_REASONS, GATED
 from ficco_select.runtime.no_harm import NoHarmRule
 from ficco_select.scenario import OPS
@@ -70,7 +69,7 @@ SPEC_RANGE_FIELDS = ("compute_units", "copy_engines", *fields_of("rate", "latenc
 ``unseen_hardware`` rule lets the model decide: every rate and latency the cost estimates
 read, and the counts the features read."""
 MACHINE_KINDS = ("gpu", "cpu")
-"""``unseen_hardware`` ranges are per kind of machine (``machine_kind``)."""
+"""``unseen_hardware`` ranges are per kind of machine (``HardwareSpec.kind``)."""
 ANY_KIND = "any"
 """``abstention.by_reason``'s entry for every kind of machine without one of its own."""
 REASON_FALLBACKS = tuple(r for r in ABSTENTION_REASONS if r not in ("low_margin", "other", "no_harm"))
@@ -93,7 +92,7 @@ class Scope:
     abstention: tuple[float | None, str] | None = None
     """``abstention``: (min_margin or None for never, fallback), if the export has one."""
     abstention_by_kind: Mapping[str, tuple[float | None, str]] = dataclasses.field(default_factory=dict)
-    """``abstention.by_kind``: the same rule fitted per kind of machine (``machine_kind``):
+    """``abstention.by_kind``: the same rule fitted per kind of machine (``HardwareSpec.kind``):
     a model's margins mean more on one kind than on another."""
     abstention_by_op: Mapping[tuple[str, str], tuple[float | None, str]] = dataclasses.field(default_factory=dict)
     """``abstention.by_op``: the rule fitted per (kind of machine, operator): a fallback
@@ -101,7 +100,7 @@ class Scope:
     unseen: Mapping[str, tuple[frozenset, tuple[tuple[str, float, float], ...]]] = \
         dataclasses.field(default_factory=dict)
     """``unseen_hardware`` when its rule lets the model decide machines it never saw: per
-    kind of machine (``machine_kind``), (topologies seen, or None for any, (spec field, low,
+    kind of machine (``HardwareSpec.kind``), (topologies seen, or None for any, (spec field, low,
     high) ranges of the trained machines)."""
     fallback_by_reason: Mapping[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     """``abstention.by_reason``: {(reason, kind or ``ANY_KIND``): fallback}: what runs where
@@ -298,11 +297,6 @@ def _unseen_rule(rule: Any, where: str) -> dict:
             bounds.append((field, float(pair[0]), float(pair[1])))
         out[kind] = (None if any_topology else frozenset(topologies), tuple(bounds))
     return out
-
-
-def machine_kind(hw: HardwareSpec) -> str:
-    """``cpu`` or ``gpu``: machines of one kind share candidate sets and feature scales."""
-    return "cpu" if backend_for(hw) == "cpu" else "gpu"
 
 
 def spec_value(hw: HardwareSpec, field: str) -> float | None:

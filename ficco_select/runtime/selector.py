@@ -53,7 +53,7 @@ from ficco_select.heuristic import backend_for, choose
 from ficco_select.runtime.decision import GATED, Decision, fixed_rule_pick, pick_with_margin
 from ficco_select.runtime.no_harm import cost_model_pick, verdicts
 from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerTable, build_table, read_tables
-from ficco_select.runtime.scope import ANY_KIND, COST_MODEL, DEFAULT_MIN_MARGIN, Scope, machine_kind, spec_value
+from ficco_select.runtime.scope import ANY_KIND, COST_MODEL, DEFAULT_MIN_MARGIN, Scope, spec_value
 from ficco_select.runtime.trees import TreeEnsemble, read_json
 from ficco_select.scenario import DTYPES, LAYER_COLUMNS, SCENARIO_COLUMNS, Scenario, ScenarioError
 from ficco_select.schedule import BASELINE, Schedule, legal_candidates, parse
@@ -224,7 +224,7 @@ class Selector:
         scenario, hw = machine
         trained = {col: (lo, hi) for col, lo, hi in self._scope.ranges}
         lo, hi = trained.get("m", DEFAULT_M_RANGE) if self.model is not None else DEFAULT_M_RANGE
-        slack = self._scope.range_slack.get(machine_kind(hw), {}).get("m", 1.0) if "m" in trained else 1.0
+        slack = self._scope.range_slack.get(hw.kind, {}).get("m", 1.0) if "m" in trained else 1.0
         lo, hi = max(1, math.ceil(lo / slack)), math.floor(hi * slack)
         return build_table(scenario, lo, hi, lambda ms: self._decide_points(scenario, ms, hw), also)
 
@@ -343,7 +343,7 @@ class Selector:
         do-no-harm rule (``gpu_no_harm``) says its predicted gain is within the simulator's
         published error; one vectorized check for all of them (a layer table's grid)."""
         rule = self._scope.gpu_no_harm
-        if rule is None or machine_kind(hw) != "gpu":
+        if rule is None or hw.kind != "gpu":
             return decisions
         at = [i for i, d in enumerate(decisions) if not d.schedule.is_baseline]
         if not at:
@@ -363,12 +363,7 @@ class Selector:
         hw = self._spec(scenario.hardware)
         if hw is None:
             return Decision(BASELINE, "fallback", 0.0, f"unknown hardware {scenario.hardware!r}")
-        if scenario.world_size > hw.devices and hw.copy_engines:
-            # A GPU spec describes one node: its costs say nothing about a larger job. The
-            # datasets follow the same rule (schedule.hardware_problem); a machine without
-            # copy engines is the cpu backend's kind, whose ranks are processes, not devices.
-            why = (f"world_size={scenario.world_size} exceeds the {hw.devices} devices of hardware "
-                   f"{hw.name} (a spec describes one node)")
+        if why := hw.beyond_devices(scenario.world_size):  # the datasets' rule too (schedule.hardware_problem)
             self._warn_once(("devices", hw.name), f"{why}; running the baseline")
             return Decision(BASELINE, "fallback", 0.0, why)
         if is_spec_path(scenario.hardware):  # decided under the machine's name, as training saw it
@@ -421,7 +416,7 @@ class Selector:
         """What runs where the model abstained for reason `key` (``ABSTENTION_REASONS``): the
         fallback the export's validation found best for that reason on this kind of machine
         (``abstention.by_reason``), else the heuristic."""
-        kind = machine_kind(hw)
+        kind = hw.kind
         fallback = self._by_reason.get((key, kind), self._by_reason.get((key, ANY_KIND), "heuristic"))
         return self._run_fallback(fallback, key, s, hw, why)
 
@@ -483,7 +478,7 @@ class Selector:
         trained = scope.specs.get(s.hardware)
         if trained is not None and trained != hw:
             return "unseen_machine", f"hardware {s.hardware}: the spec given differs from the one seen in training"
-        slack = scope.range_slack.get(machine_kind(hw), _NO_SLACK) if scope.range_slack else _NO_SLACK
+        slack = scope.range_slack.get(hw.kind, _NO_SLACK) if scope.range_slack else _NO_SLACK
         for col, lo, hi in scope.ranges:
             value = getattr(s, col)
             if not lo <= value <= hi:
@@ -499,9 +494,9 @@ class Selector:
         ``unseen_hardware`` rule lets it (validated on held-out machines at training) and
         the machine lies inside the trained machines' spec ranges (of the peak, only the
         scenario's dtype's: the one its features use)."""
-        rule = self._scope.unseen.get(machine_kind(hw))
+        rule = self._scope.unseen.get(hw.kind)
         if rule is None:
-            return f"no trained {machine_kind(hw)} machine"
+            return f"no trained {hw.kind} machine"
         topologies, ranges = rule
         if topologies is not None and hw.topology not in topologies:
             return f"topology {hw.topology} not seen in training"
@@ -526,7 +521,7 @@ class Selector:
         size = DTYPES[dtype]
         if not lo <= size <= hi:
             return f"{size} bytes per element, outside the trained [{lo:g}, {hi:g}]"
-        kind = machine_kind(hw)
+        kind = hw.kind
         if kind not in peaks:
             return f"no trained {kind} machine"
         peak, (lo, hi) = hw.peak_of(dtype), peaks[kind]
@@ -553,7 +548,7 @@ class Selector:
             scores = -scores  # ranker: higher is better; we take the argmin below
         (at,), (margin,) = pick_with_margin(scores, _names_of(cands))
         best, margin = cands[int(at)], float(margin)
-        kind = machine_kind(hw)
+        kind = hw.kind
         min_margin, fallback = self._margin_by_op.get(
             (kind, s.op), self._margin_by_kind.get(kind, (self.min_margin, self.margin_fallback)))
         if min_margin is None or margin < min_margin:

@@ -193,7 +193,7 @@ def cuda_grid(spec: HardwareSpec) -> list[Scenario]:
     from ficco_select.data.catalog import catalog
     from ficco_select.data.scenarios import packaged, read_scenarios
 
-    if not spec.copy_engines:
+    if spec.kind == "cpu":
         return [dataclasses.replace(s, hardware=spec.name)
                 for s in read_scenarios(packaged("catalog_cpu.csv"), backend="cpu")]
     return [Scenario.from_record(r) for r in catalog("full", hardware=spec.name, world_sizes=(2, 4, 8))
@@ -232,7 +232,7 @@ def load_target(hardware: str, backend: str, device: str | None, fabric: str | N
     name = f"{spec.name}-adapted" if spec.name in preset_names() else spec.name
     if backend == "cpu" and spec.name != "cpu":
         raise ValueError(f"--backend cpu measures this machine's cpu backend: --hardware cpu, not {hardware!r}")
-    if backend == "cuda" and bool(spec.copy_engines) == (device == "cpu"):
+    if backend == "cuda" and (spec.kind == "gpu") == (device == "cpu"):
         raise ValueError(f"--backend cuda measures a GPU: --hardware names its spec (a preset such as h100-nvswitch, "
                          f"or a file), not {hardware!r}" if device != "cpu" else
                          "device 'cpu' is the cuda path's stand-in on a machine without copy engines: "
