@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from ficco_select.executor.comm import Comm, P2PComm
-from ficco_select.executor.operators import TOLERANCE, Operator, relative_error
+from ficco_select.executor.operators import DTYPE_NAMES, TOLERANCE, Operator, relative_error
 from ficco_select.executor.peer import CudaPeerMemory, HostPeerMemory, NcclComm, PeerCopyComm
 from ficco_select.hardware import HardwareError, load_hardware, preset_for_device
 from ficco_select.runtime.decision import Decision
@@ -35,9 +35,6 @@ from ficco_select.scenario import Scenario, ScenarioError
 from ficco_select.schedule import BASELINE, Schedule, candidates, is_legal, parse
 
 log = logging.getLogger("ficco_select.runtime.torch_ops")
-
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
 
 DECISION_CACHE_SIZE = 4096
 """Call shapes whose plan a process keeps by default: every token count of a serving engine up

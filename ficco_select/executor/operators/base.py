@@ -20,6 +20,9 @@ from ficco_select.scenario import Scenario
 from ficco_select.schedule import Schedule
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The dtypes the executor's GEMMs run, by their names in ``scenario.DTYPES`` (torch's own)."""
+DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
+"""The name of each of those torch dtypes, as a scenario's ``dtype`` column writes it."""
 
 
 @functools.lru_cache(maxsize=4096)
