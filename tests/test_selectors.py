@@ -376,3 +376,14 @@ def test_the_best_schedule_classifier_fits_a_best_schedule_that_one_scenario_has
                       axis=1)
     model = HGBClassifier(max_iter=5).fit(frame)
     assert set(model.model_.classes_) == {"shard.ring.sm", "ficco.d4.ring.gemm_per_step.m.sm"}
+
+
+def test_the_command_names_every_selector_set_and_the_default_fits_only_what_ships():
+    from ficco_select.cli.train_cmds import SELECTOR_SET_NAMES
+    from ficco_select.train.config import SELECTOR_SETS, TrainConfig
+
+    assert SELECTOR_SET_NAMES == tuple(SELECTOR_SETS)
+    default = {s.name for s in TrainConfig().make_selectors()}
+    assert {"xgb-regressor", "shipped", "heuristic", "ceiling"} <= default
+    assert not default & {"xgb-ranker", "hgb-classifier", "random-forest"}
+    assert {"xgb-ranker", "hgb-classifier", "random-forest"} <= {s.name for s in SELECTOR_SETS["all"]()}

@@ -12,13 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ficco_select.train.evaluate import SPLITS
-from ficco_select.train.selector_sets import all_selectors, debug_selectors, fast_selectors
+from ficco_select.train.selector_sets import all_selectors, debug_selectors, fast_selectors, shipping_selectors
 from ficco_select.train.selectors import BaseSelector
 
 SELECTOR_SETS: dict[str, Callable[[], list[BaseSelector]]] = {
-    "all": all_selectors, "fast": fast_selectors, "debug": debug_selectors}
-"""Named selector sets: ``all`` (``ficco evaluate``, ``ficco train``), ``fast`` (the
-pipeline's), ``debug`` (tiny models, for ``ficco pipeline --debug``)."""
+    "shipping": shipping_selectors, "all": all_selectors, "fast": fast_selectors, "debug": debug_selectors}
+"""Named selector sets: ``shipping`` (the default: what ships and its references), ``all``
+(with the learned selectors that do not ship, on request), ``fast`` (the pipeline's),
+``debug`` (tiny models, for ``ficco pipeline --debug``)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -26,7 +27,7 @@ class TrainConfig:
     splits: tuple[str, ...] = SPLITS
     """Hold-out splits to evaluate, from ``ficco_select.train.evaluate.SPLITS``; ``family`` and
     ``hardware`` decide the promotion when present."""
-    selectors: str | Callable[[], list[BaseSelector]] = "all"
+    selectors: str | Callable[[], list[BaseSelector]] = "shipping"
     """A named set (``SELECTOR_SETS``), or a factory of fresh selectors (tests, research)."""
     out_dir: Path = Path("out/train")
     """Where the tables, plots, report and summary go."""

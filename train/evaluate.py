@@ -24,7 +24,7 @@ from ficco_select.data.machines import base_machine, is_sampled
 from ficco_select.hardware import load_hardware
 from ficco_select.train.metrics import (METRICS, ceiling_choices, comparison_table, require_every_candidate, score,
                            true_times, usable_rows)
-from ficco_select.train.selector_sets import all_selectors
+from ficco_select.train.selector_sets import shipping_selectors
 from ficco_select.train.selectors import BaseSelector, with_features
 
 Fold = tuple[str, pd.Series, pd.Series]
@@ -60,7 +60,7 @@ def folds(df: pd.DataFrame, split: str) -> list[Fold]:
 
 
 def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
-             make_selectors: Callable[[], list[BaseSelector]] = all_selectors, progress: bool = True) -> dict:
+             make_selectors: Callable[[], list[BaseSelector]] = shipping_selectors, progress: bool = True) -> dict:
     """For each split and fold: fit every selector on train, score on test.
 
     Returns {"splits": {split: {"mean": {selector: metrics}, "folds": {fold: {selector: metrics}},

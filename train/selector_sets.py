@@ -17,25 +17,31 @@ from ficco_select.train.selectors import (
 from ficco_select.train.shipped import ShippedPolicy, UnguardedShipped
 
 
-def all_selectors() -> list[BaseSelector]:
-    """Every selector, learned ones first; reference points last. The shipped policy is
-    built on the regressor of log(time / baseline): on the simulated rows of both hold-outs
-    its bare argmin has the better tail (worst regret 1.02 and 1.10 against the ranker's
-    1.05 and 1.12, near-opt@2% 0.999 and 0.998), its margin is in log time, and it fits in
-    less than half the ranker's time (it is fitted five times per fold)."""
+def shipping_selectors() -> list[BaseSelector]:
+    """What ships and what it is read against (the default of ``ficco evaluate`` and
+    ``ficco train``): the regressor of log(time / baseline) and the shipped policy built on
+    it, with and without its GPU rule; the heuristic, the simulator, the two fixed schedules
+    and the oracle. The shipped policy is built on the regressor: on the simulated rows of
+    both hold-outs its bare argmin has the better tail (worst regret 1.02 and 1.10 against
+    the ranker's 1.05 and 1.12, near-opt@2% 0.999 and 0.998), its margin is in log time, and
+    it fits in less than half the ranker's time (it is fitted five times per fold)."""
     regressor = XGBTimeRegressor()
     shipped = ShippedPolicy(regressor)
-    return [regressor, XGBRanker(), shipped, UnguardedShipped(shipped), HGBClassifier(), RandomForestTime(), Heuristic(),
-            SimulatorSelector(), AlwaysBaseline(), AlwaysShard(), Oracle()]
+    return [regressor, shipped, UnguardedShipped(shipped), Heuristic(), SimulatorSelector(), AlwaysBaseline(),
+            AlwaysShard(), Oracle()]
+
+
+def all_selectors() -> list[BaseSelector]:
+    """The shipping set and three learned selectors that do not ship, fitted only on request
+    (``--selectors all``): the ranker (behind the regressor on every simulated hold-out), the
+    HGB classifier of the best schedule and the random forest (below the ranker on every
+    split and metric)."""
+    regressor, *rest = shipping_selectors()
+    return [regressor, XGBRanker(), HGBClassifier(), RandomForestTime(), *rest]
 
 
 def fast_selectors() -> list[BaseSelector]:
-    """The same selectors, smaller, for the one-command pipeline's many folds on 2 cores.
-    Without three that do not ship (``ficco evaluate`` still scores them): the ranker
-    (behind the regressor on every simulated hold-out, ahead on the measured cpu rows,
-    where neither ships unguarded, and a quarter of the pipeline's time), the HGB
-    classifier of the best schedule (near-opt@2% 0.38 against the ranker's 0.84 on the
-    family hold-out) and the random forest (below the ranker on every split and metric)."""
+    """The shipping set, smaller, for the one-command pipeline's many folds on 2 cores."""
     regressor = XGBTimeRegressor(n_estimators=100, learning_rate=0.12)  # ficco evaluate: 300 at 0.08
     shipped = ShippedPolicy(regressor)
     return [regressor, shipped, UnguardedShipped(shipped), Heuristic(tune_scenarios=150),

@@ -14,6 +14,11 @@ import click
 from ficco_select.cli.output import json_option, reported, show
 
 SPLITS = "random,family,hardware,topology,world_size"
+SELECTOR_SET_NAMES = ("shipping", "all", "fast", "debug")
+"""``ficco_select.train.config.SELECTOR_SETS``' names (that module is heavy to import for --help)."""
+SELECTORS_HELP = ("The selectors fitted: shipping (what ships and what it is read against), all (with the ranker, "
+                  "HGB classifier and random forest, which never ship), fast (what `ficco pipeline` evaluates), or "
+                  "debug (tiny models).")
 
 
 def _names(text: str) -> list[str]:
@@ -29,16 +34,20 @@ def _names(text: str) -> list[str]:
               help="Comma-separated: random, family (leave one model family out), hardware "
                    "(leave one hardware out), topology (leave one interconnect topology out), "
                    "world_size (train on smaller, test on the largest).")
+@click.option("--selectors", default="shipping", show_default=True, type=click.Choice(list(SELECTOR_SET_NAMES)),
+              help=SELECTORS_HELP)
 @json_option("Print every split's metrics as JSON.")
 @click.option("--no-progress", is_flag=True)
-def evaluate(datasets, splits, as_json, no_progress) -> None:
-    """Train every selector and the heuristic on some groups, score them on unseen ones."""
+def evaluate(datasets, splits, selectors, as_json, no_progress) -> None:
+    """Train the selectors and the heuristic on some groups, score them on unseen ones."""
     from ficco_select.data.dataset import DatasetError
+    from ficco_select.train.config import SELECTOR_SETS
     from ficco_select.train.evaluate import evaluate as run_evaluate
     from ficco_select.train.training_data import load_training_data
 
     with reported(DatasetError, ValueError):
-        results = run_evaluate(load_training_data(datasets), splits=_names(splits), progress=not no_progress)
+        results = run_evaluate(load_training_data(datasets), splits=_names(splits),
+                               make_selectors=SELECTOR_SETS[selectors], progress=not no_progress)
     show(as_json, results, lambda: _evaluation_lines(results))
 
 
@@ -62,8 +71,8 @@ def _evaluation_lines(results: dict) -> list[str]:
                    "machines sampled around them). Each is refused, before any work, if `ficco dataset validate` "
                    "finds a problem or a scenario lacks some of its candidate schedules.")
 @click.option("--splits", default=SPLITS, show_default=True)
-@click.option("--selectors", default="all", show_default=True, type=click.Choice(["all", "fast", "debug"]),
-              help="The selectors evaluated: all, fast (what `ficco pipeline` evaluates), or debug (tiny models).")
+@click.option("--selectors", default="shipping", show_default=True, type=click.Choice(list(SELECTOR_SET_NAMES)),
+              help=SELECTORS_HELP)
 @click.option("--out", "out_dir", default="out/train", show_default=True, type=click.Path(file_okay=False),
               help="Folder for the comparison tables (also logged to MLflow).")
 @click.option("--telemetry", "telemetry", multiple=True, type=click.Path(dir_okay=False),
