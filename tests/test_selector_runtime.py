@@ -548,11 +548,11 @@ def test_the_exports_fitted_abstention_rule_decides_where_the_model_abstains(tmp
 def test_a_fixed_rule_fallback_runs_its_schedule_where_legal_else_the_baseline(tmp_path):
     fixed = Selector.load(write_selector(tmp_path / "a", abstention={"min_margin": None, "fallback": "shard.ring.sm"}))
     d = fixed.select(RECORD)
-    assert d.source == "fallback" and d.schedule == SHARD and "its fitted fallback is shard.ring.sm" in d.reason
+    assert d.source == "fallback" and d.schedule == SHARD and "the fitted fallback for low_margin is shard.ring.sm" in d.reason
     # A schedule the scenario cannot run (degree 16 on 8 ranks): the baseline, saying why.
     absent = "ficco.d16.ring.gemm_per_piece.m.sm"
     d = Selector.load(write_selector(tmp_path / "b", abstention={"min_margin": None, "fallback": absent})).select(RECORD)
-    assert d.source == "fallback" and d.schedule == BASELINE and f"{absent} is not legal here" in d.reason
+    assert d.source == "fallback" and d.schedule == BASELINE and f"{absent}, is not legal here" in d.reason
     # Gated: of the ring and the baseline, the one the model predicts faster.
     gated = Selector.load(write_selector(tmp_path / "g", abstention={"min_margin": None, "fallback": "gated:shard.ring.sm"}))
     s, hw = Scenario.from_record(RECORD), load_hardware(RECORD["hardware"])

@@ -24,7 +24,7 @@ from ficco_select.data.dataset import user_specs
 from ficco_select.data.machines import SAMPLED_MARK, base_machine
 from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from ficco_select.hardware import HardwareSpec, load_hardware
-from ficco_select.runtime.decision import GATED, fixed_rule_pick, pick_with_margin
+from ficco_select.runtime.decision import GATED, fixed_rule_pick, margin_rule, pick_with_margin
 from ficco_select.runtime.scope import (
     ANY_KIND,
     DEFAULT_MIN_MARGIN,
@@ -385,7 +385,7 @@ def _apply_rule(v: pd.DataFrame, abstention: dict) -> np.ndarray:
     pooled one: the runtime selector's order)."""
     out = np.empty(len(v))
     for kind, op in set(zip(v["kind"], v["op"])):
-        rule = abstention.get("by_op", {}).get(f"{kind}.{op}", abstention.get("by_kind", {}).get(kind, abstention))
+        rule = margin_rule(abstention, kind, op)
         at = ((v["kind"] == kind) & (v["op"] == op)).to_numpy()
         rows = v[at]
         out[at] = _under_rule(rows["margin"].to_numpy(float), rows["t_model"].to_numpy(float),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +65,13 @@ def pick_with_margin(scores: np.ndarray, names: np.ndarray,
     rival = np.r_[starts[1:], len(order)] - starts > 1
     second = order[np.where(rival, starts + 1, starts)]
     return first, np.where(rival, scores[second] - scores[first], SINGLE_CANDIDATE_MARGIN)
+
+
+def margin_rule(rules: Mapping[str, Any], kind: str, op: str) -> Mapping[str, Any]:
+    """The abstention rule (``min_margin``, ``fallback``) for operator `op` on a `kind` of
+    machine: its own (``by_op``, keyed ``<kind>.<op>``), else its kind's (``by_kind``), else the
+    pooled one (`rules` itself). The one lookup order for the runtime and the abstention fit."""
+    return rules.get("by_op", {}).get(f"{kind}.{op}") or rules.get("by_kind", {}).get(kind) or rules
 
 
 GATED = "gated:"

@@ -50,7 +50,7 @@ import numpy as np
 from ficco_select.features import FEATURE_NAMES, candidate_features, feature_schema_hash, grid_features
 from ficco_select.hardware import HardwareError, HardwareSpec, hardware_name, is_spec_path, load_hardware
 from ficco_select.heuristic import backend_for, choose
-from ficco_select.runtime.decision import GATED, Decision, fixed_rule_pick, pick_with_margin
+from ficco_select.runtime.decision import GATED, Decision, fixed_rule_pick, margin_rule, pick_with_margin
 from ficco_select.runtime.no_harm import cost_model_pick, verdicts
 from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerTable, build_table, read_tables
 from ficco_select.runtime.scope import ANY_KIND, COST_MODEL, DEFAULT_MIN_MARGIN, Scope, spec_value
@@ -94,11 +94,16 @@ class Selector:
         self._scope = Scope.from_meta(meta) if meta is not None else Scope()
         self.model = model
         self.meta = dict(meta or {})
-        rule = self._scope.abstention
-        self.min_margin = rule[0] if rule else DEFAULT_MIN_MARGIN
-        self.margin_fallback = rule[1] if rule else "heuristic"
-        self._margin_by_kind = dict(self._scope.abstention_by_kind)
-        self._margin_by_op = dict(self._scope.abstention_by_op)
+        pooled = self._scope.abstention or (DEFAULT_MIN_MARGIN, "heuristic")
+        self.min_margin, self.margin_fallback = pooled
+
+        def rule(pair: tuple) -> dict:
+            return {"min_margin": pair[0], "fallback": pair[1]}
+
+        # The export's margin rules as selector.json writes them, for the one lookup order
+        # (``decision.margin_rule``) that training applies too.
+        self._margin_rules = {**rule(pooled), "by_kind": {k: rule(r) for k, r in self._scope.abstention_by_kind.items()},
+                              "by_op": {f"{k}.{op}": rule(r) for (k, op), r in self._scope.abstention_by_op.items()}}
         self._by_reason = dict(self._scope.fallback_by_reason)
         self._trained_hardware = dict(self._scope.seen).get("hardware")  # None: not recorded
         self._trained_dtypes = dict(self._scope.seen).get("dtype")
@@ -430,19 +435,31 @@ class Selector:
         s, hw = machine
         return self._no_harm([self._run_fallback(fallback, "other", s, hw, f"the {fallback} fallback alone")], [s], hw)[0]
 
-    def _run_fallback(self, fallback: str, key: str, s: Scenario, hw: HardwareSpec, why: str) -> Decision:
+    def _run_fallback(self, fallback: str, key: str, s: Scenario, hw: HardwareSpec, why: str,
+                      cands: Sequence[Schedule] | None = None, scores: np.ndarray | None = None) -> Decision:
+        """What `fallback` runs where the model abstained for reason `key`: the one dispatch of
+        every fitted fallback (``heuristic``, ``baseline``, ``cost_model``, a fixed rule, a
+        gated rule). `cands` and `scores`: the legal candidates and the model's scores of
+        them, where the model scored them (a gated rule needs them; without, the baseline)."""
         if fallback == "heuristic":
             return self._heuristic(s, hw, why, key)
+        said = f"{why}; the fitted fallback for {key}"
         if fallback == "baseline":
-            return Decision(BASELINE, "fallback", 0.0, f"{why}; the fitted fallback for {key} is the baseline", key)
-        cands = _candidates(s, backend_for(hw))
+            return Decision(BASELINE, "fallback", 0.0, f"{said} is the baseline", key)
+        cands = _candidates(s, backend_for(hw)) if cands is None else cands
         if fallback == COST_MODEL:
-            return self._cost_model(s, hw, cands, f"{why}; the fitted fallback for {key} is the cost model", key)
-        # a fixed rule: its schedule where legal, else the baseline
-        if fallback in _names_of(cands):
-            return Decision(parse(fallback), "fallback", 0.0, f"{why}; the fitted fallback for {key} is {fallback}", key)
-        return Decision(BASELINE, "fallback", 0.0,
-                        f"{why}; the fitted fallback for {key}, {fallback}, is not legal here, so the baseline", key)
+            return self._cost_model(s, hw, cands, f"{said} is the cost model", key)
+        names = list(_names_of(cands))
+        name = fallback.removeprefix(GATED)
+        if name not in names:
+            return Decision(BASELINE, "fallback", 0.0, f"{said}, {fallback}, is not legal here, so the baseline", key)
+        if name != fallback and scores is None:
+            return Decision(BASELINE, "fallback", 0.0, f"{said}, {fallback}, has no model scores to gate on, "
+                                                       "so the baseline", key)
+        pick = fixed_rule_pick(fallback, names, scores, BASELINE.name)
+        if pick != name:
+            return Decision(BASELINE, "fallback", 0.0, f"{said}, {fallback}, predicts the baseline faster", key)
+        return Decision(parse(pick), "fallback", 0.0, f"{said} is {fallback}", key)
 
     @staticmethod
     def _cost_model(s: Scenario, hw: HardwareSpec, cands: Sequence[Schedule], why: str, key: str) -> Decision:
@@ -548,33 +565,13 @@ class Selector:
             scores = -scores  # ranker: higher is better; we take the argmin below
         (at,), (margin,) = pick_with_margin(scores, _names_of(cands))
         best, margin = cands[int(at)], float(margin)
-        kind = hw.kind
-        min_margin, fallback = self._margin_by_op.get(
-            (kind, s.op), self._margin_by_kind.get(kind, (self.min_margin, self.margin_fallback)))
+        rule = margin_rule(self._margin_rules, hw.kind, s.op)
+        min_margin = rule["min_margin"]
         if min_margin is None or margin < min_margin:
             why = (f"model margin {margin:.4f} below {min_margin}" if min_margin is not None
                    else "the export's abstention rule never trusts the model")
-            if fallback == "heuristic":
-                return self._heuristic(s, hw, why, "low_margin")
-            if fallback == "baseline":
-                return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback is the baseline", "low_margin")
-            if fallback == COST_MODEL:
-                return self._cost_model(s, hw, cands, f"{why}; its fitted fallback is the cost model", "low_margin")
-            return self._fixed_rule(fallback, cands, scores, why)
+            return self._run_fallback(rule["fallback"], "low_margin", s, hw, why, cands, scores)
         return Decision(best, "model", float(min(1.0, margin)), self._unseen_note(s))
-
-    @staticmethod
-    def _fixed_rule(fallback: str, cands: Sequence[Schedule], scores: np.ndarray, why: str) -> Decision:
-        """A fixed-rule fallback's decision (``fixed_rule_pick``), its reason saying which case."""
-        names = list(_names_of(cands))
-        pick = fixed_rule_pick(fallback, names, scores, BASELINE.name)
-        if fallback.removeprefix(GATED) not in names:
-            return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback {fallback} is not legal here, "
-                                                       "so the baseline", "low_margin")
-        if pick != fallback.removeprefix(GATED):
-            return Decision(BASELINE, "fallback", 0.0, f"{why}; its fitted fallback {fallback} predicts the baseline faster",
-                            "low_margin")
-        return Decision(parse(pick), "fallback", 0.0, f"{why}; its fitted fallback is {fallback}", "low_margin")
 
     def _unseen_note(self, s: Scenario) -> str:
         """What a model decision lies outside of: a machine or a dtype not seen in training."""
