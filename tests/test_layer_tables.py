@@ -116,7 +116,7 @@ def test_every_door_decides_through_the_layer_table(model_folder, tmp_path):  # 
 
     from ficco_select.cli.main import main
     from ficco_select.train.export import write_tables
-    from ficco_select.runtime.selector import decide_rows
+    from ficco_select.runtime.batch import decide_rows
 
     folder = tmp_path / "export"
     shutil.copytree(model_folder[0], folder)

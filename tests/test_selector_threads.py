@@ -82,7 +82,8 @@ def test_a_batch_of_rows_silences_its_own_thread_only(caplog):
     # batch dropped the other thread's warning.
     import logging
 
-    from ficco_select.runtime.selector import decide_rows, log
+    from ficco_select.runtime.batch import decide_rows
+    from ficco_select.runtime.selector import log
 
     inside, carry_on = threading.Event(), threading.Event()
 

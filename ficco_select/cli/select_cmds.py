@@ -35,7 +35,7 @@ def select_cmd(scenarios_path, truth_path, model_path, heuristic_only, as_json) 
     With --truth, the decisions are scored on that dataset instead of listed.
     """
     from ficco_select.data.scenarios import read_rows
-    from ficco_select.runtime.selector import decide_rows
+    from ficco_select.runtime.batch import decide_rows
     from ficco_select.scenario import ScenarioError
 
     if model_path and heuristic_only:

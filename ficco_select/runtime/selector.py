@@ -34,13 +34,11 @@ from the MLflow registry. Imports no pandas, scikit-learn, mlflow or xgboost.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
 import operator
 import os
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,42 +46,19 @@ from typing import Any
 import numpy as np
 
 from ficco_select.features import FEATURE_NAMES, candidate_features, feature_schema_hash, grid_features
-from ficco_select.hardware import HardwareError, HardwareSpec, hardware_name, is_spec_path, load_hardware
-from ficco_select.heuristic import backend_for, choose
-from ficco_select.runtime.decision import GATED, Decision, fixed_rule_pick, margin_rule, pick_with_margin
-from ficco_select.runtime.no_harm import cost_model_pick, verdicts
+from ficco_select.hardware import HardwareError, HardwareSpec, is_spec_path, load_hardware
+from ficco_select.heuristic import backend_for
+from ficco_select.runtime.decision import Decision, margin_rule, pick_with_margin
+from ficco_select.runtime.fallbacks import heuristic, names_of, run_fallback
+from ficco_select.runtime.no_harm import verdicts
 from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerTable, build_table, read_tables
-from ficco_select.runtime.scope import ANY_KIND, COST_MODEL, DEFAULT_MIN_MARGIN, Scope, spec_value
+from ficco_select.runtime.scope import ANY_KIND, DEFAULT_MIN_MARGIN, Scope, spec_value
 from ficco_select.runtime.trees import TreeEnsemble, read_json
-from ficco_select.scenario import DTYPES, LAYER_COLUMNS, SCENARIO_COLUMNS, Scenario, ScenarioError
-from ficco_select.schedule import BASELINE, Schedule, legal_candidates, parse
+from ficco_select.scenario import DTYPES, LAYER_COLUMNS, SCENARIO_COLUMNS, Scenario
+from ficco_select.schedule import BASELINE, Schedule, legal_candidates
 
 log = logging.getLogger("ficco_select.runtime.selector")
 
-
-class _QuietThread(logging.Filter):
-    """Drops this module's records on a thread inside ``quiet()`` only: a batch of decisions
-    that reports each fallback itself must not silence another thread deciding meanwhile
-    (changing the logger's level would)."""
-
-    local = threading.local()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not getattr(self.local, "quiet", False)
-
-
-log.addFilter(_QuietThread())
-
-
-@contextlib.contextmanager
-def quiet():
-    """This thread's selector warnings off inside (``decide_rows``); other threads unchanged."""
-    before = getattr(_QuietThread.local, "quiet", False)
-    _QuietThread.local.quiet = True
-    try:
-        yield
-    finally:
-        _QuietThread.local.quiet = before
 
 DEFAULT_PATH = Path(os.environ.get("FICCO_SELECTOR", Path.home() / ".cache" / "ficco-select" / "selector"))
 """Where ``ficco export`` puts the champion and ``Selector.load()`` looks for it."""
@@ -423,7 +398,7 @@ class Selector:
         (``abstention.by_reason``), else the heuristic."""
         kind = hw.kind
         fallback = self._by_reason.get((key, kind), self._by_reason.get((key, ANY_KIND), "heuristic"))
-        return self._run_fallback(fallback, key, s, hw, why)
+        return run_fallback(fallback, key, s, hw, why)
 
     def decide_as(self, scenario: Scenario, fallback: str) -> Decision:
         """What `fallback` (``heuristic``, ``baseline``, ``cost_model`` or a schedule name)
@@ -433,42 +408,7 @@ class Selector:
         if isinstance(machine, Decision):
             return machine
         s, hw = machine
-        return self._no_harm([self._run_fallback(fallback, "other", s, hw, f"the {fallback} fallback alone")], [s], hw)[0]
-
-    def _run_fallback(self, fallback: str, key: str, s: Scenario, hw: HardwareSpec, why: str,
-                      cands: Sequence[Schedule] | None = None, scores: np.ndarray | None = None) -> Decision:
-        """What `fallback` runs where the model abstained for reason `key`: the one dispatch of
-        every fitted fallback (``heuristic``, ``baseline``, ``cost_model``, a fixed rule, a
-        gated rule). `cands` and `scores`: the legal candidates and the model's scores of
-        them, where the model scored them (a gated rule needs them; without, the baseline)."""
-        if fallback == "heuristic":
-            return self._heuristic(s, hw, why, key)
-        said = f"{why}; the fitted fallback for {key}"
-        if fallback == "baseline":
-            return Decision(BASELINE, "fallback", 0.0, f"{said} is the baseline", key)
-        cands = _candidates(s, backend_for(hw)) if cands is None else cands
-        if fallback == COST_MODEL:
-            return self._cost_model(s, hw, cands, f"{said} is the cost model", key)
-        names = list(_names_of(cands))
-        name = fallback.removeprefix(GATED)
-        if name not in names:
-            return Decision(BASELINE, "fallback", 0.0, f"{said}, {fallback}, is not legal here, so the baseline", key)
-        if name != fallback and scores is None:
-            return Decision(BASELINE, "fallback", 0.0, f"{said}, {fallback}, has no model scores to gate on, "
-                                                       "so the baseline", key)
-        pick = fixed_rule_pick(fallback, names, scores, BASELINE.name)
-        if pick != name:
-            return Decision(BASELINE, "fallback", 0.0, f"{said}, {fallback}, predicts the baseline faster", key)
-        return Decision(parse(pick), "fallback", 0.0, f"{said} is {fallback}", key)
-
-    @staticmethod
-    def _cost_model(s: Scenario, hw: HardwareSpec, cands: Sequence[Schedule], why: str, key: str) -> Decision:
-        """The cost model's pick among `cands` (source ``cost_model``); on a GPU the do-no-harm
-        rule judges it after, as every overlap pick (``_no_harm``)."""
-        return Decision(cost_model_pick(s, hw, cands) if cands else BASELINE, COST_MODEL, 0.0, why, key)
-
-    def _heuristic(self, s: Scenario, hw: HardwareSpec, why: str, key: str = "other") -> Decision:
-        return Decision(choose(s, hw), "heuristic", 0.0, why, key)
+        return self._no_harm([run_fallback(fallback, "other", s, hw, f"the {fallback} fallback alone")], [s], hw)[0]
 
     def _abstain_reason(self, s: Scenario, hw: HardwareSpec) -> tuple[str, str]:
         """Why the model should not decide `s` (outside what it was trained on): the reason's
@@ -547,9 +487,9 @@ class Selector:
         return ""
 
     def _model_decision(self, s: Scenario, hw: HardwareSpec, scores: np.ndarray | None = None) -> Decision:
-        cands = _candidates(s, backend_for(hw))
+        cands = legal_candidates(s, backend_for(hw))
         if not cands:
-            return self._heuristic(s, hw, "no legal candidate schedule to score")
+            return heuristic(s, hw, "no legal candidate schedule to score")
         if scores is None:
             scores = self.model.predict(candidate_features(s, cands, hw))  # X: (n_candidates, n_features)
         return self._decision_from_scores(s, hw, cands, scores)
@@ -560,17 +500,17 @@ class Selector:
         abstention its margin calls for."""
         if not np.isfinite(scores).all():  # checked trees cannot give one; a bug or a hand-edited model can
             self._warn_once(("non-finite",), "the model predicted a non-finite score; using the heuristic")
-            return self._heuristic(s, hw, "model predicted a non-finite score", "other")
+            return heuristic(s, hw, "model predicted a non-finite score", "other")
         if self._scope.ranker:
             scores = -scores  # ranker: higher is better; we take the argmin below
-        (at,), (margin,) = pick_with_margin(scores, _names_of(cands))
+        (at,), (margin,) = pick_with_margin(scores, names_of(cands))
         best, margin = cands[int(at)], float(margin)
         rule = margin_rule(self._margin_rules, hw.kind, s.op)
         min_margin = rule["min_margin"]
         if min_margin is None or margin < min_margin:
             why = (f"model margin {margin:.4f} below {min_margin}" if min_margin is not None
                    else "the export's abstention rule never trusts the model")
-            return self._run_fallback(rule["fallback"], "low_margin", s, hw, why, cands, scores)
+            return run_fallback(rule["fallback"], "low_margin", s, hw, why, cands, scores)
         return Decision(best, "model", float(min(1.0, margin)), self._unseen_note(s))
 
     def _unseen_note(self, s: Scenario) -> str:
@@ -617,39 +557,3 @@ def _bound(limit: int, *caches: dict) -> None:
     if len(caches[0]) >= limit:
         for cache in caches:
             cache.clear()
-
-
-_candidates = legal_candidates
-"""``candidates(s, backend)`` as a shared tuple, cached per legality key (schedule.py)."""
-_NAMES: dict[int, tuple[tuple, np.ndarray]] = {}
-"""The names of shared candidate tuples, by the tuple's id (kept alive with it)."""
-
-
-def _names_of(cands: Sequence[Schedule]) -> np.ndarray:
-    """The candidates' names as an array (``pick_with_margin`` breaks ties by name), made once per shared tuple."""
-    seen = _NAMES.get(id(cands))
-    if seen is not None and seen[0] is cands:
-        return seen[1]
-    names = np.array([c.name for c in cands])
-    _bound(1 << 14, _NAMES)
-    _NAMES[id(cands)] = (cands, names)
-    return names
-
-
-def decide_rows(selector: Selector, records: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """The selector's decision on each raw row, in order (``ficco select``; never raises: a
-    bad row is a fallback). Each: row (1-based), scenario_id (None for an invalid row),
-    schedule, source, confidence, reason."""
-    def decision(row: int, record: Mapping[str, Any]) -> dict:
-        try:  # the id `ficco simulate` and `ficco measure` give the row: a spec file becomes its name
-            named = {**record, "hardware": hardware_name(str(record.get("hardware", "")).strip())}
-            scenario_id = Scenario.from_record(named).scenario_id
-        except (ScenarioError, HardwareError):
-            scenario_id = None
-        d = selector.select(record)
-        return {"row": row, "scenario_id": scenario_id, "schedule": d.schedule.name, "source": d.source,
-                "confidence": d.confidence, "reason": d.reason}
-
-    # Each fallback's reason is in the output: no warning per bad row on top of it.
-    with quiet():
-        return [decision(i, record) for i, record in enumerate(records, start=1)]
