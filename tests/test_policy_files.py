@@ -54,3 +54,34 @@ def test_the_evidence_file_never_changes_a_decision_nor_blocks_a_load(tmp_path, 
         caplog.clear()
         assert [Selector.load(folder).select(r) for r in records] == without
         assert warnings_of(caplog) == []
+
+
+def test_the_gpu_rule_steps_aside_on_a_gpu_machine_whose_own_measured_rows_trained_the_model(tmp_path):
+    import pandas as pd
+
+    from ficco_select.train.shipped import measured_gpus
+
+    # Training side, hand-made rows: node-mode cuda rows of h100-nvswitch count; loopback rows
+    # of h200-nvswitch (every rank on one GPU: same-device copies) and simulated rows do not.
+    rows = pd.DataFrame({
+        "scenario_id": ["a", "b", "c", "d"], "schedule": ["none.sm"] * 4, "status": ["ok"] * 4, "verified": [True] * 4,
+        "time_s": [1.0] * 4, "backend": ["cuda", "cuda", "sim", "cpu"],
+        "hardware": ["h100-nvswitch", "h200-nvswitch", "mi300x-8", "cpu"],
+        "hardware_fingerprint": ["x-node", "y-loopback", "", "z"]})
+    assert measured_gpus(rows) == ["h100-nvswitch"]
+    assert measured_gpus(rows[rows["hardware"] != "h100-nvswitch"]) == []  # the next export, without them
+    # Runtime side, a hand-made export: a margin no simulated gain reaches vetoes the model's
+    # overlap pick on every GPU but the measured one.
+    strict = {"split_us": 0.0, "small_margin": 0.0, "large_margin": 50.0}
+    ranges = {**FULL_RANGES, "hardware": ["mi300x-8", "h100-nvswitch"]}
+    trusting = {"min_margin": 0.0, "fallback": "heuristic"}
+    ruled = Selector.load(write_selector(tmp_path / "ruled", training_ranges=ranges, abstention=trusting,
+                                         gpu_no_harm=strict))
+    measured = Selector.load(write_selector(tmp_path / "measured", training_ranges=ranges, abstention=trusting,
+                                            gpu_no_harm={**strict, "measured": ["h100-nvswitch"]}))
+    for hardware in ("mi300x-8", "h100-nvswitch"):
+        d = ruled.select({**RECORD, "hardware": hardware})
+        assert d.schedule.is_baseline and d.abstained == "no_harm"
+    d = measured.select({**RECORD, "hardware": "h100-nvswitch"})
+    assert d.source == "model" and not d.schedule.is_baseline
+    assert measured.select({**RECORD, "hardware": "mi300x-8"}).abstained == "no_harm"

@@ -327,6 +327,8 @@ MALFORMED_META = {  # name: (selector.json text, what the one warning must name)
     "dtype not strings": ({"training_ranges": {**FULL_RANGES, "dtype": [2, 4]}}, "field 'training_ranges.dtype'"),
     "op empty": ({"training_ranges": {**FULL_RANGES, "op": []}}, "field 'training_ranges.op'"),
     "an unknown column": ({"training_ranges": {**FULL_RANGES, "tokens": [1, 2]}}, "field 'training_ranges.tokens'"),
+    "a measured gpu that is not a name": ({"gpu_no_harm": {"split_us": 0, "small_margin": 0, "large_margin": 0,
+                                                           "measured": [1]}}, "field 'gpu_no_harm.measured'"),
     "hardware_specs a list": ({"hardware_specs": [spec_dict("node-a")]}, "field 'hardware_specs' must be an object"),
     "a spec missing a field": ({"hardware_specs": {"node-a": {k: v for k, v in spec_dict("node-a").items()
                                                               if k != "devices"}}},

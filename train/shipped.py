@@ -81,7 +81,20 @@ def runtime_meta(name: str, df: pd.DataFrame) -> dict:
             "feature_schema_hash": FEATURE_SCHEMA_HASH, "feature_names": list(FEATURE_NAMES),
             "target": "log(time / baseline time)" if name == "xgb-regressor" else "rank score (higher is better)",
             "training_ranges": training_ranges(df), "unseen_dtype": dtype_ranges(df),
-            "hardware_specs": user_specs(df), "gpu_no_harm": gpu_no_harm()}
+            "hardware_specs": user_specs(df), "gpu_no_harm": {**gpu_no_harm(), "measured": measured_gpus(df)}}
+
+
+def measured_gpus(df: pd.DataFrame) -> list[str]:
+    """The GPU machines with rows measured on their own ranks in `df` (the cuda backend's
+    node mode, a process per GPU): there the GPU do-no-harm rule steps aside, since the model
+    learned that machine's own truth. Loopback rows (every rank virtual on one GPU) time
+    same-device copies, not the node's links: they do not count."""
+    ok = usable_rows(df)
+    if "backend" not in ok.columns or "hardware_fingerprint" not in ok.columns:
+        return []
+    node = (ok["backend"] == "cuda") & ~ok["hardware_fingerprint"].astype(str).str.endswith("-loopback")
+    cuda = ok.loc[node, "hardware"].astype(str).unique()
+    return sorted(h for h in cuda if load_hardware(h).kind == "gpu")
 
 
 def rules_and_evidence(meta: dict) -> tuple[dict, dict]:

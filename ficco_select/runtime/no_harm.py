@@ -11,7 +11,9 @@ gain of the picked schedule over the serial baseline exceeds exp(margin) of its 
 serial baseline's simulated time below ``split_us``, or not), where the margin is a
 quantile of that regime's residuals. Else the baseline runs. A selector without an export
 (the heuristic alone) has no rule. CPU machines are measured, not simulated: the rule
-leaves them alone.
+leaves them alone, and so it does a GPU machine whose own measured rows the model was
+trained on (``measured``: a cuda sweep or ``ficco adapt``), where the truth is that
+machine's, not the residuals of other GPUs.
 
 Plain Python + NumPy (``ficco_select.costs``): the runtime path.
 """
@@ -39,6 +41,8 @@ class NoHarmRule:
     """Log-gain an overlap pick must exceed where the baseline takes less than ``split_us``."""
     large_margin: float
     """The same, at or above ``split_us``."""
+    measured: frozenset[str] = frozenset()
+    """GPU machines whose own measured rows the model was trained on: the rule steps aside there."""
 
     def margin(self, baseline_us: float) -> float:
         return self.small_margin if baseline_us < self.split_us else self.large_margin
@@ -56,7 +60,10 @@ class NoHarmRule:
                     or value < low:
                 raise ValueError(f"{at}.{name}' must be a finite number >= {low:g}, got {value!r}")
             values[name] = float(value)
-        return cls(**values)
+        measured = rule.get("measured", [])
+        if not isinstance(measured, list) or not all(isinstance(m, str) for m in measured):
+            raise ValueError(f"{at}.measured' must be a list of machine names, got {measured!r}")
+        return cls(**values, measured=frozenset(measured))
 
 
 def predicted_gains(scenarios: Sequence[Scenario], hw: HardwareSpec,

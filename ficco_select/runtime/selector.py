@@ -323,7 +323,7 @@ class Selector:
         do-no-harm rule (``gpu_no_harm``) says its predicted gain is within the simulator's
         published error; one vectorized check for all of them (a layer table's grid)."""
         rule = self._scope.gpu_no_harm
-        if rule is None or hw.kind != "gpu":
+        if rule is None or hw.kind != "gpu" or hw.name in rule.measured:
             return decisions
         at = [i for i, d in enumerate(decisions) if not d.schedule.is_baseline]
         if not at:
