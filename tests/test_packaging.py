@@ -6,6 +6,7 @@ Both installs are checked from a folder of decoys that fail loudly when imported
 editable install this suite runs in.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -46,7 +47,7 @@ def _decoys(folder: Path) -> Path:
     return folder
 
 
-def _run(python: Path, ficco: Path, cwd: Path, *args: str, timeout: float = 120) -> None:
+def _run(python: Path, ficco: Path, cwd: Path, *args: str, timeout: float = 120) -> str:
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{cwd / 'mlflow.db'}"}
     env.pop("PYTHONPATH", None)
     command = [str(ficco), *args] if args else [str(python), "-c",
@@ -54,18 +55,20 @@ def _run(python: Path, ficco: Path, cwd: Path, *args: str, timeout: float = 120)
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
     assert "decoy" not in done.stdout + done.stderr
+    return done.stdout
 
 
-def _use_from_decoys(python: Path, ficco: Path, folder: Path) -> None:
-    """Import the runtime, then `ficco --help`, `ficco select` and the debug pipeline."""
+def _use_from_decoys(python: Path, ficco: Path, folder: Path) -> dict:
+    """Import the runtime, then `ficco --help`, `ficco select` and the debug pipeline (its
+    JSON summary)."""
     scenarios = folder / "scenarios.csv"
     scenarios.write_text("group,op,m,n,k,dtype,world_size,hardware\n"
                          "llama3,ag_gemm,4096,4096,4096,bfloat16,8,h100-nvswitch\n")
     _run(python, ficco, folder)
     _run(python, ficco, folder, "--help")
     _run(python, ficco, folder, "select", "--scenarios", str(scenarios), "--heuristic-only")
-    _run(python, ficco, folder, "pipeline", "--debug", "--no-export", "--no-progress", "--out", str(folder / "p"),
-         timeout=600)
+    return json.loads(_run(python, ficco, folder, "pipeline", "--debug", "--no-progress", "--json",
+                           "--out", str(folder / "p"), timeout=600))
 
 
 @pytest.mark.slow
@@ -94,4 +97,9 @@ def test_the_wheel_runs_beside_a_users_generic_folders(tmp_path):
 
 @pytest.mark.slow
 def test_the_editable_install_runs_beside_a_users_generic_folders(tmp_path):
-    _use_from_decoys(Path(sys.executable), Path(sys.executable).parent / "ficco", _decoys(tmp_path / "work"))
+    folder = _decoys(tmp_path / "work")
+    summary = _use_from_decoys(Path(sys.executable), Path(sys.executable).parent / "ficco", folder)
+    # The debug pipeline ran every stage on its slice: the evaluation of the pipeline's
+    # selector kinds on every split, MLflow, the registry, the report (it never exports).
+    assert set(summary["tables"]) >= {"family", "hardware", "topology"} and summary["version"] == "1"
+    assert "shipped" in summary["tables"]["hardware"] and (folder / "p" / "report.html").exists()

@@ -316,15 +316,3 @@ def test_a_train_config_is_checked_before_any_work_and_names_the_field():
     result = CliRunner().invoke(main, ["train", "--splits", "family,nope", "--dataset", "missing.parquet"])
     assert result.exit_code == 1 and "unknown split 'nope'" in result.output  # before the dataset is read
 
-
-def test_the_debug_pipeline_runs_every_stage_on_a_slice(tmp_path, monkeypatch):
-    # End to end, through the CLI: data, evaluation of the pipeline's selector kinds on
-    # every split, MLflow, registry, report. Tiny: it checks that it runs, not how well.
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    result = CliRunner().invoke(main, ["pipeline", "--debug", "--out", str(tmp_path / "out"), "--no-progress",
-                                       "--json"])
-    assert result.exit_code == 0, result.output
-    summary = json.loads(result.stdout)  # (warnings of the libraries go to stderr)
-    assert set(summary["tables"]) >= {"family", "hardware", "topology"} and summary["version"] == "1"
-    assert "shipped" in summary["tables"]["hardware"] and (tmp_path / "out" / "report.html").exists()
