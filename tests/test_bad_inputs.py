@@ -9,7 +9,6 @@ counts as done, and a sweep with failures exits non-zero.
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -21,16 +20,7 @@ from ficco_select.data.dataset import read_dataset, validate, write_parquet_atom
 from ficco_select.cli.main import main
 from ficco_select.hardware import presets_dir
 from ficco_select.scenario import Scenario
-
-HEADER = "group,op,m,n,k,dtype,world_size,hardware,imbalance\n"
-FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
-
-
-def table(tmp_path: Path, *rows: str, name: str = "scenarios.csv") -> Path:
-    path = tmp_path / name
-    path.write_text(HEADER + "".join(r + "\n" for r in rows))
-    return path
-
+from helpers.cli import FICCO, HEADER, refused, table
 
 def spec_file(tmp_path: Path, name: str = "bad.yaml", base: str = "h100-nvswitch", **changes) -> Path:
     spec = yaml.safe_load((presets_dir() / f"{base}.yaml").read_text())
@@ -38,22 +28,6 @@ def spec_file(tmp_path: Path, name: str = "bad.yaml", base: str = "h100-nvswitch
     path = tmp_path / name
     path.write_text(yaml.safe_dump(spec))
     return path
-
-
-def refused(args: list[str], *needles: str, written: Path | None = None):
-    """Run `ficco args` in-process; assert a one-line error holding every needle, exit != 0,
-    no traceback, and (with `written`) that nothing was written there."""
-    res = CliRunner().invoke(main, [str(a) for a in args])
-    assert res.exit_code != 0, res.output
-    assert isinstance(res.exception, SystemExit), f"traceback: {res.exception!r}\n{res.output}"
-    assert "Traceback" not in res.output
-    errors = [line for line in res.output.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1, res.output
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-    if written is not None:
-        assert not written.exists(), f"{written} was written"
-    return errors[0]
 
 
 # -- scenario tables: ficco select / measure / simulate ----------------------------------

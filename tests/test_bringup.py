@@ -24,10 +24,9 @@ import pytest
 import torch
 import yaml
 
-from test_bad_inputs import refused
+from helpers.cli import FICCO, refused
 from ficco_select.train.bringup import STEPS
 
-FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
 REHEARSE = ["--rehearse", "--budget", "0.01"]
 ROOT = Path(__file__).resolve().parents[1]
 

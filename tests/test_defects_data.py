@@ -7,13 +7,12 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from test_bad_inputs import refused, table
+from helpers.cli import FICCO, refused, table
 
 from ficco_select.data.dataset import DatasetError, read_dataset, read_timing, write_parquet_atomic
 from ficco_select.data.locks import OutputLocked, output_lock
@@ -22,7 +21,6 @@ from ficco_select.data.measure.sweep import shard_of
 from ficco_select.data.scenarios import read_scenarios
 from ficco_select.cli.main import main
 
-FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
 MEASURED = Path(__file__).parents[1] / "data" / "measured" / "cpu_catalog.parquet"
 A_ROW = "t,ag_gemm,64,64,64,float32,2,cpu,"
 

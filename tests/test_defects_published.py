@@ -3,17 +3,15 @@ be hand-curated or holding magnitudes no GPU measures, `ficco sim calibrate` aim
 that exists, and telemetry lines of a rank outside the job or with a field of the wrong type.
 Each refusal is one line naming the file and the row, column, line or field."""
 
-import csv
 import json
 import logging
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_bad_inputs import refused
+from helpers.cli import FICCO, refused
 from test_published import AG_POINT, BUSBW, COLLECTIVE, GEMM, write
 from test_telemetry import SCENARIO, write_job
 
@@ -21,7 +19,6 @@ import ficco_select.data.published as published
 from ficco_select.data.published import read_published
 from ficco_select.data.telemetry import TelemetryError, read_telemetry
 
-FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
 REPO = Path(__file__).parents[1]
 PUBLISHED = REPO / "data" / "published"
 MEASURED = REPO / "data" / "measured" / "cpu_catalog_ar_a2a.parquet"

@@ -185,7 +185,7 @@ def test_select_truth_refuses_a_dataset_lacking_most_schedules(tmp_path):
 
     from ficco_select.data.dataset import write_parquet_atomic
     from ficco_select.cli.main import main
-    from test_bad_inputs import refused
+    from helpers.cli import refused
 
     thin = _thinned(tmp_path)
     refused(["select", "--truth", thin, "--heuristic-only"], "--truth", "thin.parquet", "36 of 40 scenarios lack",
@@ -199,7 +199,7 @@ def test_select_truth_refuses_a_dataset_lacking_most_schedules(tmp_path):
 
 
 def test_train_refuses_a_dataset_lacking_most_schedules(tmp_path, monkeypatch):
-    from test_bad_inputs import refused
+    from helpers.cli import refused
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     out = tmp_path / "train"
@@ -211,7 +211,7 @@ def test_train_refuses_a_dataset_lacking_most_schedules(tmp_path, monkeypatch):
 # -- the pipeline's datasets -------------------------------------------------------------------
 def test_pipeline_validates_its_datasets_before_any_work(tmp_path, monkeypatch):
     from ficco_select.data.dataset import write_parquet_atomic
-    from test_bad_inputs import refused
+    from helpers.cli import refused
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     df = _catalog_slice(tmp_path, scenarios=8)

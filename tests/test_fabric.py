@@ -90,7 +90,7 @@ def _scenario_table(tmp_path):
                                           (["--fabric", "1gbit", "--backend", "cuda"], "cpu backend"),
                                           (["--fabric", "1gbit"], "needs its command line")])
 def test_measure_refuses_a_fabric_it_cannot_make_before_any_work(tmp_path, args, needle):
-    from test_bad_inputs import refused
+    from helpers.cli import refused
 
     out = tmp_path / "out.parquet"
     # In-process (CliRunner): the last case is refused because this is not ficco's own command line.
@@ -133,7 +133,7 @@ def test_measure_on_a_fabric_names_the_machine_keeps_its_profile_and_resumes_on_
                                           (["--backend", "cpu", "--hardware", "cpu", "--fabric", "1gbit"],
                                            "needs its command line")])
 def test_adapt_refuses_a_fabric_it_cannot_adapt_to_before_any_work(tmp_path, args, needle):
-    from test_bad_inputs import refused
+    from helpers.cli import refused
 
     out = tmp_path / "adapt"
     refused(["adapt", *args, "--out", out, "--no-track"], needle, written=out)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.gloo
 
 REQUIRED = ["scenario_id", "group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "schedule",
             "time_s", "time_spread", "verified", "backend"]
-FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
+from helpers.cli import FICCO
 
 
 def scenario_file(tmp_path: Path, rows: list[str]) -> Path:

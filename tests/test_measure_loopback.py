@@ -27,7 +27,7 @@ from ficco_select.schedule import candidates
 from ficco_select.signatures import SIGNATURE_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
-FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
+from helpers.cli import FICCO
 CONFIG = MeasureConfig(reps=5, warmup=1, timeout_s=30.0, min_rep_s=0.0)  # reps >= 5: what a dataset needs
 HEADER = "group,op,m,n,k,dtype,world_size,hardware,imbalance\n"
 

@@ -16,7 +16,7 @@ from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime import selector as selector_module
 from ficco_select.runtime.selector import Selector
-from ficco_select.schedule import BACKENDS, BASELINE, SHARD
+from ficco_select.schedule import BACKENDS, BASELINE, SHARD, legal_candidates
 
 SEL = Selector.load("/nonexistent/selector/folder")  # heuristic only, after one warning
 

@@ -4,7 +4,6 @@ would make; a merge refuses other backends, other machines and disagreeing dupli
 
 import json
 import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -15,7 +14,7 @@ from ficco_select.data.scenarios import packaged, read_scenarios
 from ficco_select.data.simulate import simulate
 from ficco_select.hardware import load_hardware
 
-FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
+from helpers.cli import FICCO
 MEASURED = "data/measured/cpu_catalog.parquet"
 
 
