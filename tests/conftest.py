@@ -1,4 +1,62 @@
+"""Fixtures several test modules share; builders live in tests/helpers/."""
+
+import json
 import os
+
+import numpy as np
+import pytest
+
+from ficco_select.hardware import load_hardware
+from ficco_select.heuristic import backend_for
+from ficco_select.runtime.selector import Selector
+from ficco_select.scenario import Scenario
+from ficco_select.schedule import candidates
 
 # Ranks talk over loopback; set before any process group starts.
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+# An exported selector of a real XGBoost model, trained on the features of catalog scenarios
+# (a regressor and a ranker): what the runtime and the layer tables are checked against.
+@pytest.fixture(scope="module", params=["xgb-regressor", "xgb-ranker"])
+def model_folder(request, tmp_path_factory):
+    import xgboost as xgb
+
+    from ficco_select.data.catalog import catalog
+    from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, pair_features
+
+    recs, scheds, hws = [], [], {}
+    for name in ("mi300x-8", "h100-nvswitch", "l40s-pcie-8"):
+        hws[name] = load_hardware(name)
+        for r in catalog("full", hardware=name)[::4]:
+            s = Scenario.from_record(r)
+            for c in candidates(s, backend_for(hws[name])):
+                recs.append(s.as_record())
+                scheds.append(c)
+    X = pair_features(recs, scheds, hws)
+    col = {name: i for i, name in enumerate(FEATURE_NAMES)}
+    y = (X[:, col["log2_piece_comm_est"]] * 0.3 - X[:, col["log2_piece_gemm_est"]] * 0.2
+         + np.sin(X[:, col["log2_m"]]) * X[:, col["engine_dma"]] + 0.1 * X[:, col["degree"]])
+    if request.param == "xgb-regressor":
+        model = xgb.XGBRegressor(n_estimators=40, max_depth=6, random_state=0).fit(X, y)
+    else:
+        qid = np.cumsum([0] + [recs[i] != recs[i - 1] for i in range(1, len(recs))])
+        rank = np.zeros(len(y), int)
+        for q in np.unique(qid):  # relevance: 3 for the best quarter of a scenario's schedules, ...
+            at = np.flatnonzero(qid == q)
+            rank[at] = 3 - np.minimum(3, (4 * np.argsort(np.argsort(y[at]))) // len(at))
+        model = xgb.XGBRanker(n_estimators=40, max_depth=6, random_state=0).fit(X, rank, qid=qid)
+    folder = tmp_path_factory.mktemp(request.param)
+    model.get_booster().save_model(folder / "model.json")
+    meta = {"selector": request.param, "feature_schema_hash": FEATURE_SCHEMA_HASH,
+            "training_ranges": {"m": [1, 1 << 40], "n": [1, 1 << 40], "k": [1, 1 << 40], "world_size": [2, 64],
+                                "hardware": sorted(hws)}}
+    (folder / "selector.json").write_text(json.dumps(meta))
+    return folder, model.get_booster(), request.param
+
+
+@pytest.fixture(scope="module")
+def model_selector(model_folder):
+    sel = Selector.load(model_folder[0])
+    assert sel.model is not None
+    return sel

@@ -17,7 +17,7 @@ from ficco_select import Scenario, candidates
 from ficco_select.hardware import load_hardware
 from ficco_select.runtime import torch_ops
 from ficco_select.runtime.selector import Selector
-from test_selector_runtime import FULL_RANGES, spec_dict, warnings_of, write_selector
+from helpers.exports import FULL_RANGES, spec_dict, warnings_of, write_selector
 from torch_ranks import counting_checks, rand, spawn
 
 

@@ -14,12 +14,12 @@ import subprocess
 import sys
 import time
 
-from test_selector_runtime import write_selector
 
 from ficco_select.train.export import write_tables
 from ficco_select.runtime.selector import Selector
 from ficco_select.scenario import Scenario
 from ficco_select.train.export import KEEP_VERSIONS, publish
+from helpers.exports import write_selector
 
 SECONDS = float(os.environ.get("FICCO_SWAP_SECONDS", "4"))
 """How long exports swap under the loading loop (the unit tier: a few seconds)."""

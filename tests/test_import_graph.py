@@ -79,7 +79,7 @@ def test_the_runtime_on_the_heuristic_path_stays_light():
 
 
 def test_the_runtime_on_the_model_path_stays_light(tmp_path):
-    from test_selector_runtime import RECORD, write_selector
+    from helpers.exports import RECORD, write_selector
 
     folder = write_selector(tmp_path / "sel")
     mods = loaded_after(

@@ -6,7 +6,6 @@ import pickle
 from bisect import bisect_right
 
 import pytest
-from test_selector_runtime import model_folder, write_selector  # noqa: F401 - the fixture, shared
 
 from ficco_select.data.catalog import catalog
 from ficco_select.heuristic import backend_for
@@ -15,6 +14,7 @@ from ficco_select.runtime.layers import DENSE_M_LIMIT, GRID_STEPS_PER_OCTAVE, La
 from ficco_select.runtime.selector import Selector
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import BASELINE, is_legal
+from helpers.exports import write_selector
 
 LAYERS = {s.layer: s for s in (Scenario.from_record(r) for r in catalog(
     "full", world_sizes=(2, 8), hardware="mi300x-8", models=["llama3-8b", "mixtral-8x7b"]))}
@@ -58,7 +58,7 @@ def test_a_heuristic_only_selector_tables_equal_its_direct_decisions():
         check_table(Selector(), layer)
 
 
-def test_a_model_s_tables_equal_its_direct_decisions_at_grid_points(model_folder):  # noqa: F811
+def test_a_model_s_tables_equal_its_direct_decisions_at_grid_points(model_folder):
     sel = Selector.load(model_folder[0])
     assert sel.model is not None
     sources = set()
@@ -106,7 +106,7 @@ def test_every_m_gets_the_decision_of_the_grid_point_below_it_on_both_sides_of_t
     assert pickle.loads(pickle.dumps(table)).decide(1000).reason == "point 2"  # broadcast to other ranks
 
 
-def test_every_door_decides_through_the_layer_table(model_folder, tmp_path):  # noqa: F811
+def test_every_door_decides_through_the_layer_table(model_folder, tmp_path):
     # Precompiled tables whose every decision is the baseline, a legal answer the model does
     # not give: each door answers from them, so each door reads the table.
     import json
@@ -170,7 +170,7 @@ def test_a_table_never_raises_and_answers_none_outside():
         assert table.decide(odd) is None, odd
 
 
-def test_precompiled_tables_with_an_illegal_decision_are_refused_at_load(model_folder, tmp_path, caplog):  # noqa: F811
+def test_precompiled_tables_with_an_illegal_decision_are_refused_at_load(model_folder, tmp_path, caplog):
     import json
     import shutil
 

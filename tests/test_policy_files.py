@@ -3,11 +3,11 @@
 
 import json
 
-from test_selector_runtime import FULL_RANGES, RECORD, spec_dict, warnings_of, write_selector
 
 from ficco_select.runtime.scope import Scope
 from ficco_select.runtime.selector import Selector
 from ficco_select.train.shipped import rules_and_evidence
+from helpers.exports import FULL_RANGES, RECORD, spec_dict, warnings_of, write_selector
 
 FIGURES = {"validation_scenarios": 120, "validation_capture": 0.97, "validation_slowdowns": 0.01}
 META = {

@@ -168,7 +168,7 @@ def test_sim_validate_published_prints_the_calls_and_their_counts(no_export):
 
 
 def test_sim_validate_published_judges_an_exported_model(tmp_path):
-    from test_selector_runtime import write_selector
+    from helpers.exports import write_selector
 
     folder = write_selector(tmp_path / "sel")
     table = write_table(tmp_path / "t.csv", [row(op="ag_gemm", m=4096, n=53248, k=4096, speedup=1.2)])
@@ -190,7 +190,7 @@ def test_sim_validate_refuses_a_model_folder_it_cannot_use(tmp_path):
 def test_sim_validate_published_judges_a_fallback_alone_under_the_models_gpu_rule(tmp_path):
     # --fallback cost_model: the cost model's pick at each point in the model's place; the
     # export's GPU do-no-harm rule still judges it (here a margin no simulated gain reaches).
-    from test_selector_runtime import write_selector
+    from helpers.exports import write_selector
 
     from ficco_select.hardware import load_hardware
     from ficco_select.runtime.no_harm import cost_model_pick

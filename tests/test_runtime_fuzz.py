@@ -22,7 +22,6 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_selector_runtime import FULL_RANGES, PRESETS, preference_model, spec_dict, write_selector
 
 from ficco_select import Scenario
 from ficco_select.features import FEATURE_NAMES
@@ -30,6 +29,7 @@ from ficco_select.hardware import HardwareSpec, is_spec_path, load_hardware, spe
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime.selector import Decision, Selector
 from ficco_select.schedule import BASELINE, Schedule, legal_candidates
+from helpers.exports import FULL_RANGES, PRESETS, preference_model, spec_dict, write_selector
 
 FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 """Fixed examples (derandomize): a failure here is reproducible, and so is the run time."""

@@ -1,9 +1,7 @@
 """The runtime selector never raises and always returns a legal schedule (property test);
 its caches; its model decisions equal scoring pair_features with XGBoost itself."""
 
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +15,7 @@ from ficco_select.heuristic import backend_for
 from ficco_select.runtime import selector as selector_module
 from ficco_select.runtime.selector import Selector
 from ficco_select.schedule import BACKENDS, BASELINE, SHARD, legal_candidates
+from helpers.exports import FULL_RANGES, PRESETS, RECORD, preference_model, spec_dict, warnings_of, write_selector
 
 SEL = Selector.load("/nonexistent/selector/folder")  # heuristic only, after one warning
 
@@ -61,8 +60,6 @@ def check_decision(sel: Selector, record) -> None:
 
 # -- the cache ------------------------------------------------------------------------------
 
-RECORD = {"group": "llama3", "op": "ag_gemm", "m": 4096, "n": 10240, "k": 8192, "dtype": "bfloat16",
-          "world_size": 8, "hardware": "mi300x-8", "imbalance": 1.0}
 
 
 def test_cache_finds_a_decision_by_object_by_value_and_by_record():
@@ -137,50 +134,6 @@ def test_a_scenario_pickled_in_another_process_is_found_by_value():
 
 
 # -- decisions with a model: the same as scoring pair_features with XGBoost ------------------
-@pytest.fixture(scope="module", params=["xgb-regressor", "xgb-ranker"])
-def model_folder(request, tmp_path_factory):
-    import xgboost as xgb
-
-    from ficco_select.data.catalog import catalog
-    from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, pair_features
-
-    recs, scheds, hws = [], [], {}
-    for name in ("mi300x-8", "h100-nvswitch", "l40s-pcie-8"):
-        hws[name] = load_hardware(name)
-        for r in catalog("full", hardware=name)[::4]:
-            s = Scenario.from_record(r)
-            for c in candidates(s, backend_for(hws[name])):
-                recs.append(s.as_record())
-                scheds.append(c)
-    X = pair_features(recs, scheds, hws)
-    col = {name: i for i, name in enumerate(FEATURE_NAMES)}
-    y = (X[:, col["log2_piece_comm_est"]] * 0.3 - X[:, col["log2_piece_gemm_est"]] * 0.2
-         + np.sin(X[:, col["log2_m"]]) * X[:, col["engine_dma"]] + 0.1 * X[:, col["degree"]])
-    if request.param == "xgb-regressor":
-        model = xgb.XGBRegressor(n_estimators=40, max_depth=6, random_state=0).fit(X, y)
-    else:
-        qid = np.cumsum([0] + [recs[i] != recs[i - 1] for i in range(1, len(recs))])
-        rank = np.zeros(len(y), int)
-        for q in np.unique(qid):  # relevance: 3 for the best quarter of a scenario's schedules, ...
-            at = np.flatnonzero(qid == q)
-            rank[at] = 3 - np.minimum(3, (4 * np.argsort(np.argsort(y[at]))) // len(at))
-        model = xgb.XGBRanker(n_estimators=40, max_depth=6, random_state=0).fit(X, rank, qid=qid)
-    folder = tmp_path_factory.mktemp(request.param)
-    model.get_booster().save_model(folder / "model.json")
-    meta = {"selector": request.param, "feature_schema_hash": FEATURE_SCHEMA_HASH,
-            "training_ranges": {"m": [1, 1 << 40], "n": [1, 1 << 40], "k": [1, 1 << 40], "world_size": [2, 64],
-                                "hardware": sorted(hws)}}
-    (folder / "selector.json").write_text(json.dumps(meta))
-    return folder, model.get_booster(), request.param
-
-
-@pytest.fixture(scope="module")
-def model_selector(model_folder):
-    sel = Selector.load(model_folder[0])
-    assert sel.model is not None
-    return sel
-
-
 def test_model_decisions_match_pair_features_scored_by_xgboost(model_folder):
     import xgboost as xgb
 
@@ -220,51 +173,6 @@ def test_select_with_a_model_never_raises_and_returns_a_legal_schedule(model_sel
 
 
 # -- hand-made exported selectors: what load must refuse, where the model must abstain -----------
-from test_trees import model_json, stump  # noqa: E402 - hand-made XGBoost JSON
-
-PRESETS = ["mi300x-8", "h100-nvswitch", "l40s-pcie-8"]
-FULL_RANGES = {"m": [1, 1 << 40], "n": [1, 1 << 40], "k": [1, 1 << 40], "world_size": [2, 8],
-               "hardware": PRESETS, "dtype": ["float32", "bfloat16", "float16"],
-               "op": ["ag_gemm", "gemm_rs", "a2a_gemm"]}
-
-
-def preference_model(**kw) -> dict:
-    """Stumps on schedule axes whose sum has one best candidate wherever these axes vary:
-    degree >= 4 (-1) and >= 8 (-1 more), a2a (-0.5), gemm_per_step (-0.25), dma (-0.125), an
-    m split (-0.0625). Margins of at least 0.0625, so the model decides rather than abstains."""
-    from ficco_select.features import FEATURE_NAMES, candidate_features
-
-    col = FEATURE_NAMES.index
-    trees = [stump(col("degree"), 3.0, 0.0, -1.0), stump(col("degree"), 6.0, 0.0, -1.0),
-             stump(col("pattern_a2a"), 0.5, 0.0, -0.5),
-             stump(col("gemm_per_step"), 0.5, 0.0, -0.25), stump(col("engine_dma"), 0.5, 0.0, -0.125),
-             stump(col("split_n"), 0.5, -0.0625, 0.0)]
-    return model_json(trees, num_feature=kw.pop("num_feature", len(FEATURE_NAMES)), **kw)
-
-
-def write_selector(folder, model: dict | None = None, **meta) -> "Path":
-    """An exported selector folder: model.json and selector.json (`meta` overrides fields)."""
-    from ficco_select.features import FEATURE_SCHEMA_HASH
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.json").write_text(json.dumps(model if model is not None else preference_model()))
-    meta = {"selector": "xgb-regressor", "feature_schema_hash": FEATURE_SCHEMA_HASH,
-            "training_ranges": FULL_RANGES, **meta}
-    (folder / "selector.json").write_text(json.dumps(meta))
-    return folder
-
-
-def spec_dict(name: str, **fields) -> dict:
-    """Every HardwareSpec field: mi300x-8's numbers under another name."""
-    import dataclasses
-
-    return {**dataclasses.asdict(load_hardware("mi300x-8")), "name": name, **fields}
-
-
-def warnings_of(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "ficco_select.runtime.selector" and r.levelname == "WARNING"]
-
-
 def test_a_hand_made_selector_decides_with_its_model(tmp_path):
     sel = Selector.load(write_selector(tmp_path / "sel"))
     d = sel.select(RECORD)

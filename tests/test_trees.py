@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ficco_select.runtime.trees import TreeEnsemble
+from helpers.exports import model_json, stump, tree_json
 
 
 def xgb_margins(booster: xgb.Booster, X: np.ndarray) -> np.ndarray:
@@ -108,27 +109,6 @@ def test_unsupported_models_are_refused(tmp_path):
 
 # -- hand-made models: what from_json must refuse ----------------------------------------------
 # Other tests build their models with these helpers too (test_selector_runtime, test_runtime_fuzz).
-def tree_json(left, right, split, cond, default_left=None) -> dict:
-    """One tree in XGBoost's JSON layout (the fields the runtime reads, plus tree_param)."""
-    return {"left_children": list(left), "right_children": list(right), "split_indices": list(split),
-            "split_conditions": list(cond), "default_left": list(default_left or [0] * len(left)),
-            "categories_nodes": [], "tree_param": {"num_nodes": str(len(left)), "size_leaf_vector": "1"}}
-
-
-def stump(feature: int, threshold: float, below: float, above: float) -> dict:
-    """x[feature] < threshold -> `below`, else (or missing) `above`."""
-    return tree_json([1, -1, -1], [2, -1, -1], [feature, 0, 0], [threshold, below, above])
-
-
-def model_json(trees: list[dict], num_feature: int, base_score="[5E-1]") -> dict:
-    """A gbtree regression model as XGBoost >= 3 saves it (base_score in brackets)."""
-    return {"learner": {
-        "gradient_booster": {"name": "gbtree", "model": {
-            "gbtree_model_param": {"num_parallel_tree": "1", "num_trees": str(len(trees))}, "trees": trees}},
-        "learner_model_param": {"base_score": base_score, "num_class": "0", "num_feature": str(num_feature),
-                                "num_target": "1"}}}
-
-
 def small_model() -> dict:
     """Two trees over 4 features. Tree 1: x0 < 0.5 ? (x1 < 1 ? -1 : 1) : 2, NaN in x1 goes left."""
     deep = tree_json([1, 3, -1, -1, -1], [2, 4, -1, -1, -1], [0, 1, 0, 0, 0], [0.5, 1.0, 2.0, -1.0, 1.0],
