@@ -1,10 +1,14 @@
 """Calibration recovers known primitive costs; validation reports agreement figures."""
 
 import dataclasses
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers.cli import FICCO, refused
 
 from ficco_select.data.calibrate import calibrate, measurement_self_agreement, pool_sweeps, validate_simulator
 from ficco_select.data.simulate import simulate
@@ -61,3 +65,28 @@ def test_sweeps_pooled_count_each_label_once_at_the_geometric_mean_of_its_times(
     numbers = [k for k, v in alone.items() if isinstance(v, float)]
     assert [same[k] for k in numbers] == pytest.approx([alone[k] for k in numbers], rel=1e-9)
     assert {k: v for k, v in same.items() if k not in numbers} == {k: v for k, v in alone.items() if k not in numbers}
+
+
+# -- sim calibrate's --out -----------------------------------------------------------------
+REPO = Path(__file__).parents[1]
+MEASURED = REPO / "data" / "measured" / "cpu_catalog_ar_a2a.parquet"
+
+
+def test_sim_calibrate_refuses_an_existing_out_and_its_own_input(tmp_path):
+    dataset = tmp_path / "measured.parquet"
+    shutil.copy(MEASURED, dataset)
+    kept = tmp_path / "spec.yaml"
+    kept.write_text("# a spec fitted last week\n")
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (dataset, kept)}
+
+    calibrate = ["sim", "calibrate", "--dataset", dataset, "--name", "mine", "--out"]
+    refused([*calibrate, kept], f"--out {kept}: exists", "nothing is overwritten")
+    # The input itself, spelled another way: compared as resolved paths.
+    (tmp_path / "sub").mkdir()
+    other_spelling = tmp_path / "sub" / ".." / "measured.parquet"
+    refused([*calibrate, other_spelling], f"--out {other_spelling}: is the --dataset input")
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (dataset, kept)} == before
+
+    res = subprocess.run([*FICCO, *map(str, calibrate), tmp_path / "new.yaml"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0 and (tmp_path / "new.yaml").read_text().startswith("# Calibrated"), res.stderr

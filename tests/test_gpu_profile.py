@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers.cli import refused
 
 from ficco_select.data.gpu_profile import copies, gemm, realized, runner
 from ficco_select.data.gpu_profile import run as gp
@@ -426,3 +428,21 @@ def test_every_section_dry_runs_on_cpu_into_a_valid_profile(tmp_path, monkeypatc
     assert m["cil"]["dma"]["gemm_fully_overlapped"] is False  # nothing ran beside it on the CPU
     spec, overrides = profiled_spec(profile, load_hardware("h200-nvswitch"))
     assert overrides and spec.link_bw_gbps == 450
+
+
+def test_hardware_from_profile_refuses_an_existing_out_its_profile_and_its_base(tmp_path):
+    from ficco_select.hardware import presets_dir
+
+    profile = tmp_path / "profile.yaml"  # JSON is YAML: a profile may carry either name
+    profile.write_text(json.dumps(EXAMPLE))
+    base = tmp_path / "base.yaml"
+    shutil.copy(presets_dir() / "h200-nvswitch.yaml", base)
+    kept = tmp_path / "spec.yaml"
+    kept.write_text("# a spec fitted last week\n")
+    before = {p: p.read_bytes() for p in (profile, base, kept)}
+
+    command = ["hardware", "from-profile", profile, "--base", base, "--out"]
+    refused([*command, kept], f"--out {kept}: exists", "nothing is overwritten")
+    refused([*command, profile], f"--out {profile}: is the PROFILE input")
+    refused([*command, base], f"--out {base}: is the --base input")
+    assert {p: p.read_bytes() for p in (profile, base, kept)} == before

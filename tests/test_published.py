@@ -4,10 +4,15 @@ cost model, the fit, and the commands that print them."""
 import csv
 import dataclasses
 import json
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers.cli import FICCO, refused
 
+import ficco_select.data.published as published
 from ficco_select.data.published import COLUMNS, PublishedError, compare, fit, packaged, predict, read_published
 from ficco_select.cli.main import main as cli
 from ficco_select.costs import OP_CODES, US, collective_time, gemm_time
@@ -177,3 +182,57 @@ def test_the_commands_print_the_comparison_the_fit_and_the_map(tmp_path):
     assert {r["op"] for r in mapped} == {"ag_gemm", "gemm_rs", "a2a_gemm", "gemm_ar", "gemm_a2a"}
     assert all(0 <= r["overlap_pays"] <= 1 and r["shard"] + r["ficco"] == pytest.approx(r["overlap_pays"])
                for r in mapped)
+
+
+REPO = Path(__file__).parents[1]
+PUBLISHED = REPO / "data" / "published"
+
+
+# -- published tables --------------------------------------------------------------------
+@pytest.fixture
+def million_rows(tmp_path):
+    """A published table of a million rows: the shortest committed row, repeated (~240 MB)."""
+    header, *rows = (PUBLISHED / "gpu-calibration.csv").read_text().splitlines(keepends=True)
+    row = min(rows, key=len)
+    path = tmp_path / "million.csv"
+    with path.open("w") as f:
+        f.write(header)
+        for _ in range(100):
+            f.write(row * 10_000)
+    yield path
+    path.unlink()
+
+
+def test_a_published_table_of_a_million_rows_is_refused_at_once(million_rows):
+    for command in (["sim", "validate", "--published", million_rows],
+                    ["sim", "fit", "--published", million_rows, "--hardware", "a100-nvswitch"]):
+        start = time.monotonic()
+        res = subprocess.run([*FICCO, *map(str, command)], cwd=REPO, capture_output=True, text=True, timeout=120)
+        took = time.monotonic() - start
+        errors = [line for line in res.stderr.splitlines() if line.startswith("Error:")]
+        assert res.returncode == 1 and "Traceback" not in res.stderr and len(errors) == 1, res.stderr
+        assert str(million_rows) in errors[0] and f"more than {published.MAX_ROWS} rows" in errors[0]
+        assert took < 60, f"{command[:2]} took {took:.0f} s to refuse"
+
+
+def test_every_committed_row_is_within_the_physical_bounds():
+    for name in ("gpu-calibration.csv", "validation.csv"):
+        assert read_published(PUBLISHED / name)
+
+
+@pytest.mark.parametrize("point, change, column", [
+    (GEMM, {"m": "1e300"}, "m"),
+    (GEMM, {"n": str(2**31 + 1)}, "n"),
+    (AG_POINT, {"k": "1e20"}, "k"),
+    (AG_POINT, {"world_size": "1e300"}, "world_size"),
+    ({**BUSBW, "gpus": "1e300 (inferred)"}, {}, "gpus"),
+    (AG_POINT, {"baseline_time_us": "1e308"}, "baseline_time_us"),
+    (AG_POINT, {"method_time_us": "3.6e12"}, "method_time_us"),
+    (COLLECTIVE, {"notes": "[grade A] message = full gathered buffer 99999999999999 GiB"}, "notes"),
+    (BUSBW, {"notes": "[grade C] all_reduce busbw ~9999999999 GB/s"}, "notes"),
+])
+def test_magnitudes_no_gpu_measures_are_refused_naming_file_row_and_column(tmp_path, point, change, column):
+    path = write(tmp_path, [AG_POINT, {**point, **change}])
+    for command in (["sim", "validate", "--published", path],
+                    ["sim", "fit", "--published", path, "--hardware", "h100-nvswitch"]):
+        refused(command, str(path), "row 2", f"column '{column}'")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers.cli import refused
 
 from ficco_select.data.dataset import COLUMNS, SCHEMA_VERSION, write_parquet_atomic
 from ficco_select.data.telemetry import TelemetryError, read_telemetry
@@ -251,3 +252,82 @@ def test_a_cpu_line_labelled_as_a_gpu_is_skipped_as_validate_refuses_it(job, cap
     rows = read_telemetry(path)
     assert "h100-nvswitch" not in set(rows["hardware"])
     assert any("field 'hardware'" in r.getMessage() and "is a GPU" in r.getMessage() for r in caplog.records)
+
+
+# -- hostile lines ------------------------------------------------------------------------
+MEASURED = Path(__file__).parents[1] / "data" / "measured" / "cpu_catalog_ar_a2a.parquet"
+
+
+@pytest.fixture
+def telemetry(tmp_path):
+    """A finished two-rank job's lines, and the rows they give."""
+    path = tmp_path / "telemetry.jsonl"
+    write_job(path, killed=False)
+    return path, read_telemetry(path)
+
+
+def with_line(path: Path, name: str, **changes) -> tuple[Path, int]:
+    """A copy of `path` with its first line appended again, changed; returns it and that line's number."""
+    lines = path.read_text().splitlines()
+    out = path.with_name(name)
+    out.write_text("\n".join([*lines, json.dumps({**json.loads(lines[0]), **changes})]) + "\n")
+    return out, len(lines) + 1
+
+
+@pytest.mark.parametrize("rank", [7, SCENARIO.world_size, -1])
+def test_a_telemetry_line_of_a_rank_outside_the_job_is_skipped_naming_file_line_and_field(telemetry, rank,
+                                                                                         caplog):
+    path, rows = telemetry
+    first = json.loads(path.read_text().splitlines()[0])
+    bad, number = with_line(path, "rank.jsonl", rank=rank, time_s=4 * first["time_s"])
+    with caplog.at_level(logging.WARNING, logger="ficco_select.data.telemetry"):
+        again = read_telemetry(bad)
+    assert again["times_s"].tolist() == rows["times_s"].tolist()  # the 4x time is no rank's
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "ficco_select.data.telemetry"]
+    assert str(bad) in warning and f"line {number}: field 'rank'" in warning
+    # A file of such lines alone is refused, naming the file, the line and the field.
+    alone = bad.with_name("alone.jsonl")
+    alone.write_text(bad.read_text().splitlines()[-1] + "\n")
+    with pytest.raises(TelemetryError, match=r"alone.jsonl: no usable telemetry line; line 1: field 'rank'"):
+        read_telemetry(alone)
+
+
+WRONG_TYPES = {
+    "backend": ["cpu"], "op": ["ag_gemm"], "dtype": {"float32": 4}, "group": ["tele"], "hardware": ["cpu"],
+    "m": "64", "n": 32.5, "k": True, "world_size": 2.0, "imbalance": "1.0", "scenario_id": 12,
+    "schedule": ["none.sm"], "source": 5, "rank": 0.0, "call": "0", "time_s": "0.01", "verified": 1,
+    "rel_error": "1e-7", "ts": 1700000000,
+}
+"""One wrong-typed value per field of a telemetry line (``ficco_select.data.telemetry.LINE_FIELDS``)."""
+
+
+def test_every_telemetry_field_is_checked_for_its_type():
+    from ficco_select.data.telemetry import LINE_FIELDS
+
+    assert set(WRONG_TYPES) == {*LINE_FIELDS, "imbalance"}
+
+
+@pytest.mark.parametrize("field", sorted(WRONG_TYPES))
+def test_a_telemetry_field_of_the_wrong_type_is_named_by_file_line_and_field(telemetry, field, caplog):
+    path, rows = telemetry
+    bad, number = with_line(path, "typed.jsonl", **{field: WRONG_TYPES[field]})
+    with caplog.at_level(logging.WARNING, logger="ficco_select.data.telemetry"):
+        again = read_telemetry(bad)
+    assert again["times_s"].tolist() == rows["times_s"].tolist()
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "ficco_select.data.telemetry"]
+    assert f"line {number}: field '{field}'" in warning
+    alone = bad.with_name("alone.jsonl")
+    alone.write_text(bad.read_text().splitlines()[-1] + "\n")
+    with pytest.raises(TelemetryError, match=rf"alone.jsonl: no usable telemetry line; line 1: field '{field}'"):
+        read_telemetry(alone)
+
+
+def test_ficco_train_refuses_a_telemetry_file_of_a_list_valued_backend_in_one_line(telemetry, tmp_path,
+                                                                                  monkeypatch):
+    path, _ = telemetry
+    alone = tmp_path / "alone.jsonl"
+    alone.write_text(json.dumps({**json.loads(path.read_text().splitlines()[0]), "backend": ["cpu"]}) + "\n")
+    monkeypatch.chdir(tmp_path)  # an MLflow store, were one opened, stays here
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    refused(["train", "--dataset", MEASURED, "--telemetry", alone, "--out", tmp_path / "train"],
+            str(alone), "line 1", "field 'backend'", written=tmp_path / "train")
