@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import parallelize_module
 
 from ficco_select.runtime import dispatch, torch_ops
-from test_dtensor_styles import BATCH, DIM, FICCO_PLAN, HIDDEN, SEQ, TORCH_PLAN, Block, full, llama_plan, step
+from helpers.llama import BATCH, DIM, FICCO_PLAN, HIDDEN, SEQ, TORCH_PLAN, Block, full, llama_plan, step
 from torch_ranks import check_close, counting_checks, rand, spawn
 
 # Tier: real ranks (processes over gloo); deselect with -m "not gloo"

@@ -35,7 +35,7 @@ from ficco_select.executor.peer import (CudaPeerMemory, EngineComm, HostPeerMemo
                                         byte_view)
 from ficco_select.hardware import load_hardware
 from ficco_select.schedule import BASELINE
-from test_gpu_profile import EXAMPLE
+from helpers.profiles import EXAMPLE
 
 ROOT = Path(__file__).resolve().parents[1]
 

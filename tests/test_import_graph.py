@@ -109,3 +109,16 @@ def test_nothing_but_ficco_select_is_imported_at_the_top_level():
     # features, train) that a user's own folder of that name could shadow or be shadowed by.
     mods = loaded_after("import ficco_select.cli.main, ficco_select.train.pipeline, ficco_select.data.measure.sweep")
     assert not {m.split(".")[0] for m in mods} & {"data", "features", "train", "ficco_cli"}
+
+
+def test_no_test_module_imports_from_another():
+    # What tests share lives in tests/helpers/ and conftest.py, where a newcomer looks for it.
+    import ast
+    import pathlib
+
+    tests = pathlib.Path(__file__).resolve().parent
+    for path in sorted(tests.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not [n for n in names if n.startswith("test_")], (path.name, names)
