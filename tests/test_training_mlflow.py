@@ -68,7 +68,13 @@ def test_training_is_tracked_with_nested_runs_and_a_registered_model(store):
     # What registers is what the shipped row scored: its inner model (the ranker, with its
     # settings), tagged with the shipped row's hold-out capture, not the bare model's.
     assert first["chosen"] == "xgb-ranker"
-    assert meta["abstention"]["validation_scenarios"] > 0 and "unseen_hardware" in meta
+    assert meta["abstention"]["min_margin"] is None or meta["abstention"]["min_margin"] >= 0
+    assert "unseen_hardware" in meta and "validation_scenarios" not in meta["abstention"]  # rules only
+    # The validation evidence beside the rules, in the model's artifacts and in the run.
+    evidence = json.loads(next(Path(local).rglob("evidence.json")).read_text())
+    assert evidence["abstention"]["validation_scenarios"] > 0 and evidence["mlflow_run_id"] == meta["mlflow_run_id"]
+    logged = mlflow.artifacts.download_artifacts(run_id=meta["mlflow_run_id"], artifact_path="evidence.json")
+    assert json.loads(Path(logged).read_text()) == evidence
     version = client.get_model_version(REGISTERED_MODEL, first["version"])
     shipped = first["tables"]["family"]["shipped"]["oracle_capture"]
     assert float(version.tags["family_oracle_capture"]) == pytest.approx(shipped, abs=1e-6)
@@ -140,7 +146,7 @@ def test_export_then_the_runtime_selector_decides_without_raising(store, tmp_pat
 
     root, first, second = store
     folder = export(tmp_path / "sel", f"models:/{REGISTERED_MODEL}/{second['version']}")
-    assert {p.name for p in folder.iterdir()} == {"model.json", "selector.json"}
+    assert {p.name for p in folder.iterdir()} == {"model.json", "selector.json", "evidence.json"}
     sel = Selector.load(folder)
     assert sel.model is not None
     recs = catalog("full", world_sizes=(4, 8), hardware="mi300x-8", models=["llama3-8b"])
@@ -293,7 +299,7 @@ def test_export_never_empties_a_folder_it_did_not_write(store, tmp_path):
     folder = tmp_path / "sel"
     export(folder, uri)
     export(folder, uri)  # an earlier export is replaced: the link now points at a newer version
-    assert folder.is_symlink() and {p.name for p in folder.iterdir()} == {"model.json", "selector.json"}
+    assert folder.is_symlink() and {p.name for p in folder.iterdir()} == {"model.json", "selector.json", "evidence.json"}
     assert (sibling / "x").read_text() == "keep"
     names = {p.name for p in tmp_path.iterdir()}
     assert {n for n in names if not n.startswith(".sel.")} == {"mine", "sel", "sel.tmp"}  # no scratch left behind
