@@ -161,3 +161,13 @@ def test_a_fabric_machine_explores_and_pins_only_the_cpu_backends_schedules():
     assert dispatch._backend(s) == "cpu"  # by its spec (no copy engines), not by its name
     assert all(c.engine == "sm" for c in candidates(s, dispatch._backend(s)))
     assert dispatch._backend(dataclasses.replace(s, hardware="h100-nvswitch")) == "cuda"
+
+
+def test_a_link_fit_whose_sizes_drown_in_noise_keeps_a_positive_bandwidth():
+    from ficco_select.data.measure.fabric_profile import link_fit
+
+    line = link_fit({1 << 10: 60e-6 + 2**10 / 1e9, 1 << 20: 60e-6 + 2**20 / 1e9, 1 << 24: 60e-6 + 2**24 / 1e9})
+    assert line["link_bw_gbps"] == pytest.approx(1.0, rel=1e-6) and line["latency_us"] == pytest.approx(60, rel=1e-6)
+    # An unshaped loopback's points, once: the larger message took less time than the smaller.
+    noisy = link_fit({1 << 10: 80e-6, 1 << 20: 70e-6, 1 << 22: 65e-6})
+    assert noisy["link_bw_gbps"] == pytest.approx((1 << 22) / 65e-6 / 1e9) and noisy["latency_us"] == 0.0

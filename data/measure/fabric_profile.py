@@ -97,9 +97,19 @@ def _profile(timeout_s: float) -> dict:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+    return link_fit(one_way)
+
+
+def link_fit(one_way: dict[int, float]) -> dict:
+    """{"link_bw_gbps", "latency_us", "points"} of one-way times by message size: a line
+    ``t = latency + bytes / bandwidth``."""
     sizes = np.array(sorted(one_way), dtype=float)
     seconds = np.array([one_way[s] for s in sorted(one_way)])
+    # Absolute errors: the large messages set the rate (a token bucket lets small ones through
+    # at its burst, faster than its rate).
     slope, intercept = np.polyfit(sizes, seconds, 1)
+    if slope <= 0:  # noise swamped the sizes (an unshaped loopback, once): the largest message's rate
+        slope, intercept = seconds[-1] / sizes[-1], 0.0
     return {"link_bw_gbps": float(1 / slope / 1e9), "latency_us": float(max(intercept, 0.0) * 1e6),
             "points": [[int(s), float(t)] for s, t in zip(sizes, seconds)]}
 
