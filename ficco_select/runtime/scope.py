@@ -89,14 +89,12 @@ class Scope:
     """(column, low, high) for the RANGE_COLUMNS the file gives."""
     specs: Mapping[str, HardwareSpec] = dataclasses.field(default_factory=dict)
     """``hardware_specs``: the training data's non-preset machines, by name."""
-    abstention: tuple[float | None, str] | None = None
-    """``abstention``: (min_margin or None for never, fallback), if the export has one."""
-    abstention_by_kind: Mapping[str, tuple[float | None, str]] = dataclasses.field(default_factory=dict)
-    """``abstention.by_kind``: the same rule fitted per kind of machine (``HardwareSpec.kind``):
-    a model's margins mean more on one kind than on another."""
-    abstention_by_op: Mapping[tuple[str, str], tuple[float | None, str]] = dataclasses.field(default_factory=dict)
-    """``abstention.by_op``: the rule fitted per (kind of machine, operator): a fallback
-    that suits most of a kind's scenarios can be the worst choice for one operator."""
+    margin_rules: Mapping[str, Any] | None = None
+    """``abstention``'s margin rules as selector.json writes them, checked, if the export has
+    them: ``min_margin`` (None: never) and ``fallback``, pooled; ``by_kind``, the same per
+    kind of machine (``HardwareSpec.kind``: a model's margins mean more on one kind than on
+    another); ``by_op``, per ``<kind>.<op>`` (a fallback that suits most of a kind's
+    scenarios can be the worst for one operator). Read by ``decision.margin_rule``."""
     unseen: Mapping[str, tuple[frozenset, tuple[tuple[str, float, float], ...]]] = \
         dataclasses.field(default_factory=dict)
     """``unseen_hardware`` when its rule lets the model decide machines it never saw: per
@@ -162,14 +160,15 @@ class Scope:
                                  "an export carries only machines of their own names")
             checked[key] = spec
         rule = meta.get("abstention")
-        abstention, by_kind, by_op, slack, by_reason = None, {}, {}, {}, {}
+        margin_rules, slack, by_reason = None, {}, {}
         if rule is not None:
-            abstention = _margin_rule(rule, f"{where}: field 'abstention")
+            margin_rules = _margin_rule(rule, f"{where}: field 'abstention")
             kinds = rule.get("by_kind", {})
             if not isinstance(kinds, dict) or not set(kinds) <= set(MACHINE_KINDS):
                 raise ValueError(f"{where}: field 'abstention.by_kind' must be an object keyed by "
                                  f"{' or '.join(MACHINE_KINDS)}, got {kinds!r}")
-            by_kind = {kind: _margin_rule(r, f"{where}: field 'abstention.by_kind.{kind}") for kind, r in kinds.items()}
+            margin_rules["by_kind"] = {kind: _margin_rule(r, f"{where}: field 'abstention.by_kind.{kind}")
+                                       for kind, r in kinds.items()}
             ops = rule.get("by_op", {})
             allowed = {f"{kind}.{op}" for kind in MACHINE_KINDS for op in OPS}
             if not isinstance(ops, dict) or not set(ops) <= allowed:
@@ -177,12 +176,12 @@ class Scope:
                 raise ValueError(f"{where}: field 'abstention.by_op' must be an object keyed by "
                                  f"'<kind>.<op>' ({' or '.join(MACHINE_KINDS)}, then one of {', '.join(OPS)}), "
                                  f"got {bad!r}")
-            by_op = {tuple(key.split(".", 1)): _margin_rule(r, f"{where}: field 'abstention.by_op.{key}")
-                     for key, r in ops.items()}
+            margin_rules["by_op"] = {key: _margin_rule(r, f"{where}: field 'abstention.by_op.{key}")
+                                     for key, r in ops.items()}
             slack = _range_slack(rule.get("range_slack", {}), f"{where}: field 'abstention.range_slack")
             by_reason = _by_reason(rule.get("by_reason", {}), f"{where}: field 'abstention.by_reason")
         return cls(ranker=name == "xgb-ranker", seen=tuple(seen), ranges=tuple(bounds), specs=checked,
-                   abstention=abstention, abstention_by_kind=by_kind, abstention_by_op=by_op, range_slack=slack,
+                   margin_rules=margin_rules, range_slack=slack,
                    fallback_by_reason=by_reason,
                    unseen=_unseen_rule(meta.get("unseen_hardware"), where),
                    gpu_no_harm=(NoHarmRule.from_meta(meta["gpu_no_harm"], where)
@@ -243,8 +242,9 @@ def _dtype_ranges(rule: Any, where: str) -> tuple | None:
     return (float(low), float(high)), {kind: (float(lo), float(hi)) for kind, (lo, hi) in rule["peak_tflops"].items()}
 
 
-def _margin_rule(rule: Any, at: str) -> tuple[float | None, str]:
-    """(min_margin, fallback) of an abstention rule; ValueError naming the field (`at` + "...")."""
+def _margin_rule(rule: Any, at: str) -> dict[str, Any]:
+    """{"min_margin", "fallback"} of an abstention rule, checked; ValueError naming the field
+    (`at` + "...")."""
     if not isinstance(rule, dict):
         raise ValueError(f"{at}' must be an object (min_margin, fallback), got {type(rule).__name__}")
     threshold, fallback = rule.get("min_margin"), rule.get("fallback")
@@ -256,7 +256,7 @@ def _margin_rule(rule: Any, at: str) -> tuple[float | None, str]:
         except ValueError:
             raise ValueError(f"{at}.fallback' must be one of {', '.join(FALLBACKS)} or a schedule name "
                              f"(gated: or not), got {fallback!r}") from None
-    return threshold, fallback
+    return {"min_margin": threshold, "fallback": fallback}
 
 
 def _unseen_rule(rule: Any, where: str) -> dict:

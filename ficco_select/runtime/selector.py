@@ -69,16 +69,8 @@ class Selector:
         self._scope = Scope.from_meta(meta) if meta is not None else Scope()
         self.model = model
         self.meta = dict(meta or {})
-        pooled = self._scope.abstention or (DEFAULT_MIN_MARGIN, "heuristic")
-        self.min_margin, self.margin_fallback = pooled
-
-        def rule(pair: tuple) -> dict:
-            return {"min_margin": pair[0], "fallback": pair[1]}
-
-        # The export's margin rules as selector.json writes them, for the one lookup order
-        # (``decision.margin_rule``) that training applies too.
-        self._margin_rules = {**rule(pooled), "by_kind": {k: rule(r) for k, r in self._scope.abstention_by_kind.items()},
-                              "by_op": {f"{k}.{op}": rule(r) for (k, op), r in self._scope.abstention_by_op.items()}}
+        self._margin_rules = self._scope.margin_rules or {"min_margin": DEFAULT_MIN_MARGIN, "fallback": "heuristic"}
+        self.min_margin = self._margin_rules["min_margin"]
         self._by_reason = dict(self._scope.fallback_by_reason)
         self._trained_hardware = dict(self._scope.seen).get("hardware")  # None: not recorded
         self._trained_dtypes = dict(self._scope.seen).get("dtype")
