@@ -219,7 +219,8 @@ def test_the_abstention_rule_is_fitted_on_validation_folds_of_the_training_side_
     assert rule["validation_slowdowns"] <= rule["validation_tail_guard"]
     assert rule["validation_scenarios"] == train["scenario_id"].nunique()
     shipped = ShippedPolicy(XGBRanker(n_estimators=30)).fit(train)
-    assert (shipped.runtime_.min_margin, shipped.runtime_.margin_fallback) == (rule["min_margin"], rule["fallback"])
+    pooled = shipped.runtime_.margin_rules
+    assert (pooled["min_margin"], pooled["fallback"]) == (rule["min_margin"], rule["fallback"])
 
 
 def test_the_shipped_policy_reuses_its_inner_fit_and_fits_the_unseen_hardware_rule_only_when_needed(small):

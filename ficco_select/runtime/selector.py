@@ -69,8 +69,10 @@ class Selector:
         self._scope = Scope.from_meta(meta) if meta is not None else Scope()
         self.model = model
         self.meta = dict(meta or {})
-        self._margin_rules = self._scope.margin_rules or {"min_margin": DEFAULT_MIN_MARGIN, "fallback": "heuristic"}
-        self.min_margin = self._margin_rules["min_margin"]
+        self.margin_rules = self._scope.margin_rules or {"min_margin": DEFAULT_MIN_MARGIN, "fallback": "heuristic"}
+        """The abstention rules as selector.json writes them: pooled ``min_margin`` and
+        ``fallback``, with ``by_kind`` and ``by_op`` refinements (``decision.margin_rule``)."""
+        self.min_margin = self.margin_rules["min_margin"]
         self._by_reason = dict(self._scope.fallback_by_reason)
         self._trained_hardware = dict(self._scope.seen).get("hardware")  # None: not recorded
         self._trained_dtypes = dict(self._scope.seen).get("dtype")
@@ -497,7 +499,7 @@ class Selector:
             scores = -scores  # ranker: higher is better; we take the argmin below
         (at,), (margin,) = pick_with_margin(scores, names_of(cands))
         best, margin = cands[int(at)], float(margin)
-        rule = margin_rule(self._margin_rules, hw.kind, s.op)
+        rule = margin_rule(self.margin_rules, hw.kind, s.op)
         min_margin = rule["min_margin"]
         if min_margin is None or margin < min_margin:
             why = (f"model margin {margin:.4f} below {min_margin}" if min_margin is not None
