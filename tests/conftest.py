@@ -9,6 +9,7 @@ import pytest
 from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime.selector import Selector
+from ficco_select.runtime.loading import RULES_VERSION
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import candidates
 
@@ -48,7 +49,7 @@ def model_folder(request, tmp_path_factory):
         model = xgb.XGBRanker(n_estimators=40, max_depth=6, random_state=0).fit(X, rank, qid=qid)
     folder = tmp_path_factory.mktemp(request.param)
     model.get_booster().save_model(folder / "model.json")
-    meta = {"selector": request.param, "feature_schema_hash": FEATURE_SCHEMA_HASH,
+    meta = {"rules_version": RULES_VERSION, "selector": request.param, "feature_schema_hash": FEATURE_SCHEMA_HASH,
             "training_ranges": {"m": [1, 1 << 40], "n": [1, 1 << 40], "k": [1, 1 << 40], "world_size": [2, 64],
                                 "hardware": sorted(hws)}}
     (folder / "selector.json").write_text(json.dumps(meta))

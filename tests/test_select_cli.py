@@ -15,6 +15,7 @@ from ficco_select import Scenario
 from ficco_select.features import FEATURE_SCHEMA_HASH
 from ficco_select.hardware import load_hardware
 from ficco_select.runtime.selector import Selector
+from ficco_select.runtime.loading import RULES_VERSION
 from ficco_select.schedule import BASELINE
 from ficco_select.train.selectors import XGBTimeRegressor
 from ficco_select.train.shipped import training_ranges
@@ -38,7 +39,7 @@ def model_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("selector")
     model.model_.get_booster().save_model(str(folder / "model.json"))
     (folder / "selector.json").write_text(json.dumps({
-        "selector": "xgb-regressor", "feature_schema_hash": FEATURE_SCHEMA_HASH,
+        "rules_version": RULES_VERSION, "selector": "xgb-regressor", "feature_schema_hash": FEATURE_SCHEMA_HASH,
         "training_ranges": training_ranges(df),
         # Trust every margin: with the whole-schedule features this small model often scores
         # its two best candidates alike, and the default rule (0.01) would abstain there.

@@ -244,6 +244,9 @@ MALFORMED_META = {  # name: (selector.json text, what the one warning must name)
     "a spec under another key": ({"hardware_specs": {"node-b": spec_dict("node-a")}},
                                  "hardware_specs['node-b']: field 'name' is 'node-a'"),
     "another feature schema": ({"feature_schema_hash": "0123456789ab"}, "field 'feature_schema_hash'"),
+    "a rules file from before its version": ({"rules_version": None}, "field 'rules_version' is missing"),
+    "an older rules version": ({"rules_version": 1}, "field 'rules_version' is 1, this runtime reads version"),
+    "a rules version as text": ({"rules_version": "2"}, "field 'rules_version' is '2'"),
     "abstention a number": ({"abstention": 0.01}, "field 'abstention' must be an object"),
     "a negative margin": ({"abstention": {"min_margin": -1, "fallback": "heuristic"}}, "field 'abstention.min_margin'"),
     "a string margin": ({"abstention": {"min_margin": "0.1", "fallback": "heuristic"}},
@@ -306,9 +309,10 @@ def test_errors_while_checking_or_scoring_give_the_heuristic_not_the_baseline(tm
     heuristic = Selector().select(record).schedule
     assert not heuristic.is_baseline, "the heuristic picks the baseline here: nothing tested"
     sel = Selector.load(write_selector(tmp_path / "sel"))
-    monkeypatch.setattr(sel, "_abstain_reason", lambda s, hw: 1 / 0)
+    monkeypatch.setattr(selector_module, "abstention_reason", lambda scope, s, hw: 1 / 0)
     d = sel.select(record)
     assert (d.schedule, d.source) == (heuristic, "heuristic") and "abstention check failed" in d.reason
+    monkeypatch.undo()
     sel = Selector.load(write_selector(tmp_path / "sel"))
 
     def broken(X):

@@ -32,6 +32,7 @@ from ficco_select.runtime.scope import (
     SPEC_RANGE_FIELDS,
     spec_value,
 )
+from ficco_select.runtime.loading import RULES_VERSION
 from ficco_select.runtime.selector import Selector as RuntimeSelector
 from ficco_select.runtime.trees import TreeEnsemble
 from ficco_select.scenario import DTYPES
@@ -77,7 +78,7 @@ def dtype_ranges(df: pd.DataFrame) -> dict:
 def runtime_meta(name: str, df: pd.DataFrame) -> dict:
     """The fields of an export's ``selector.json`` that the runtime reads, for a model
     named `name` trained on `df` (``ficco_select.train.run`` adds provenance)."""
-    return {"selector": name, "feature_schema_version": FEATURE_SCHEMA_VERSION,
+    return {"rules_version": RULES_VERSION, "selector": name, "feature_schema_version": FEATURE_SCHEMA_VERSION,
             "feature_schema_hash": FEATURE_SCHEMA_HASH, "feature_names": list(FEATURE_NAMES),
             "target": "log(time / baseline time)" if name == "xgb-regressor" else "rank score (higher is better)",
             "training_ranges": training_ranges(df), "unseen_dtype": dtype_ranges(df),

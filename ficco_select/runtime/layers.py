@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 from array import array
 from bisect import bisect_right

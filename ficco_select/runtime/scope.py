@@ -1,37 +1,11 @@
-"""What an exported selector's ``selector.json`` says about where its model may decide,
-parsed and checked once at load (``Scope.from_meta``).
+"""The rules of an exported selector (``selector.json``), parsed and checked once at load
+(``Scope.from_meta``): where its model may decide, and what decides where it may not.
 
-An exported selector is a folder with ``model.json`` (XGBoost JSON, evaluated by
-``ficco_select.runtime.trees``) and ``selector.json``: ``selector`` (``xgb-regressor`` or
-``xgb-ranker``), ``feature_schema_hash``, ``training_ranges`` ([low, high] for m, n, k,
-world_size; the values seen for hardware, dtype and op) and optional ``hardware_specs``
-({name: every HardwareSpec field}), and optional ``abstention`` ({"min_margin": number >= 0
-or null, "fallback": "heuristic" | "baseline" | "cost_model" | a schedule name, i.e. a fixed rule: that
-schedule where it is legal, else the baseline | "gated:" + a schedule name: of that schedule
-and the baseline, the one the model predicts faster}: the rule fitted on validation folds at
-training, ``ficco_select.train.shipped.fit_abstention``; null: the model never decides; an optional
-``by_kind`` {"gpu" | "cpu": the same two fields} overrides it for that kind of machine, and
-an optional ``by_op`` {"<kind>.<op>", e.g. "cpu.gemm_ar": the same two fields} for one
-operator on that kind (it wins over ``by_kind``); an optional ``by_reason`` {"m_range" |
-"shape_range" | "spec_range" | "unseen_machine": {"gpu" | "cpu" | "any": "heuristic" |
-"baseline" | "cost_model" | a schedule name}}: where the model abstains for that reason
-(``decision.ABSTENTION_REASONS``) on that kind of machine (``any``: every kind without its
-own), the fallback that validation found best (the heuristic without one); an optional ``range_slack`` {"gpu" | "cpu": {"m" | "n" | "k": factor >= 1}} widens those training
-ranges for that kind of machine, by what validation on held-out model families tested;
-without it, a margin below 0.01 goes to the heuristic), and optional ``unseen_hardware`` ({"decide":
-"model" | "heuristic", "kinds": {"gpu" | "cpu": {"topologies": [...], "any_topology":
-bool, "spec_ranges": {field: [low, high]}}}}: fitted at training on machines held out of the fit. With "model", a
-machine not seen in training is decided by the model when the trained machines of its kind
-know its topology and its spec numbers lie inside their ranges; the decision's reason
-says so. Without it, unseen machines go to the heuristic), and optional ``unseen_dtype``
-({"dtype_bytes": [low, high], "peak_tflops": {"gpu" | "cpu": [low, high]}}: the bytes per
-element and the peaks per kind of machine that training saw. A dtype not seen in training is
-decided by the model when its bytes per element and the machine's peak for it lie inside
-those ranges: they are the only features a dtype changes. Without it, unseen dtypes go to
-the heuristic). Both files are checked at load (``Selector.load``):
-anything missing, malformed or inconsistent (another feature schema, a model whose
-``num_feature`` is not ``len(features.FEATURE_NAMES)``, a tree that ``trees`` refuses)
-gives a heuristic-only selector and one warning naming the file and field.
+Every field, with its meaning and unit, is in docs/runtime.md ("selector.json, field by
+field"); each attribute of ``Scope`` below says what it holds once parsed. Anything malformed
+raises ValueError naming the field (``Selector.load`` turns it into a heuristic-only selector
+and one warning). The file's version and feature schema are checked before
+(``runtime/loading.py``).
 """
 
 from __future__ import annotations

@@ -4,32 +4,28 @@
     decision = sel.select(scenario)  # Scenario or a dict with the scenario-table columns
     decision.schedule, decision.source, decision.confidence
 
-Sources: ``model`` (the learned selector decided), ``heuristic`` (no usable model, or it
-abstained: hardware, op or dtype not seen in training (a machine or a dtype whose features lie
-inside the trained ranges may be decided all the same: ``unseen_hardware``, ``unseen_dtype``
-in ``scope``), a scenario outside the training
-ranges, a margin between the two best predictions below ``min_margin``, a non-finite
-prediction, or an error while checking or scoring: the reason says which), ``fallback``
-(the baseline, with one warning per key: the scenario is invalid, its hardware is
-unknown, or its world_size exceeds the spec's ``devices``, since a spec describes one
-node; not on the cpu backend, whose ranks are processes; and, without a warning, where
-the export's fitted abstention rule sends a low-margin decision to the baseline). Decisions are cached: a
-Scenario object seen before costs one dict lookup by its id; an equal scenario built
-again, or a mapping, is found by value. A miss scores every candidate schedule with the
-model (one feature row each, ``features.candidate_features``).
+A decision's way, each step in its own file:
+1. the machine the scenario names (a preset, a spec the export carries in ``hardware_specs``,
+   one registered in this process, or a spec file by path, decided under the spec's
+   ``name`` as training saw it); unknown, or more ranks than its ``devices``: the baseline
+   (``fallback``, warned once);
+2. whether the model may decide (``runtime/abstention.py``): a machine, dtype or shape
+   outside what it was trained on sends the decision to the fallback the export fitted
+   for that reason (``runtime/fallbacks.py``);
+3. the model scores every legal candidate (``features.candidate_features``); a margin
+   between the two best below the export's rule (``decision.margin_rule``) goes to that
+   rule's fallback;
+4. on a GPU the export's do-no-harm rule (``runtime/no_harm.py``) sends an overlap pick
+   whose predicted gain is within the simulator's published error to the baseline.
 
-Hardware: a scenario names a machine (a preset, a spec the model carries in
-``hardware_specs``, or one registered in this process) or a spec file by path. An export
-whose ``hardware_specs`` gives a preset's name other numbers is refused at load (a preset
-means one machine everywhere: ``cpu`` with a GPU's copy engines would get dma schedules). A path is
-decided under the spec's ``name``, as training saw the machine; the model's own specs are
-looked up first and never registered process-wide (a selector is self-contained).
+Sources: ``model``, ``heuristic``, ``cost_model`` or ``fallback`` (the baseline or a fixed
+rule); ``Decision.abstained`` names the reason where the model did not decide.
 
-An exported selector is a folder with ``model.json`` (XGBoost JSON, evaluated by
-``ficco_select.runtime.trees``) and ``selector.json`` (its scope: ``ficco_select.runtime.scope``);
-both are checked at load, and anything missing, malformed or inconsistent gives a
-heuristic-only selector and one warning naming the file and field. ``ficco export`` writes the folder
-from the MLflow registry. Imports no pandas, scikit-learn, mlflow or xgboost.
+Decisions are cached: a Scenario object seen before costs one dict lookup by its id; an
+equal scenario built again, or a mapping, is found by value; a layer met at a second m is
+decided over a grid of m at once (its table, ``runtime/layers.py``). Reading an export:
+``runtime/loading.py``; its rules: ``runtime/scope.py``. Imports no pandas, scikit-learn,
+mlflow or xgboost.
 """
 
 from __future__ import annotations
@@ -38,30 +34,29 @@ import dataclasses
 import logging
 import math
 import operator
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ficco_select.features import FEATURE_NAMES, candidate_features, feature_schema_hash, grid_features
+from ficco_select.features import candidate_features, grid_features
 from ficco_select.hardware import HardwareError, HardwareSpec, is_spec_path, load_hardware
 from ficco_select.heuristic import backend_for
+from ficco_select.runtime.abstention import abstention_reason, reason_fallback, unseen_note
 from ficco_select.runtime.decision import Decision, margin_rule, pick_with_margin
 from ficco_select.runtime.fallbacks import heuristic, names_of, run_fallback
-from ficco_select.runtime.no_harm import verdicts
 from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerTable, build_table, read_tables
-from ficco_select.runtime.scope import ANY_KIND, DEFAULT_MIN_MARGIN, Scope, spec_value
-from ficco_select.runtime.trees import TreeEnsemble, read_json
-from ficco_select.scenario import DTYPES, LAYER_COLUMNS, SCENARIO_COLUMNS, Scenario
+from ficco_select.runtime.loading import DEFAULT_PATH, read_export
+from ficco_select.runtime.no_harm import verdicts
+from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, Scope
+from ficco_select.runtime.trees import TreeEnsemble
+from ficco_select.scenario import LAYER_COLUMNS, SCENARIO_COLUMNS, Scenario
 from ficco_select.schedule import BASELINE, Schedule, legal_candidates
 
 log = logging.getLogger("ficco_select.runtime.selector")
 
 
-DEFAULT_PATH = Path(os.environ.get("FICCO_SELECTOR", Path.home() / ".cache" / "ficco-select" / "selector"))
-"""Where ``ficco export`` puts the champion and ``Selector.load()`` looks for it."""
 class Selector:
     def __init__(self, model: TreeEnsemble | None = None, meta: Mapping[str, Any] | None = None, *,
                  layer_tables: bool = True) -> None:
@@ -73,9 +68,6 @@ class Selector:
         """The abstention rules as selector.json writes them: pooled ``min_margin`` and
         ``fallback``, with ``by_kind`` and ``by_op`` refinements (``decision.margin_rule``)."""
         self.min_margin = self.margin_rules["min_margin"]
-        self._by_reason = dict(self._scope.fallback_by_reason)
-        self._trained_hardware = dict(self._scope.seen).get("hardware")  # None: not recorded
-        self._trained_dtypes = dict(self._scope.seen).get("dtype")
         self.layer_tables = layer_tables
         """Decide every m of a layer from its table (``runtime/layers.py``), built on the layer's
         first sight: the same answer through every door. False: every call decides directly
@@ -101,18 +93,10 @@ class Selector:
         """
         where = path if path is not None else DEFAULT_PATH
         try:
-            folder = Path(path) if path is not None else DEFAULT_PATH
-            if path is None and not folder.exists():
+            if path is None and not DEFAULT_PATH.exists():
                 return cls(**kw)
-            # An export is a link switched atomically to its newest version (ficco_select.train.export):
-            # resolved once, so that every file read comes from one version.
-            folder = Path(os.path.realpath(folder))
-            selector = cls(meta=read_json(folder / "selector.json"), **kw)  # checks every field
-            if (stored := selector.meta.get("feature_schema_hash")) != feature_schema_hash():
-                raise ValueError(f"selector.json: field 'feature_schema_hash' is "
-                                 f"{stored!r}, this code's is {feature_schema_hash()}; "
-                                 "re-export a model trained with this version")
-            selector.model = TreeEnsemble.load(folder / "model.json", expected_features=len(FEATURE_NAMES))
+            folder, meta, model = read_export(where)
+            selector = cls(model, meta, **kw)  # checks every field of the rules
         except Exception as e:  # noqa: BLE001 - never break the caller's job
             log.warning("ficco-select: no usable model at %s (%s); using the heuristic", where, e)
             return cls(**kw)
@@ -216,7 +200,7 @@ class Selector:
         backend = backend_for(hw)
         by_candidates: dict[int, tuple[tuple, list[int]]] = {}  # id(candidate tuple): (the tuple, its points)
         for i, s in enumerate(points):
-            if not self._abstain_reason(s, hw)[1]:
+            if not abstention_reason(self._scope, s, hw)[1]:
                 cands = legal_candidates(s, backend)  # shared tuples: one per legality key
                 if cands:
                     by_candidates.setdefault(id(cands), (cands, []))[1].append(i)
@@ -374,7 +358,7 @@ class Selector:
 
     def _unguarded(self, s: Scenario, hw: HardwareSpec, scores: np.ndarray | None) -> Decision:
         try:
-            key, why = self._abstain_reason(s, hw)
+            key, why = ("other", "no model") if self.model is None else abstention_reason(self._scope, s, hw)
         except Exception as e:  # noqa: BLE001 - the heuristic is still a better guess than the baseline
             key, why = "other", f"abstention check failed: {e!r}"
             self._warn_once(("abstain", type(e).__name__), f"{why}; using the heuristic")
@@ -387,12 +371,8 @@ class Selector:
         return self._fallback(key, s, hw, why)
 
     def _fallback(self, key: str, s: Scenario, hw: HardwareSpec, why: str) -> Decision:
-        """What runs where the model abstained for reason `key` (``ABSTENTION_REASONS``): the
-        fallback the export's validation found best for that reason on this kind of machine
-        (``abstention.by_reason``), else the heuristic."""
-        kind = hw.kind
-        fallback = self._by_reason.get((key, kind), self._by_reason.get((key, ANY_KIND), "heuristic"))
-        return run_fallback(fallback, key, s, hw, why)
+        """What runs where the model abstained for reason `key` (``ABSTENTION_REASONS``)."""
+        return run_fallback(reason_fallback(self._scope, key, hw.kind), key, s, hw, why)
 
     def decide_as(self, scenario: Scenario, fallback: str) -> Decision:
         """What `fallback` (``heuristic``, ``baseline``, ``cost_model`` or a schedule name)
@@ -403,82 +383,6 @@ class Selector:
             return machine
         s, hw = machine
         return self._no_harm([run_fallback(fallback, "other", s, hw, f"the {fallback} fallback alone")], [s], hw)[0]
-
-    def _abstain_reason(self, s: Scenario, hw: HardwareSpec) -> tuple[str, str]:
-        """Why the model should not decide `s` (outside what it was trained on): the reason's
-        key (``ABSTENTION_REASONS``) and its text; ("", "") where the model decides."""
-        if self.model is None:
-            return "other", "no model"
-        scope = self._scope
-        for col, seen in scope.seen:  # hardware first: its message is the one users look for
-            if getattr(s, col) not in seen:
-                if col == "hardware":
-                    why = self._unseen_hardware_problem(hw, s.dtype) if scope.unseen else ""
-                    if scope.unseen and not why:
-                        continue  # the model decides it (its decision says so)
-                    # Outside the ranges of the trained machines of its kind, or no validated
-                    # rule (or no trained machine of its kind) lets the model decide it.
-                    key = "unseen_machine" if not why or why.startswith("no trained") else "spec_range"
-                    return key, f"hardware {s.hardware} not seen in training" + (f" ({why})" if why else "")
-                if col == "dtype":
-                    why = self._unseen_dtype_problem(s.dtype, hw)
-                    if not why:
-                        continue  # the model decides it (its decision says so)
-                    return "other", f"dtype {s.dtype} not seen in training ({why})"
-                return "other", f"{col} {getattr(s, col)} not seen in training"
-        trained = scope.specs.get(s.hardware)
-        if trained is not None and trained != hw:
-            return "unseen_machine", f"hardware {s.hardware}: the spec given differs from the one seen in training"
-        slack = scope.range_slack.get(hw.kind, _NO_SLACK) if scope.range_slack else _NO_SLACK
-        for col, lo, hi in scope.ranges:
-            value = getattr(s, col)
-            if not lo <= value <= hi:
-                factor = slack.get(col, 1.0)
-                if not lo / factor <= value <= hi * factor:
-                    widened = f", widened x{factor:.3g} by validation" if factor > 1 else ""
-                    return ("m_range" if col == "m" else "shape_range",
-                            f"{col}={value} outside the training range [{lo}, {hi}]{widened}")
-        return "", ""
-
-    def _unseen_hardware_problem(self, hw: HardwareSpec, dtype: str) -> str:
-        """Why the model may not decide a machine it never saw, or "" if its export's
-        ``unseen_hardware`` rule lets it (validated on held-out machines at training) and
-        the machine lies inside the trained machines' spec ranges (of the peak, only the
-        scenario's dtype's: the one its features use)."""
-        rule = self._scope.unseen.get(hw.kind)
-        if rule is None:
-            return f"no trained {hw.kind} machine"
-        topologies, ranges = rule
-        if topologies is not None and hw.topology not in topologies:
-            return f"topology {hw.topology} not seen in training"
-        for field, lo, hi in ranges:
-            if field.startswith("peak_tflops."):
-                if field != f"peak_tflops.{dtype}":
-                    continue
-                value = hw.peak_of(dtype)  # as the features read it
-            else:
-                value = spec_value(hw, field)
-            if value is not None and not lo <= value <= hi:
-                return f"{field}={value:g} outside the trained machines' range [{lo:g}, {hi:g}]"
-        return ""
-
-    def _unseen_dtype_problem(self, dtype: str, hw: HardwareSpec) -> str:
-        """Why the model may not decide a dtype it never saw, or "" when the dtype's features
-        (bytes per element, the machine's peak for it) lie inside the ranges training saw."""
-        rule = self._scope.unseen_dtype
-        if rule is None:
-            return "the export records no dtype ranges"
-        (lo, hi), peaks = rule
-        size = DTYPES[dtype]
-        if not lo <= size <= hi:
-            return f"{size} bytes per element, outside the trained [{lo:g}, {hi:g}]"
-        kind = hw.kind
-        if kind not in peaks:
-            return f"no trained {kind} machine"
-        peak, (lo, hi) = hw.peak_of(dtype), peaks[kind]
-        if not lo <= peak <= hi:
-            return f"peak {peak:g} TFLOP/s on {hw.name}, outside the trained {kind} machines' [{lo:g}, {hi:g}]"
-        return ""
 
     def _model_decision(self, s: Scenario, hw: HardwareSpec, scores: np.ndarray | None = None) -> Decision:
         cands = legal_candidates(s, backend_for(hw))
@@ -505,20 +409,7 @@ class Selector:
             why = (f"model margin {margin:.4f} below {min_margin}" if min_margin is not None
                    else "the export's abstention rule never trusts the model")
             return run_fallback(rule["fallback"], "low_margin", s, hw, why, cands, scores)
-        return Decision(best, "model", float(min(1.0, margin)), self._unseen_note(s))
-
-    def _unseen_note(self, s: Scenario) -> str:
-        """What a model decision lies outside of: a machine or a dtype not seen in training."""
-        notes = []
-        seen = self._trained_hardware
-        if seen is not None and s.hardware not in seen:
-            notes.append(f"hardware {s.hardware} not seen in training: inside the trained machines' spec ranges, "
-                         "where held-out machines showed the model ahead of the heuristic")
-        dtypes = self._trained_dtypes
-        if dtypes is not None and s.dtype not in dtypes:
-            notes.append(f"dtype {s.dtype} not seen in training: its bytes per element and peak lie inside "
-                         "the trained ranges")
-        return "; ".join(notes)
+        return Decision(best, "model", float(min(1.0, margin)), unseen_note(self._scope, s))
 
     def _warn_once(self, key, message: str) -> None:
         if key not in self._warned:
@@ -543,7 +434,6 @@ _RECORD_KEY = operator.itemgetter(*SCENARIO_COLUMNS)
 _MISSING = object()
 if LAYER_COLUMNS != SCENARIO_COLUMNS[1:2] + SCENARIO_COLUMNS[3:]:  # select() slices a record's key so
     raise ImportError("LAYER_COLUMNS must be SCENARIO_COLUMNS without group and m, in order")
-_NO_SLACK: dict = {}
 
 
 def _bound(limit: int, *caches: dict) -> None:

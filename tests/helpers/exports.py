@@ -58,10 +58,11 @@ def preference_model(**kw) -> dict:
 def write_selector(folder: Path, model: dict | None = None, **meta) -> Path:
     """An exported selector folder: model.json and selector.json (`meta` overrides fields)."""
     from ficco_select.features import FEATURE_SCHEMA_HASH
+    from ficco_select.runtime.loading import RULES_VERSION
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.json").write_text(json.dumps(model if model is not None else preference_model()))
-    meta = {"selector": "xgb-regressor", "feature_schema_hash": FEATURE_SCHEMA_HASH,
+    meta = {"rules_version": RULES_VERSION, "selector": "xgb-regressor", "feature_schema_hash": FEATURE_SCHEMA_HASH,
             "training_ranges": FULL_RANGES, **meta}
     (folder / "selector.json").write_text(json.dumps(meta))
     return folder
