@@ -49,7 +49,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -57,13 +56,13 @@ from e2e_tp import (  # noqa: E402 - the training step's
     HEAD_DIM,
     Block,
     _fabric_spec,
-    _leave,
     explore,
     explored,
     gap_captured,
     median_ci,
     oracle_selector,
     restore,
+    run_ranks,
 )
 
 FIXED = ("none.sm", "shard.ring.sm", "ficco.d2.ring.gemm_per_step.m.sm", "ficco.d2.a2a.gemm_per_step.m.sm")
@@ -80,18 +79,17 @@ def _compute_only(layer) -> None:
     layer.forward = lambda x: F.linear(x, layer.weight)
 
 
-def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
+def rank_main(rank: int, P: int, config: dict) -> dict | None:
+    """One rank of `config`'s phase (its gloo group made by the launcher); rank 0's figures."""
     from ficco_select.runtime import dispatch, torch_ops
     from ficco_select.runtime.selector import Selector
     from ficco_select.runtime.tp import TP_LAYERS, install, parallelize
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) // P))
     if config["spec"]:  # a shaped fabric's machine, as its profile describes it (main)
         from ficco_select.hardware import register_hardware, spec_from_dict
 
         register_hardware(spec_from_dict(config["spec"], "the fabric's profile"), "the fabric's profile")
     hardware = config["spec"]["name"] if config["spec"] else "cpu"
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=P)
     torch.manual_seed(0)
     hidden = config["hidden"]
     model = parallelize(Block(hidden, hidden // HEAD_DIM, 3 * hidden, P), PLAN, dist.group.WORLD,
@@ -111,7 +109,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
     champion = Selector.load(config["model"]) if config["model"] else Selector.load()
     if config["phase"] == "explore":
         explore(model, step, champion, hardware, config)
-        _leave(rank, results, None)
+        return None
     selectors = {"ficco": champion, "oracle": oracle_selector(config["oracle"])}
     baseline = oracle_selector({})  # answers every shape with the baseline
     handle = None
@@ -144,15 +142,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
             step()
             times[way].append(statistics.fmean(step() for _ in range(config["steps"])))
     use("pytorch")
-    _leave(rank, results, {"times": times, "ficco_ran": ran})
-
-
-def run_ranks(P: int, config: dict) -> dict:
-    ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(rank_main, args=(P, config, tmp, results), nprocs=P, join=True)
-    return results.get()
+    return {"times": times, "ficco_ran": ran}
 
 
 def summarize(P: int, config: dict, times: dict) -> dict:
@@ -194,9 +184,10 @@ def main() -> None:
                   "model": args.model, "spec": fabric, "ways": ["pytorch", "ficco", *FIXED, "oracle", "compute-only"]}
         with tempfile.TemporaryDirectory() as tmp:
             telemetry = f"{tmp}/explore.{{rank}}.jsonl"
-            run_ranks(P, {**config, "phase": "explore", "explore_steps": args.explore_steps, "telemetry": telemetry})
+            run_ranks(P, {**config, "phase": "explore", "explore_steps": args.explore_steps, "telemetry": telemetry},
+                      rank_main)
             best, _ = explored([telemetry.format(rank=r) for r in range(P)])
-        got = run_ranks(P, {**config, "phase": "time", "oracle": best})
+        got = run_ranks(P, {**config, "phase": "time", "oracle": best}, rank_main)
         row = summarize(P, config, got["times"]) | {"ficco_ran": got["ficco_ran"], "oracle_picks": best,
                                                      "fabric": args.fabric}
         rows.append(row)

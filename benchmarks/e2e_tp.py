@@ -86,10 +86,11 @@ import time
 import torch
 import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from ficco_select.executor import ranks
 
 HEAD_DIM = 32
 RETRAIN = ("--splits", "family,hardware", "--selectors", "fast")
@@ -366,18 +367,17 @@ def compiling(way: str, group, notes: dict):
 
 
 # -- one rank ----------------------------------------------------------------------------------
-def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
+def rank_main(rank: int, P: int, config: dict) -> dict | None:
+    """One rank of `config`'s phase (its gloo group made by the launcher); rank 0's figures."""
     from ficco_select.runtime import dispatch, torch_ops
     from ficco_select.runtime.selector import Selector
     from ficco_select.runtime.tp import TP_LAYERS, install, parallelize
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 2) // P))
     if config["spec"]:  # a shaped fabric's machine, as its profile describes it (main)
         from ficco_select.hardware import register_hardware, spec_from_dict
 
         register_hardware(spec_from_dict(config["spec"], "the fabric's profile"), "the fabric's profile")
     hardware = config["spec"]["name"] if config["spec"] else "cpu"
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=P)
     group = dist.group.WORLD
     torch.manual_seed(0)
     hidden = config["hidden"]
@@ -402,7 +402,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
     champion = Selector.load(config["model"]) if config["model"] else Selector.load()
     if config["phase"] == "explore":
         explore(model, step, champion, hardware, config)
-        _leave(rank, results, None)
+        return None
 
     # Only rank 0 decides (the group runs its decisions): the others need no selector's answers.
     selectors = {"ficco": champion, "ficco-checked": champion, "oracle": oracle_selector(config["oracle"]),
@@ -462,7 +462,7 @@ def rank_main(rank: int, P: int, config: dict, tmp: str, results) -> None:
             step()  # the way's first decisions, if any
             times[way].append(statistics.fmean(step() for _ in range(config["steps"])))
     use("pytorch")
-    _leave(rank, results, {"times": times, "ficco_ran": ran})
+    return {"times": times, "ficco_ran": ran}
 
 
 def explore(model, step, selector, hardware: str, config: dict) -> None:
@@ -480,25 +480,10 @@ def explore(model, step, selector, hardware: str, config: dict) -> None:
     handle.remove()
 
 
-def _leave(rank: int, results, payload) -> None:
-    if rank == 0:
-        results.put(payload)
-    dist.barrier()
-    dist.destroy_process_group()
-    # Leave without the interpreter's teardown, where gloo's threads can abort the process
-    # (as the tests' ranks do).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def run_ranks(P: int, config: dict):
-    """`config`'s phase on P fresh gloo ranks; rank 0's result."""
-    ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(rank_main, args=(P, config, tmp, results), nprocs=P, join=True)
-    return results.get()
+def run_ranks(P: int, config: dict, rank_fn=rank_main) -> dict | None:
+    """`config`'s phase on P fresh gloo ranks (``ficco_select.executor.ranks``), each running
+    `rank_fn` on its share of the cores; rank 0's result."""
+    return ranks.run_ranks(rank_fn, P, (config,), threads=max(1, (os.cpu_count() or 2) // P), timeout_s=3600)[0]
 
 
 # -- the figures ---------------------------------------------------------------------------------

@@ -26,8 +26,8 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from ficco_select.executor import ranks
 from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.operators import build_operator
 from ficco_select.scenario import Scenario
@@ -44,15 +44,15 @@ SETTINGS = {
 SCHEDULES = ("none.sm", "shard.ring.sm", "ficco.d4.ring.gemm_per_piece.m.sm")
 
 
-def rank_main(rank: int, world: int, port: int, scenario: dict, setting: dict, results) -> None:
-    torch.set_num_threads(1)
+def rank_main(rank: int, world: int, scenario: dict, setting: dict) -> dict[str, list[float]]:
+    """One rank of the probe, in a gloo group of its own options; the times per schedule."""
     options = None
     if "gloo_threads" in setting:
         options = dist.ProcessGroupGloo._Options()
         options._threads = setting["gloo_threads"]
         options._devices = [dist.ProcessGroupGloo.create_device(interface="lo")]
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=120))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, pg_options=options)
+    dist.init_process_group("gloo", store=ranks.rendezvous(), rank=rank, world_size=world, pg_options=options,
+                            timeout=datetime.timedelta(seconds=120))
     if setting.get("pin_main_thread"):
         # Linux: pid 0 is the calling thread only; threads gloo started before keep their mask.
         os.sched_setaffinity(0, {rank % os.cpu_count()})
@@ -79,28 +79,14 @@ def rank_main(rank: int, world: int, port: int, scenario: dict, setting: dict, r
             span = e - s
             dist.all_reduce(span, op=dist.ReduceOp.MAX)  # the harness's slowest rank
         out[name] = (span / runs).tolist()
-    if rank == 0:
-        results.put(out)
     dist.barrier()
     dist.destroy_process_group()
+    return out
 
 
 def probe(scenario: dict, setting: dict) -> dict[str, list[float]]:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
-    world = scenario["world_size"]
-    procs = [ctx.Process(target=rank_main, args=(r, world, store.port, scenario, setting, results))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        return results.get(timeout=600)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    """The probe on fresh ranks (``ficco_select.executor.ranks``); rank 0's times."""
+    return ranks.run_ranks(rank_main, scenario["world_size"], (scenario, setting), group=None, timeout_s=600)[0]
 
 
 def gemm_alone(m: int, n: int, k: int, reps: int = 60) -> dict[str, list[float]]:

@@ -2,8 +2,6 @@
 caught, communication progresses while computing. One job per world size for the module."""
 
 import multiprocessing as mp
-import os
-import tempfile
 import time
 
 import pytest
@@ -11,6 +9,7 @@ import torch
 
 from ficco_select import candidates
 from ficco_select.data.measure.gloo import MeasureConfig, MeasureError, background_progress_rank, measure_spawned
+from ficco_select.executor import ranks
 from ficco_select.executor.operators import TOLERANCE, piece_bounds, relative_error
 from scenario_sets import correctness_set
 
@@ -68,17 +67,7 @@ def test_a_dead_or_hung_rank_ends_with_an_error_and_no_process_left(fault, needl
 
 
 def test_communication_progresses_while_the_caller_computes():
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [ctx.Process(target=background_progress_rank, args=(r, os.path.join(tmp, "s"), 1 << 22, results))
-                 for r in range(2)]
-        for p in procs:
-            p.start()
-        got = sorted(results.get(timeout=90) for _ in procs)
-        for p in procs:
-            p.join(timeout=30)
-    receiver = got[0]
+    receiver, _ = ranks.run_ranks(background_progress_rank, 2, (1 << 22,), timeout_s=90)
     assert receiver[2], "the data landed only when wait() was called: no background progress"
     assert receiver[1] >= 1 and receiver[3]
 

@@ -24,6 +24,7 @@ from ficco_select.data.measure.node import NodeOptions
 from ficco_select.data.measure.sweep import measure
 from ficco_select.cli.main import main
 from ficco_select import Scenario, candidates
+from ficco_select.executor import ranks
 from ficco_select.executor.peer import EngineComm, HostPeerMemory, NcclComm, PeerCopyComm, PeerMemory
 
 # Tier: real ranks (processes over gloo); deselect with -m "not gloo"
@@ -71,27 +72,16 @@ def test_a_dead_rank_ends_the_job_with_no_process_or_shared_memory_left():
 
 
 # -- the dma protocol, rank by rank ---------------------------------------------------------
-def _entry(rank: int, fn, P: int, tmp: str, results) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=P)
+def _entry(rank: int, P: int, fn) -> object:
     try:
-        results.put((rank, fn(rank, P)))
-    except BaseException as e:  # the parent asserts on what each rank saw
-        results.put((rank, f"{type(e).__name__}: {e}"))
-    finally:
-        dist.destroy_process_group()
+        return fn(rank, P)
+    except Exception as e:  # noqa: BLE001 - the parent asserts on what each rank saw
+        return f"{type(e).__name__}: {e}"
 
 
-def run_ranks(fn, P: int, tmp: Path) -> dict[int, object]:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_entry, args=(r, fn, P, str(tmp), results)) for r in range(P)]
-    for p in procs:
-        p.start()
-    out = dict(results.get(timeout=120) for _ in range(P))
-    for p in procs:
-        p.join(timeout=30)
-    return out
+def run_ranks(fn, P: int) -> dict[int, object]:
+    """What `fn(rank, P)` returned, or raised (its type and message), on each of P gloo ranks."""
+    return dict(enumerate(ranks.run_ranks(_entry, P, (fn,), timeout_s=120)))
 
 
 def _sender_runs_ahead(rank: int, P: int, device: str = "cpu"):
@@ -125,8 +115,8 @@ def _sender_runs_ahead_cuda(rank: int, P: int):
     return _sender_runs_ahead(rank, P, "cuda")
 
 
-def test_a_sender_runs_ahead_of_its_receiver_through_reused_slots(tmp_path):
-    out = run_ranks(_sender_runs_ahead, 2, tmp_path)
+def test_a_sender_runs_ahead_of_its_receiver_through_reused_slots():
+    out = run_ranks(_sender_runs_ahead, 2)
     assert isinstance(out[0], float) and out[0] < 5.0, out[0]
     assert out[1] == [[float(i)] * 10 for i in range(5)]
 
@@ -147,8 +137,8 @@ def _all_gather_steps(rank: int, P: int):
     return {f"{q}/{step}": buf.unique().tolist() for (q, step), buf in recvs.items()}
 
 
-def test_an_all_gather_step_is_staged_once_and_pulled_by_every_peer(tmp_path):
-    out = run_ranks(_all_gather_steps, 3, tmp_path)
+def test_an_all_gather_step_is_staged_once_and_pulled_by_every_peer():
+    out = run_ranks(_all_gather_steps, 3)
     assert out == {r: {f"{q}/{step}": [float(10 * q + step)] for q in range(3) if q != r for step in range(4)}
                    for r in range(3)}
 
@@ -165,8 +155,8 @@ def _receiver_never_posts(rank: int, P: int):
         comm.memory.close()
 
 
-def test_a_missing_receive_times_out_naming_rank_peer_and_channel(tmp_path):
-    out = run_ranks(_receiver_never_posts, 2, tmp_path)
+def test_a_missing_receive_times_out_naming_rank_peer_and_channel():
+    out = run_ranks(_receiver_never_posts, 2)
     assert out[1] == "idle"
     assert out[0].startswith("PeerTimeout"), out[0]
     assert "rank 0's send lane to rank 1" in out[0] and "signal channel 1 from rank 1" in out[0]
@@ -190,8 +180,8 @@ def _nccl_comm_exchanges(rank: int, P: int):
     return got
 
 
-def test_nccl_comm_groups_a_step_and_delivers_every_peer(tmp_path):
-    out = run_ranks(_nccl_comm_exchanges, 3, tmp_path)
+def test_nccl_comm_groups_a_step_and_delivers_every_peer():
+    out = run_ranks(_nccl_comm_exchanges, 3)
     want = {r: {q: [float(10 * q + r)] for q in range(3) if q != r} for r in range(3)}
     want[1]["sub"], want[2]["sub"] = [2.0], [1.0]
     assert out == want
@@ -249,11 +239,11 @@ def test_node_mode_is_refused_where_it_cannot_run():
 # -- on GPUs (not run yet: no GPU where this was written) ---------------------------------------
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_peer_copies_through_symmetric_memory_on_one_gpu(tmp_path, monkeypatch):
+def test_cuda_peer_copies_through_symmetric_memory_on_one_gpu(monkeypatch):
     # Two processes on GPU 0: symmetric memory allows it with this switch (NCCL would not),
     # so the dma protocol's CUDA side (slots, streams, signal kernels) runs on one GPU.
     monkeypatch.setenv("TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES", "1")
-    out = run_ranks(_sender_runs_ahead_cuda, 2, tmp_path)
+    out = run_ranks(_sender_runs_ahead_cuda, 2)
     assert isinstance(out[0], float), out[0]
     assert out[1] == [[float(i)] * 10 for i in range(5)]
 

@@ -21,14 +21,12 @@ ranks and the shapes (``test_defects_runtime_train``).
 from __future__ import annotations
 
 import datetime
-import json
 import multiprocessing as mp
-import os
-import time
-from pathlib import Path
 
 import pytest
 import torch
+
+from ficco_select.executor import ranks
 
 TIMEOUT_S = 120
 """The group's timeout: a rank waiting on it would show as a case that takes this long."""
@@ -69,17 +67,17 @@ def _expected(op: str, dim: str, rank: int, P: int) -> torch.Tensor | None:
     return None
 
 
-def _rank(case: dict, rank: int, store: str, out: str) -> None:
+def _rank(rank: int, P: int, case: dict) -> dict:
+    """One rank of a case: what it saw (``outcome`` ok), or raised after reporting what it saw."""
     import torch.distributed as dist
 
     from ficco_select.runtime import torch_ops
     from ficco_select.runtime.selector import Selector
 
-    torch.set_num_threads(1)
-    op, dim, P = case["op"], case["dim"], case["P"]
+    op, dim = case["op"], case["dim"]
     result = {"rank": rank}
     try:
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=P,
+        dist.init_process_group("gloo", store=ranks.rendezvous(), rank=rank, world_size=P,
                                 timeout=datetime.timedelta(seconds=case.get("timeout", TIMEOUT_S)))
         torch_ops.configure(selector=Selector(), hardware="cpu", schedule=case["schedule"])
         assert not torch_ops.dispatch.checks_calls()
@@ -94,35 +92,30 @@ def _rank(case: dict, rank: int, store: str, out: str) -> None:
         right = want is not None and got.shape == want.shape and torch.allclose(got, want, rtol=1e-4, atol=1e-4)
         result.update(returned=True, right=bool(right), ran=torch_ops.last_decision.schedule.name)
         dist.barrier()  # the job's next collective: a step cannot complete past it
-        result.update(outcome="ok")
-    except Exception as e:  # noqa: BLE001 - the outcome under test
-        result.update(outcome="raised", error=f"{type(e).__name__}: {str(e)[:200]}")
-    Path(out).write_text(json.dumps(result))
-    os._exit(0 if result["outcome"] == "ok" else 1)  # a failed rank leaves at once, as a job's would
+    except Exception:
+        ranks.report("seen", result)
+        raise  # the launcher's rank leaves at once, as a job's would
+    return {**result, "outcome": "ok"}
 
 
-def _run_case(ctx, case: dict, tmp: Path) -> list[dict]:
-    (tmp / "store").unlink(missing_ok=True)
-    outs = [tmp / f"rank{r}.json" for r in range(case["P"])]
-    for f in outs:
-        f.unlink(missing_ok=True)
-    procs = [ctx.Process(target=_rank, args=(case, r, str(tmp / "store"), str(outs[r]))) for r in range(case["P"])]
-    t0 = time.monotonic()
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(max(1.0, TIMEOUT_S / 2 - (time.monotonic() - t0)))
+def _run_case(case: dict) -> list[dict]:
+    """Every rank's outcome: ok, raised (with what it saw first), died (gloo aborts a process
+    that meets a collective of another size) or hung (waited far longer than any error takes)."""
+    seen = {}
+    outcomes = ranks.launch(_rank, case["P"], (case,), timeout_s=TIMEOUT_S / 2, group=None, stop_on_error=False,
+                            start_method="forkserver", on_report=lambda kind, result: seen.update({result["rank"]: result}))
     results = []
-    for r, p in enumerate(procs):
-        if p.is_alive():  # waited far longer than any error takes to reach it: a hang
-            p.kill()
-            p.join()
-            results.append({"rank": r, "outcome": "hung"})
-        elif outs[r].exists():
-            results.append(json.loads(outs[r].read_text()))
-        else:  # gloo aborts the process where it meets a collective of another size
-            results.append({"rank": r, "outcome": "died", "exitcode": p.exitcode})
-    return [{**res, "seconds": round(time.monotonic() - t0, 1)} for res in results]
+    for o in outcomes:
+        if o.ok:
+            res = o.value
+        elif o.exitcode is None:
+            res = {"rank": o.rank, "outcome": "hung"}
+        elif o.exitcode == 1 and o.rank in seen:
+            res = {**seen[o.rank], "outcome": "raised", "error": o.error.splitlines()[0][:200]}
+        else:
+            res = {"rank": o.rank, "outcome": "died", "exitcode": o.exitcode}
+        results.append({**res, "seconds": round(o.seconds, 1)})
+    return results
 
 
 CASES = ([{"op": op, "schedule": s, "dim": dim, "P": 2} for op in ("ag", "rs", "ar") for s in SCHEDULES
@@ -138,13 +131,13 @@ CASES = ([{"op": op, "schedule": s, "dim": dim, "P": 2} for op in ("ag", "rs", "
 
 
 @pytest.mark.gloo
-def test_ranks_passing_different_shapes_never_return_a_wrong_result_nor_hang(tmp_path):
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "ficco_select.runtime.torch_ops",
-                                "ficco_select.runtime.selector", __name__])
-    bad = []
+def test_ranks_passing_different_shapes_never_return_a_wrong_result_nor_hang():
+    mp.get_context("forkserver").set_forkserver_preload(["torch", "torch.distributed", "ficco_select.runtime.torch_ops",
+                                                         "ficco_select.runtime.selector", __name__])
+    bad, seen = [], set()
     for case in CASES:
-        results = _run_case(ctx, case, tmp_path)
+        results = _run_case(case)
+        seen |= {res["outcome"] for res in results}
         for res in results:
             wrong = res["outcome"] == "ok" and not res["right"]  # past the barrier with a wrong result
             if wrong or res["outcome"] == "hung" or res["seconds"] >= case.get("timeout", TIMEOUT_S) + 10:
@@ -155,3 +148,4 @@ def test_ranks_passing_different_shapes_never_return_a_wrong_result_nor_hang(tmp
             # No result is right: every rank must end in an error.
             assert all(res["outcome"] != "ok" for res in results), (case, results)
     assert not bad, "\n".join(map(str, bad))
+    assert seen >= {"ok", "raised", "died"}, seen  # the ranks ran the op: every way a job ends was seen

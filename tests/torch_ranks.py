@@ -5,42 +5,30 @@ exported model), collects its mismatches and fails with all of them.
 """
 
 import contextlib
-import os
-import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from ficco_select.executor import ranks
 from ficco_select.executor.operators import TOLERANCE, relative_error
 from ficco_select.runtime import ops, torch_ops
 from ficco_select.runtime.selector import Selector
 from ficco_select.schedule import all_schedules
 
 
-def _entry(rank: int, fn, P: int, tmp: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=P)
+def _entry(rank: int, P: int, fn, tmp: str) -> None:
     try:
         torch_ops.reset()
         torch_ops.configure(selector=Selector(), hardware="cpu")  # heuristic; no exported model
         fn(rank, P, Path(tmp))
-        dist.barrier()
     finally:
         torch_ops.reset()
-        dist.destroy_process_group()
-    # Checked and torn down: leave without the interpreter's teardown. Once in CI a rank
-    # died of std::terminate ("terminate called without an active exception", no Python
-    # error), most likely there, as torch's threads are destroyed (not reproduced in 50
-    # runs here). A failure in the checks above still raises, and mp.spawn reports it.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def spawn(fn, P: int, tmp: Path) -> None:
-    mp.spawn(_entry, args=(fn, P, str(tmp)), nprocs=P, join=True)
+    """`fn(rank, P, tmp)` on P gloo ranks (``ficco_select.executor.ranks``); a rank's failure
+    raises ``RankError`` with its message."""
+    ranks.run_ranks(_entry, P, (fn, str(tmp)), timeout_s=600)
 
 
 def rand(gen, *shape, dtype=torch.float32):

@@ -13,9 +13,7 @@ bytes, not messages, and on a shared host the intercept of four sizes is mostly 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -29,6 +27,7 @@ import torch.distributed as dist
 
 from ficco_select.data.locks import write_json_atomic
 from ficco_select.data.measure.fabric import Fabric, FabricError, inside, shaping
+from ficco_select.executor import ranks
 from ficco_select.hardware import HardwareSpec, load_hardware, register_hardware, spec_as_dict, spec_from_dict
 from ficco_select.scenario import Scenario
 
@@ -37,9 +36,8 @@ SIZES = (16 << 10, 256 << 10, 1 << 20, 4 << 20)
 ROUND_TRIPS = 9
 
 
-def _rank(rank: int, port: int, results) -> None:
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=120))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=120))
+def _rank(rank: int, world_size: int) -> dict[int, float]:
+    """One of two ranks timing a message's one-way trip at each size; the median per size."""
     peer = 1 - rank
 
     def one_way(size: int) -> float:
@@ -56,11 +54,7 @@ def _rank(rank: int, port: int, results) -> None:
 
     for size in SIZES:  # warm up: connections, TCP windows, allocator
         one_way(size)
-    times = {size: statistics.median(one_way(size) for _ in range(ROUND_TRIPS)) for size in SIZES}
-    if rank == 0:
-        results.put(times)
-    dist.barrier()
-    dist.destroy_process_group()
+    return {size: statistics.median(one_way(size) for _ in range(ROUND_TRIPS)) for size in SIZES}
 
 
 def profile_fabric(fabric: Fabric, timeout_s: float = 300.0) -> dict:
@@ -83,20 +77,7 @@ def _run(command: list[str]) -> None:
 
 
 def _profile(timeout_s: float) -> dict:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    ctx = torch.multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False)
-    procs = [ctx.Process(target=_rank, args=(r, store.port, results), daemon=True) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        one_way = results.get(timeout=timeout_s)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    one_way = ranks.run_ranks(_rank, 2, timeout_s=timeout_s, group_timeout_s=120)[0]
     return link_fit(one_way)
 
 
