@@ -21,7 +21,7 @@ import dataclasses
 
 import numpy as np
 
-from ficco_select.hardware import HardwareSpec, fields_of, register_hardware, spec_field
+from ficco_select.hardware import HardwareSpec, fields_of, spec_field
 
 SAMPLED_MARK = "~"
 
@@ -64,8 +64,9 @@ def sample_around(spec: HardwareSpec, index: int, *, spread: float, u: dict[str,
 
 def sampled_machines(presets: list[HardwareSpec], *, per_preset: int, spread: float, seed: int = 0
                      ) -> list[HardwareSpec]:
-    """`per_preset` machines around each preset, registered by name for this process
-    (datasets and models carry their specs, ``ficco_select.data.dataset.user_specs``).
+    """`per_preset` machines around each preset (names ``<preset>~<i>``); nothing is
+    registered: the caller that simulates them registers them (``train.training_data.sampled``),
+    and datasets and models carry their specs (``ficco_select.data.dataset.user_specs``).
 
     Latin hypercube draws: for each preset and field, the machines fall in different
     equal slices of the range, so a few machines already reach both of its ends."""
@@ -75,5 +76,5 @@ def sampled_machines(presets: list[HardwareSpec], *, per_preset: int, spread: fl
         slices = {f: rng.permutation(per_preset) for f in _DRAWN}
         for i in range(per_preset):
             u = {f: (slices[f][i] + rng.random()) / per_preset for f in _DRAWN}
-            out.append(register_hardware(sample_around(spec, i, spread=spread, u=u), "ficco_select.data.machines"))
+            out.append(sample_around(spec, i, spread=spread, u=u))
     return out

@@ -272,30 +272,36 @@ def is_spec_path(value: str | Path) -> bool:
     return text.endswith(SPEC_SUFFIXES) or "/" in text or os.sep in text
 
 
-# Specs this process has read from files, datasets or models, by name. Rows carry a
-# machine's name, never a path (a path differs between machines and would change the
-# scenario id); this is where a name that is not a preset is found again.
-_REGISTERED: dict[str, HardwareSpec] = {}
+# Specs this process has read from spec files, datasets or profiles, by name, with where each
+# came from. Rows carry a machine's name, never a path (a path differs between machines and
+# would change the scenario id); this is where a name that is not a preset is found again.
+# Append-only: a name keeps the spec it was first read with, so reading another file never
+# changes what a name already means (one with other numbers is refused, naming both).
+_REGISTERED: dict[str, tuple[HardwareSpec, str]] = {}
 
 
 def register_hardware(spec: HardwareSpec, where: str = "", *, replace: bool = False) -> HardwareSpec:
     """Make `spec` findable by its name in this process.
 
-    A preset's name is refused for a spec with other numbers (the presets mean one thing
-    everywhere). A user's machine may be re-described (an edited spec file read again):
-    the latest spec wins, with a warning when its numbers changed, unless `replace` says
-    that is the point (``ficco adapt`` refines a machine's spec round by round).
+    A name means one machine: a preset's name is refused for a spec with other numbers, and
+    so is a name this process already knows with other numbers, naming where each came from.
+    `replace` is for the one owner of a machine that refines its spec as it learns
+    (``ficco adapt``, round by round).
     """
+    where = where or "a spec"
     if _preset_path(spec.name) is not None:
         if _preset(spec.name) != spec:
-            raise HardwareError(f"{where or 'spec'}: name {spec.name!r} is a preset's, with other numbers; "
+            raise HardwareError(f"{where}: name {spec.name!r} is a preset's, with other numbers; "
                                 "give this machine its own name (field 'name')")
         return spec
     known = _REGISTERED.get(spec.name)
-    if known is not None and known != spec and not replace:
-        log.warning("hardware %r: the spec from %s replaces an earlier one with other numbers in this process",
-                    spec.name, where or "a mapping")
-    _REGISTERED[spec.name] = spec
+    if known is not None and known[0] != spec and not replace:
+        differ = [f.name for f in dataclasses.fields(spec) if getattr(spec, f.name) != getattr(known[0], f.name)]
+        raise HardwareError(f"{where}: machine {spec.name!r} is already known in this process from {known[1]}, "
+                            f"with other numbers ({', '.join(differ[:4])}{', ...' if len(differ) > 4 else ''}); "
+                            "a name means one machine: give this one its own name (field 'name')")
+    if known is None or replace:
+        _REGISTERED[spec.name] = (spec, where)
     return spec
 
 
@@ -307,7 +313,7 @@ def load_hardware(name_or_path: str | Path) -> HardwareSpec:
     if not is_spec_path(name_or_path):
         name = str(name_or_path)
         if name in _REGISTERED:
-            return _REGISTERED[name]
+            return _REGISTERED[name][0]
         if _preset_path(name) is None:
             raise HardwareError(f"unknown hardware {name!r}; presets: {', '.join(preset_names())}; data-sheet "
                                 f"machines: {', '.join(datasheet_names())} (or pass a spec file: ./my-node.yaml)")

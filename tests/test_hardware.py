@@ -64,3 +64,42 @@ def test_cli_list_and_show():
     assert shown.exit_code == 0 and "4800" in shown.output
     bad = runner.invoke(main, ["hardware", "show", "nope"])
     assert bad.exit_code != 0 and "unknown hardware" in bad.output
+
+
+def _dataset_naming(path, spec: dict):
+    """A one-row dataset file whose metadata describes machine `spec["name"]` as `spec`."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ficco_select.data.dataset import HARDWARE_KEY, METADATA_KEY, SCHEMA_VERSION
+
+    table = pa.table({"hardware": [spec["name"]]})
+    pq.write_table(table.replace_schema_metadata({METADATA_KEY: str(SCHEMA_VERSION).encode(),
+                                                  HARDWARE_KEY: json.dumps({spec["name"]: spec}).encode()}), path)
+    return path
+
+
+def test_reading_a_second_file_never_changes_what_a_machine_name_means(tmp_path):
+    from helpers.exports import spec_dict
+
+    from ficco_select.data.dataset import DatasetError, read_dataset
+
+    first = _dataset_naming(tmp_path / "a.parquet", spec_dict("node-a", link_bw_gbps=100.0))
+    other = _dataset_naming(tmp_path / "b.parquet", spec_dict("node-a", link_bw_gbps=400.0))
+    read_dataset(first)
+    assert load_hardware("node-a").link_bw_gbps == 100.0
+    with pytest.raises(DatasetError, match=r"b\.parquet.*'node-a' is already known in this process from .*a\.parquet.*link_bw_gbps"):
+        read_dataset(other)
+    assert load_hardware("node-a").link_bw_gbps == 100.0  # the name still means the first file's machine
+    read_dataset(first)  # the same machine again: nothing to refuse
+    assert read_dataset(other, register=False)["hardware"].tolist() == ["node-a"]  # read for its times only
+
+
+def test_a_spec_file_may_not_rename_a_preset_nor_redefine_a_known_machine(tmp_path):
+    assert load_hardware(write_spec(tmp_path, name="mine", link_bw_gbps=10.0)).link_bw_gbps == 10.0
+    with pytest.raises(HardwareError, match="'mine' is already known in this process from .*mine.yaml"):
+        load_hardware(write_spec(tmp_path, name="mine", link_bw_gbps=20.0))
+    with pytest.raises(HardwareError, match="name 'mi300x-8' is a preset's, with other numbers"):
+        load_hardware(write_spec(tmp_path, link_bw_gbps=20.0))

@@ -74,9 +74,12 @@ def simulated(hardware: str, *, world_sizes=(2, 4, 8), noise: float = SIM_NOISE,
 
 def sampled(*, per_preset: int = SAMPLED_PER_PRESET, spread: float = SAMPLED_SPREAD, share: float = SAMPLED_SHARE,
             noise: float = SIM_NOISE, seed: int = 0) -> list[pd.DataFrame]:
-    """Part of the catalog simulated on machines sampled around every GPU preset."""
+    """Part of the catalog simulated on machines sampled around every GPU preset, each
+    registered by its name for this process (rows carry names; training resolves them)."""
     gpus = [load_hardware(name) for name in preset_names() if name != "cpu"]
     machines = sampled_machines(gpus, per_preset=per_preset, spread=spread, seed=seed)
+    for hw in machines:
+        register_hardware(hw, f"machines sampled around the presets (spread {spread:g}, seed {seed})")
     return [simulated(hw.name, noise=noise, seed=seed + 1 + i, share=share) for i, hw in enumerate(machines)]
 
 
