@@ -117,12 +117,13 @@ def test_the_rule_scored_all_thresholds_at_once_is_the_brute_force_rule():
         assert rule["validation_capture"] == pytest.approx(rank[0], rel=1e-12)
 
 
-def test_each_range_reason_gets_the_fallback_that_did_best_outside_the_ranges_per_kind():
+def test_shapes_outside_the_ranges_get_the_fallback_that_did_best_there_per_kind():
     from ficco_select.train.shipped import MIN_OUTSIDE_SCENARIOS, _range_fallbacks
 
     n = MIN_OUTSIDE_SCENARIOS
     # gpu: m outside (beyond_m > 1) on n scenarios, where the heuristic is 2x slow and the ring
-    # is best; n, k outside on n more, where the heuristic is best. cpu: too few outside.
+    # is best; n, k outside on n more, where the heuristic is best (1.4x faster than the
+    # ring): pooled, the ring has the most capture. cpu: too few outside.
     ring = FIXED_PREFIX + "shard.ring.sm"
     gpu_m = pd.DataFrame({"kind": "gpu", "beyond_m": 4.0, "beyond_n": 1.0, "beyond_k": 1.0, "t_heuristic": 2.0,
                           ring: 1.0, "t_baseline": 1.5}, index=range(n))
@@ -137,19 +138,20 @@ def test_each_range_reason_gets_the_fallback_that_did_best_outside_the_ranges_pe
     got = _range_fallbacks(v, ["shard.ring.sm"])
     # cpu: 3 < n scenarios, no rule of its own, and too few for one on the kinds without one
     # (any): the gpu's evidence is not carried to it; the runtime's default, the heuristic.
-    assert got["by_reason"]["m_range"] == {"gpu": "shard.ring.sm"}
-    assert got["by_reason"]["shape_range"] == {"gpu": "heuristic"}
+    assert got["by_reason"] == {"shape_range": {"gpu": "shard.ring.sm"}}
     # Two kinds each short of n, together n or more: one choice (any) on their scenarios
     # pooled; here the ring slows the 3 cpu scenarios down beyond the guard: the baseline.
     few = pd.concat([gpu_m.iloc[: n - 3], cpu], ignore_index=True).assign(t_cost_model=3.0)
     few = few.assign(t_best=few[["t_heuristic", ring, "t_baseline"]].min(axis=1), t_oracle=few["t_baseline"])
-    assert _range_fallbacks(few, ["shard.ring.sm"])["by_reason"]["m_range"] == {"any": "baseline"}
-    assert got["validation"]["m_range"]["gpu"]["scenarios"] == n  # only the scenarios outside: not the 50 inside
+    assert _range_fallbacks(few, ["shard.ring.sm"])["by_reason"]["shape_range"] == {"any": "baseline"}
+    assert got["validation"]["shape_range"]["gpu"]["scenarios"] == 2 * n  # only the scenarios outside: not the 50 inside
     assert got["validation"]["shape_range"]["gpu"]["candidates"]["baseline"]["capture"] == pytest.approx(1 / 1.5)
+    # Where the n, k scenarios alone judge it, the heuristic.
+    assert _range_fallbacks(v[v["beyond_m"] == 1.0], ["shard.ring.sm"])["by_reason"] == {"shape_range": {"gpu": "heuristic"}}
     # A fallback that slows down more than the tail guard allows is never chosen, however fast elsewhere.
     risky = gpu_m.assign(t_cost_model=3.0, **{ring: np.where(np.arange(n) < n // 2, 0.5, 1.6)})
     risky = risky.assign(t_best=risky[["t_heuristic", ring, "t_baseline"]].min(axis=1), t_oracle=risky["t_baseline"])
-    assert _range_fallbacks(risky, ["shard.ring.sm"])["by_reason"]["m_range"]["gpu"] == "baseline"
+    assert _range_fallbacks(risky, ["shard.ring.sm"])["by_reason"]["shape_range"]["gpu"] == "baseline"
 
 
 def test_the_cost_model_is_a_range_fallback_where_it_does_best_but_never_a_margin_fallback():
@@ -161,11 +163,11 @@ def test_the_cost_model_is_a_range_fallback_where_it_does_best_but_never_a_margi
                           "t_cost_model": 1.0, "t_baseline": 1.5}, index=range(n))
     v = gpu_m.assign(t_best=1.0, t_oracle=1.5)
     got = _range_fallbacks(v, [])
-    assert got["by_reason"]["m_range"] == {"gpu": "cost_model"}
-    assert got["validation"]["m_range"]["gpu"]["candidates"]["cost_model"]["capture"] == pytest.approx(1.0)
+    assert got["by_reason"]["shape_range"] == {"gpu": "cost_model"}
+    assert got["validation"]["shape_range"]["gpu"]["candidates"]["cost_model"]["capture"] == pytest.approx(1.0)
     # One that slows down more than the tail guard allows is not chosen.
     risky = v.assign(t_cost_model=np.where(np.arange(n) < n // 2, 1.0, 1.6))
-    assert _range_fallbacks(risky, [])["by_reason"]["m_range"]["gpu"] == "baseline"
+    assert _range_fallbacks(risky, [])["by_reason"]["shape_range"]["gpu"] == "baseline"
     # The margin rule does not offer it: inside the ranges the model is its distillation, and
     # on simulated truth "never trust the model" would always win.
     inside = outcomes(margin=[0.1, 0.2, 0.3], t_model=[1.2, 1.2, 1.2], t_heuristic=[1.5, 1.5, 1.5],

@@ -16,12 +16,12 @@ META = {
     "abstention": {"min_margin": 0.02, "fallback": "heuristic", **FIGURES,
                    "by_kind": {"gpu": {"min_margin": 0.03, "fallback": "baseline", **FIGURES}},
                    "by_op": {"gpu.ag_gemm": {"min_margin": None, "fallback": "shard.ring.sm", **FIGURES}},
-                   "by_reason": {"m_range": {"gpu": "cost_model"}},
-                   "by_reason_validation": {"m_range": {"gpu": {"fallback": "cost_model", "scenarios": 9}}}},
+                   "by_reason": {"shape_range": {"gpu": "cost_model"}},
+                   "by_reason_validation": {"shape_range": {"gpu": {"fallback": "cost_model", "scenarios": 9}}}},
     "unseen_hardware": {"decide": "model", "validation": {"gpu": {"scenarios": 40, "ahead": True}},
                         "kinds": {"gpu": {"topologies": ["switch"], "spec_ranges": {"link_bw_gbps": [10.0, 900.0]},
                                           "widened_by": {"link_bw_gbps": 1.5}, "any_topology": False}},
-                        "by_reason_validation": {"spec_range": {"gpu": {"fallback": "heuristic"}}}},
+                        "by_reason_validation": {"unseen_machine": {"gpu": {"fallback": "heuristic"}}}},
     "mlflow_run_id": "r1",
 }
 
@@ -31,7 +31,7 @@ def test_every_validation_figure_leaves_the_rules_and_the_rules_read_the_same():
     text = json.dumps(rules)
     assert "validation" not in text and "widened_by" not in text and "~" not in json.dumps(rules["hardware_specs"])
     assert evidence["abstention.by_op.gpu.ag_gemm"] == FIGURES
-    assert evidence["abstention"]["by_reason_validation"]["m_range"]["gpu"]["scenarios"] == 9
+    assert evidence["abstention"]["by_reason_validation"]["shape_range"]["gpu"]["scenarios"] == 9
     assert evidence["unseen_hardware"]["validation"]["gpu"]["ahead"]
     assert evidence["unseen_hardware.kinds.gpu"] == {"widened_by": {"link_bw_gbps": 1.5}}
     assert set(evidence["sampled_machines"]) == {"mi300x-8~1"} and evidence["mlflow_run_id"] == "r1"

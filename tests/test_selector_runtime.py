@@ -564,24 +564,27 @@ def test_each_abstention_reason_runs_the_fallback_validation_chose_for_it(tmp_pa
     ranges = {**FULL_RANGES, "m": [1024, 8192], "n": [1024, 16384], "hardware": ["h100-nvswitch"]}
     within = {f: [spec_value(mi300x, f)] * 2 for f in SPEC_RANGE_FIELDS}
     unseen = {"decide": "model", "kinds": {"gpu": {"topologies": [mi300x.topology], "spec_ranges": within}}}
-    by_reason = {"m_range": {"gpu": "baseline", "any": "heuristic"}, "shape_range": {"any": "shard.ring.sm"},
-                 "spec_range": {"gpu": "shard.ring.dma"}, "unseen_machine": {"any": "baseline"}}
+    by_reason = {"shape_range": {"gpu": "baseline", "any": "shard.ring.sm"},
+                 "unseen_machine": {"gpu": "shard.ring.dma", "any": "baseline"}}
     rule = {"min_margin": 0.0, "fallback": "heuristic", "by_reason": by_reason}
     sel = Selector.load(write_selector(tmp_path / "sel", training_ranges=ranges, abstention=rule, unseen_hardware=unseen))
     h100 = {**RECORD, "hardware": "h100-nvswitch", "m": 4096, "n": 8192}
     assert sel.select(h100).source == "model" and sel.select(h100).abstained == ""
-    d = sel.select({**h100, "m": 65536})  # m outside: the gpu's own choice, the baseline
-    assert (d.source, d.schedule, d.abstained) == ("fallback", BASELINE, "m_range")
-    assert "the fitted fallback for m_range is the baseline" in d.reason
-    d = sel.select({**h100, "n": 65536})  # n outside: every kind's choice, a fixed rule
-    assert (d.source, d.schedule, d.abstained) == ("fallback", SHARD, "shape_range")
+    for outside in ({"m": 65536}, {"n": 65536}):  # a shape outside: the gpu's own choice, the baseline
+        d = sel.select({**h100, **outside})
+        assert (d.source, d.schedule, d.abstained) == ("fallback", BASELINE, "shape_range")
+        assert "the fitted fallback for shape_range is the baseline" in d.reason
     faster = tmp_path / "faster.yaml"  # an unseen machine outside the trained spec ranges
     faster.write_text(yaml.safe_dump(spec_dict("fast-one", link_bw_gbps=2 * mi300x.link_bw_gbps)))
     d = sel.select({**h100, "hardware": str(faster)})
-    assert (d.source, d.schedule.name, d.abstained) == ("fallback", "shard.ring.dma", "spec_range")
+    assert (d.source, d.schedule.name, d.abstained) == ("fallback", "shard.ring.dma", "unseen_machine")
     cpu = {**RECORD, "m": 64, "n": 64, "k": 64, "dtype": "float32", "world_size": 2, "hardware": "cpu"}
     d = sel.select({**cpu, "m": 2048, "n": 2048, "k": 2048})  # no trained cpu machine: unseen, any kind's choice
     assert (d.source, d.schedule, d.abstained) == ("fallback", BASELINE, "unseen_machine")
+    cpu_outside = Selector.load(write_selector(tmp_path / "cpu-out", abstention=rule,
+                                               training_ranges={**ranges, "hardware": ["cpu"], "m": [1, 64]}))
+    d = cpu_outside.select({**cpu, "m": 4096})  # outside on a kind without its own choice: any kind's, a fixed rule
+    assert (d.source, d.schedule, d.abstained) == ("fallback", SHARD, "shape_range")
     # A fixed rule the scenario cannot run: the baseline, saying so (dma on the cpu backend).
     only_dma = {**rule, "by_reason": {"unseen_machine": {"cpu": "shard.ring.dma"}}}
     d = Selector.load(write_selector(tmp_path / "dma", training_ranges=ranges, abstention=only_dma)).select(
@@ -589,11 +592,12 @@ def test_each_abstention_reason_runs_the_fallback_validation_chose_for_it(tmp_pa
     assert d.schedule == BASELINE and "shard.ring.dma, is not legal here, so the baseline" in d.reason
     # A reason without an entry for its kind or any: the heuristic (here m outside on a cpu
     # machine the model was trained on).
-    cpu_trained = Selector.load(write_selector(tmp_path / "cpu", abstention=rule,
+    gpu_only = {**rule, "by_reason": {"shape_range": {"gpu": "baseline"}}}
+    cpu_trained = Selector.load(write_selector(tmp_path / "cpu", abstention=gpu_only,
                                                training_ranges={**ranges, "hardware": ["cpu"], "m": [1, 64]}))
     d = cpu_trained.select({**cpu, "m": 4096})
     s = Scenario.from_record({**cpu, "m": 4096})
-    assert (d.source, d.schedule, d.abstained) == ("heuristic", choose(s, load_hardware("cpu")), "m_range")
+    assert (d.source, d.schedule, d.abstained) == ("heuristic", choose(s, load_hardware("cpu")), "shape_range")
     # A low margin keeps its own rules; an op not seen in training is 'other': the heuristic.
     never = Selector.load(write_selector(tmp_path / "never", training_ranges=ranges,
                                          abstention={**rule, "min_margin": None, "fallback": "baseline"}))
@@ -602,8 +606,9 @@ def test_each_abstention_reason_runs_the_fallback_validation_chose_for_it(tmp_pa
     assert (d.source, d.abstained) == ("heuristic", "other")
     # Checked at load: an unknown reason, kind or fallback (gated fallbacks need the scores
     # the abstention distrusts) refuses the model, naming the field.
-    for bad in ({"low_margin": {"any": "baseline"}}, {"m_range": {"tpu": "baseline"}},
-                {"m_range": {"gpu": "gated:shard.ring.sm"}}, {"m_range": {"gpu": "fastest"}}, {"m_range": "baseline"}):
+    for bad in ({"low_margin": {"any": "baseline"}}, {"m_range": {"gpu": "baseline"}}, {"shape_range": {"tpu": "baseline"}},
+                {"shape_range": {"gpu": "gated:shard.ring.sm"}}, {"shape_range": {"gpu": "fastest"}},
+                {"shape_range": "baseline"}):
         folder = write_selector(tmp_path / "bad", training_ranges=ranges, abstention={**rule, "by_reason": bad})
         assert Selector.load(folder).model is None
 
@@ -646,7 +651,7 @@ def test_a_cost_model_fallback_runs_the_simulators_pick_judged_by_the_gpu_rule(t
     from ficco_select.schedule import legal_candidates
 
     ranges = {**FULL_RANGES, "m": [1024, 8192], "hardware": ["h100-nvswitch", "cpu"]}
-    rule = {"min_margin": 0.0, "fallback": "heuristic", "by_reason": {"m_range": {"any": "cost_model"}}}
+    rule = {"min_margin": 0.0, "fallback": "heuristic", "by_reason": {"shape_range": {"any": "cost_model"}}}
     h100 = {**RECORD, "hardware": "h100-nvswitch", "m": 65536, "n": 28672}
     s, hw = Scenario.from_record(h100), load_hardware("h100-nvswitch")
     cands = legal_candidates(s, "cuda")
@@ -655,14 +660,14 @@ def test_a_cost_model_fallback_runs_the_simulators_pick_judged_by_the_gpu_rule(t
     assert expected == cands[int(np.argmax(gains))] and not expected.is_baseline  # overlap pays here
     free = Selector.load(write_selector(tmp_path / "free", training_ranges=ranges, abstention=rule))
     d = free.select(h100)
-    assert (d.source, d.schedule, d.abstained) == ("cost_model", expected, "m_range")
-    assert "the fitted fallback for m_range is the cost model" in d.reason
+    assert (d.source, d.schedule, d.abstained) == ("cost_model", expected, "shape_range")
+    assert "the fitted fallback for shape_range is the cost model" in d.reason
     # Under a do-no-harm margin no simulated gain reaches, the GPU runs the baseline, still
     # counted under the reason the model abstained for.
     strict = Selector.load(write_selector(tmp_path / "strict", training_ranges=ranges, abstention=rule,
                                           gpu_no_harm={"split_us": 0.0, "small_margin": 0.0, "large_margin": 5.0}))
     d = strict.select(h100)
-    assert (d.schedule, d.abstained) == (BASELINE, "m_range") and "no harm" in d.reason
+    assert (d.schedule, d.abstained) == (BASELINE, "shape_range") and "no harm" in d.reason
     # A cpu machine is left alone by the rule: the cost model's pick on the cpu spec stands.
     cpu = {**RECORD, "m": 65536, "n": 64, "k": 64, "dtype": "float32", "world_size": 2, "hardware": "cpu"}
     d = strict.select(cpu)

@@ -270,7 +270,7 @@ def test_the_unseen_hardware_rule_holds_machines_out_of_the_fit_and_bounds_the_t
     assert ("kinds" in rule) == ahead
     # Wherever the model may not decide an unseen machine, the fallback that did best on the
     # held-out machines: the most capture among the candidates within the tail guard.
-    for reason in ("spec_range", "unseen_machine"):
+    for reason in ("unseen_machine",):
         chosen = rule["by_reason_validation"][reason]["gpu"]
         assert rule["by_reason"][reason]["gpu"] == chosen["fallback"] and chosen["scenarios"] == gpu["scenarios"]
         allowed = [c["capture"] for c in chosen["candidates"].values() if c["slowdowns"] <= chosen["tail_guard"]]

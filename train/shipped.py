@@ -227,17 +227,15 @@ def _range_slack(v: pd.DataFrame, abstention: dict) -> dict:
 
 
 def _range_fallbacks(v: pd.DataFrame, fixed: Sequence[str]) -> dict:
-    """``abstention.by_reason``'s ``m_range`` and ``shape_range``: per kind of machine, the
-    fallback (``_best_fallback``) with the most expected speed on the validation scenarios
-    that lay outside their fold's training ranges (m; else n or k): they are the nearest
-    evidence of what does well outside the ranges. A kind with fewer than
+    """``abstention.by_reason``'s ``shape_range``: per kind of machine, the fallback
+    (``_best_fallback``) with the most expected speed on the validation scenarios that lay
+    outside their fold's training ranges (m, n or k): they are the nearest evidence of what
+    does well outside the ranges. A kind with fewer than
     ``MIN_OUTSIDE_SCENARIOS`` of them takes the choice made on every kind's (``any``); with
     fewer still, the heuristic. Returns {"by_reason": {reason: {kind: fallback}},
     "validation": {reason: {kind: figures}}}."""
-    beyond_m = v["beyond_m"].to_numpy(float)
-    beyond_nk = np.maximum(v["beyond_n"].to_numpy(float), v["beyond_k"].to_numpy(float))
-    outside = {"m_range": beyond_m > 1, "shape_range": (beyond_m <= 1) & (beyond_nk > 1)}
-    return _fallbacks_by_kind({reason: v[at] for reason, at in outside.items()}, fixed)
+    outside = (v[[f"beyond_{c}" for c in SLACK_COLUMNS]].to_numpy(float) > 1).any(axis=1)
+    return _fallbacks_by_kind({"shape_range": v[outside]}, fixed)
 
 
 def _fallbacks_by_kind(rows_of: dict[str, pd.DataFrame], fixed: Sequence[str]) -> dict:
@@ -287,8 +285,7 @@ def _best_fallback(v: pd.DataFrame, fixed: Sequence[str]) -> dict:
 
 
 def with_machine_fallbacks(abstention: dict, unseen: dict) -> dict:
-    """`abstention` (``fit_abstention``'s) with the ``spec_range`` and ``unseen_machine``
-    fallbacks that ``fit_unseen_hardware`` chose on held-out machines in ``by_reason``."""
+    """`abstention` (``fit_abstention``'s) with the ``unseen_machine`` fallbacks that ``fit_unseen_hardware`` chose on held-out machines in ``by_reason``."""
     chosen = unseen.get("by_reason", {})
     if not chosen:
         return abstention
@@ -466,7 +463,7 @@ def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abst
         # Where the model may not decide a machine it never saw (outside the trained machines'
         # ranges, or no rule lets it), the fallback that did best on the held-out machines.
         v = pd.concat(held_out, ignore_index=True)
-        reasons = _fallbacks_by_kind({"spec_range": v, "unseen_machine": v}, fixed)
+        reasons = _fallbacks_by_kind({"unseen_machine": v}, fixed)
         rule["by_reason"], rule["by_reason_validation"] = reasons["by_reason"], reasons["validation"]
     return rule
 

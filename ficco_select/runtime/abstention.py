@@ -29,8 +29,7 @@ def abstention_reason(scope: Scope, s: Scenario, hw: HardwareSpec) -> tuple[str,
                     continue  # the model decides it (its decision says so)
                 # Outside the ranges of the trained machines of its kind, or no validated
                 # rule (or no trained machine of its kind) lets the model decide it.
-                key = "unseen_machine" if not why or why.startswith("no trained") else "spec_range"
-                return key, f"hardware {s.hardware} not seen in training" + (f" ({why})" if why else "")
+                return "unseen_machine", f"hardware {s.hardware} not seen in training" + (f" ({why})" if why else "")
             if col == "dtype":
                 why = unseen_dtype_problem(scope, s.dtype, hw)
                 if not why:
@@ -47,8 +46,7 @@ def abstention_reason(scope: Scope, s: Scenario, hw: HardwareSpec) -> tuple[str,
             factor = slack.get(col, 1.0)
             if not lo / factor <= value <= hi * factor:
                 widened = f", widened x{factor:.3g} by validation" if factor > 1 else ""
-                return ("m_range" if col == "m" else "shape_range",
-                        f"{col}={value} outside the training range [{lo}, {hi}]{widened}")
+                return "shape_range", f"{col}={value} outside the training range [{lo}, {hi}]{widened}"
     return "", ""
 
 

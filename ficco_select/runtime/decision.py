@@ -25,13 +25,14 @@ class Decision:
     """Why the model did not decide, as a key (``ABSTENTION_REASONS``), "" where it did."""
 
 
-ABSTENTION_REASONS = ("low_margin", "m_range", "shape_range", "spec_range", "unseen_machine", "other", "no_harm")
-"""Why a model abstains: its two best candidates too close (``low_margin``); m, or n, k or the
-world size, outside the training ranges (``m_range``, ``shape_range``); a machine not seen in
-training whose spec numbers or topology lie outside the trained machines' (``spec_range``), or
-one no validated rule lets the model decide (``unseen_machine``); or anything else (a dtype or
-operator not seen, no model, a failure: ``other``). The first five get the fallback that
-validation found best for them (``abstention.by_reason``); ``other`` the heuristic. On a GPU
+ABSTENTION_REASONS = ("low_margin", "shape_range", "unseen_machine", "other", "no_harm")
+"""Why a model abstains: its two best candidates too close (``low_margin``: the margin rules'
+fallback); m, n, k or the world size outside the training ranges (``shape_range``); a machine
+not seen in training that no validated rule lets the model decide, or whose spec numbers or
+topology lie outside the trained machines' (``unseen_machine``); or anything else (a dtype or
+operator not seen, no model, a failure: ``other``, the heuristic). ``shape_range`` and
+``unseen_machine`` get the fallback that validation found best for them
+(``abstention.by_reason``). On a GPU
 machine, a model's overlap pick whose predicted gain is within the simulator's published
 error runs the baseline instead (``no_harm``: ``runtime/no_harm.py``)."""
 

@@ -46,7 +46,7 @@ MACHINE_KINDS = ("gpu", "cpu")
 """``unseen_hardware`` ranges are per kind of machine (``HardwareSpec.kind``)."""
 ANY_KIND = "any"
 """``abstention.by_reason``'s entry for every kind of machine without one of its own."""
-REASON_FALLBACKS = tuple(r for r in ABSTENTION_REASONS if r not in ("low_margin", "other", "no_harm"))
+REASON_FALLBACKS = ("shape_range", "unseen_machine")
 """The abstention reasons ``abstention.by_reason`` gives fallbacks for (a low margin has the
 margin rules; the other reasons go to the heuristic)."""
 
