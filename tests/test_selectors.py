@@ -1,5 +1,6 @@
 """Features, the heuristic, every selector (one shared check), grouped evaluation without leakage."""
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -188,7 +189,8 @@ def test_the_shipped_row_scores_the_runtime_policy_not_the_bare_model(small):
     assert len(clear) > len(chosen) / 2  # (a float32 near-tie may go either way)
     assert all(chosen[sid] == bare[sid] for sid in clear)
     # Unseen hardware: the runtime abstains to its heuristic (untuned, as shipped), the bare model does not.
-    unseen = ShippedPolicy(XGBRanker(n_estimators=40)).fit(train[train["hardware"] == "mi300x-8"])
+    unseen = ShippedPolicy(XGBRanker(n_estimators=40)).fit(train[train["hardware"] == "mi300x-8"],
+                                                            unseen_machines=["h100-nvswitch"])
     held = test[test["hardware"] == "h100-nvswitch"]
     heuristic = Heuristic(tune=False).fit(held).predict(held)
     assert unseen.predict(held, guarded=False) == heuristic
@@ -198,12 +200,15 @@ def test_the_shipped_row_scores_the_runtime_policy_not_the_bare_model(small):
     assert {d.source for d in unseen.decisions_.values()} <= {"heuristic", "fallback"}
     assert all(guarded[sid] in (heuristic[sid], "none.sm") for sid in guarded)
     assert all(d.abstained == "unseen_machine" for d in unseen.decisions_.values() if d.source == "fallback")
+    # A fitted policy pickles without its training frame, and decides the same after.
+    again = pickle.loads(pickle.dumps(unseen))
+    assert again.predict(held) == guarded and len(pickle.dumps(unseen)) < len(pickle.dumps(train)) / 4
 
 
 def test_the_abstention_rule_is_fitted_on_validation_folds_of_the_training_side_only(small):
     rows = usable_rows(small)
     ids = sorted(set(rows["scenario_id"]))
-    train, test = rows[rows["scenario_id"].isin(ids[::2])], rows[rows["scenario_id"].isin(ids[1::2])]
+    train = rows[rows["scenario_id"].isin(ids[::2])]
     fitted_on = []
 
     class Spy(XGBRanker):
@@ -239,11 +244,13 @@ def test_the_shipped_policy_reuses_its_inner_fit_and_fits_the_unseen_hardware_ru
     shipped.predict(rows)
     assert len(fits) == 3 and "unseen_hardware" not in shipped.meta_  # every machine was trained on
     fits.clear()
-    one = ShippedPolicy(Spy(n_estimators=20)).fit(mi300x)
+    one = ShippedPolicy(Spy(n_estimators=20)).fit(mi300x, unseen_machines=["h100-nvswitch"])
     assert len(fits) == 3  # another frame: the inner model is fitted
-    one.predict(h100)  # a machine it never saw: now the rule is fitted, on the training side only
-    assert one.unseen_hardware_["decide"] == "heuristic"  # one machine: nothing to hold out
-    assert len(fits) == 3 and all(hw == {"mi300x-8"} for hw in fits)
+    assert one.unseen_hardware_["decide"] == "heuristic"  # one machine: nothing to hold out, no fit
+    assert all(hw == {"mi300x-8"} for hw in fits)  # on the training side only
+    meta = one.meta_
+    one.predict(h100)  # a machine it never saw: decided, nothing learned
+    assert len(fits) == 3 and one.meta_ is meta and not any(isinstance(v, pd.DataFrame) for v in vars(one).values())
     # The heuristic decides; the GPU do-no-harm rule sends its picks within the published error to the baseline.
     assert {d.source for d in one.decisions_.values()} <= {"heuristic", "fallback"}
     assert all(d.abstained == "unseen_machine" for d in one.decisions_.values())

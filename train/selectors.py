@@ -40,9 +40,18 @@ def scenario_records(df: pd.DataFrame) -> list[dict]:
 
 class BaseSelector:
     name = "selector"
+    decides_unseen_machines = False
+    """Whether `fit` takes ``unseen_machines``: the machines it will be asked to decide that its
+    training frame lacks (``evaluate`` passes its hold-out side's); the runtime policy fits its
+    rule for them only then."""
 
     def fit(self, df: pd.DataFrame) -> "BaseSelector":
         return self
+
+    def __getstate__(self) -> dict:
+        # A fitted selector pickles without the frame it was fitted on (``fitted_on_``: a weak
+        # reference, only for reusing a fit within one evaluation).
+        return {k: v for k, v in vars(self).items() if k != "fitted_on_"}
 
     def predict(self, df: pd.DataFrame) -> dict[str, str]:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import functools
 import json
+import weakref
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -25,6 +26,7 @@ from ficco_select.data.machines import SAMPLED_MARK, base_machine
 from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.runtime.decision import GATED, fixed_rule_pick, margin_rule, pick_with_margin
+from ficco_select.runtime.loading import RULES_VERSION
 from ficco_select.runtime.scope import (
     ANY_KIND,
     DEFAULT_MIN_MARGIN,
@@ -32,7 +34,6 @@ from ficco_select.runtime.scope import (
     SPEC_RANGE_FIELDS,
     spec_value,
 )
-from ficco_select.runtime.loading import RULES_VERSION
 from ficco_select.runtime.selector import Selector as RuntimeSelector
 from ficco_select.runtime.trees import TreeEnsemble
 from ficco_select.scenario import DTYPES
@@ -556,6 +557,7 @@ class ShippedPolicy(BaseSelector):
     """
 
     name = "shipped"
+    decides_unseen_machines = True
 
     def __init__(self, inner: BaseSelector | None = None) -> None:
         self.inner = inner
@@ -563,7 +565,13 @@ class ShippedPolicy(BaseSelector):
     def _fresh(self) -> BaseSelector:
         return clone(self.inner or XGBTimeRegressor())
 
-    def fit(self, df):
+    def fit(self, df, *, unseen_machines: Iterable[str] = ()):
+        """Fit the model and its rules on `df`. `unseen_machines`: machines it will be asked
+        to decide that `df` lacks (an evaluation's hold-out side); only then is the rule for
+        machines the model never saw fitted (``fit_unseen_hardware``: a model per half of each
+        kind's machines, so it is not paid where every machine was trained on). Without it, a
+        machine not in `df` is the runtime's ``unseen_machine`` abstention, to the heuristic;
+        decisions on trained machines do not depend on it."""
         self.abstention_ = fit_abstention(self._fresh, df)
         inner = self.inner if self.inner is not None else self._fresh()
         if getattr(inner, "fitted_on_", lambda: None)() is not df:
@@ -571,8 +579,13 @@ class ShippedPolicy(BaseSelector):
         self.model_ = TreeEnsemble.from_json(json.loads(inner.model_.get_booster().save_raw("json")),
                                              expected_features=len(FEATURE_NAMES))
         self.meta_ = {**runtime_meta(inner.name, df), "abstention": self.abstention_}
+        self.unseen_hardware_ = None
+        if set(unseen_machines) - set(usable_rows(df)["hardware"]):
+            self.unseen_hardware_ = fit_unseen_hardware(self._fresh, df, self.abstention_)
+            self.meta_ = {**self.meta_, "unseen_hardware": self.unseen_hardware_,
+                          "abstention": with_machine_fallbacks(self.abstention_, self.unseen_hardware_)}
         self._runtimes()
-        self._train = df  # for fit_unseen_hardware, the first time a machine it never saw comes
+        self.fitted_on_ = weakref.ref(df)  # lets UnguardedShipped reuse this fit
         return self
 
     def _runtimes(self) -> None:
@@ -583,15 +596,9 @@ class ShippedPolicy(BaseSelector):
 
     def predict(self, df, *, guarded: bool = True):
         """The runtime's decisions; `guarded` False: without the GPU do-no-harm rule (the
-        ``shipped-unguarded`` row), leaving ``decisions_`` to the policy as it ships."""
+        ``shipped-unguarded`` row), leaving ``decisions_`` (the last guarded prediction's, for
+        the abstention table) to the policy as it ships. Changes nothing the decisions read."""
         ok = usable_rows(df)
-        if "unseen_hardware" not in self.meta_ and not set(ok["hardware"].unique()) <= set(self._train["hardware"]):
-            # Computed when first needed (it fits two more models); decisions on trained
-            # machines do not depend on it, so this equals fitting it eagerly.
-            self.unseen_hardware_ = fit_unseen_hardware(self._fresh, self._train, self.abstention_)
-            self.meta_ = {**self.meta_, "unseen_hardware": self.unseen_hardware_,
-                          "abstention": with_machine_fallbacks(self.abstention_, self.unseen_hardware_)}
-            self._runtimes()
         legal = ok.groupby("scenario_id")["schedule"].agg(set)
         runtime = self.runtime_ if guarded else self.unguarded_
         out, decisions = {}, {}
@@ -611,15 +618,16 @@ class UnguardedShipped(BaseSelector):
     ``ShippedPolicy`` of the same evaluation, fitted first (its fit is reused); None: its own."""
 
     name = "shipped-unguarded"
+    decides_unseen_machines = True
 
     def __init__(self, shipped: ShippedPolicy | None = None) -> None:
         self.shipped = shipped
 
-    def fit(self, df):
+    def fit(self, df, *, unseen_machines: Iterable[str] = ()):
         if self.shipped is None:
             self.shipped = ShippedPolicy()
-        if getattr(self.shipped, "_train", None) is not df:
-            self.shipped.fit(df)
+        if getattr(self.shipped, "fitted_on_", lambda: None)() is not df:
+            self.shipped.fit(df, unseen_machines=unseen_machines)
         return self
 
     def predict(self, df):

@@ -21,7 +21,7 @@ from ficco_select.data.catalog import catalog
 from ficco_select.data.dataset import COLUMNS, DatasetError, attach_repeat, read_dataset, refuse_invalid
 from ficco_select.data.machines import sampled_machines
 from ficco_select.data.simulate import simulate
-from ficco_select.hardware import load_hardware, preset_names
+from ficco_select.hardware import load_hardware, preset_names, register_hardware
 from ficco_select.scenario import Scenario
 from ficco_select.train.metrics import BASELINE_PREFIX, require_every_candidate, usable_rows
 

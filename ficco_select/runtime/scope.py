@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ficco_select.hardware import HardwareSpec, fields_of, load_hardware, shipped_names, spec_from_dict
-from ficco_select.runtime.decision import ABSTENTION_REASONS, GATED
+from ficco_select.runtime.decision import GATED
 from ficco_select.runtime.no_harm import NoHarmRule
 from ficco_select.scenario import OPS
 from ficco_select.schedule import parse
