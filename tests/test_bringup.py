@@ -24,7 +24,7 @@ import pytest
 import torch
 import yaml
 
-from helpers.cli import FICCO, refused
+from helpers.cli import DECOY, FICCO, decoy_folder, refused
 from ficco_select.train.bringup import STEPS
 
 REHEARSE = ["--rehearse", "--budget", "0.01"]
@@ -84,10 +84,12 @@ def model_versions(out: Path) -> list:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
-    """A finished rehearsal (its MLflow artifacts beside it, in the folder it ran in)."""
-    base = tmp_path_factory.mktemp("finished")
+    """A finished rehearsal (its MLflow artifacts beside it, in the folder it ran in: one with a
+    user's generic top-level names, which no step, nor any process a step starts, imports)."""
+    base = decoy_folder(tmp_path_factory.mktemp("finished"))
     res = bring_up(base / "node", base, "--json")
     assert res.returncode == 0, res.stderr[-3000:]
+    assert DECOY not in res.stdout + res.stderr
     assert json.loads(res.stdout)["ok"]
     return base / "node"
 

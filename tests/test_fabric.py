@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers.cli import DECOY, decoy_folder
 
 from ficco_select.data.measure.fabric import FabricError, check_permitted, parse_fabric
 
@@ -106,8 +107,12 @@ def test_measure_on_a_fabric_names_the_machine_keeps_its_profile_and_resumes_on_
     command = [sys.executable, "-m", "ficco_select.cli.main", "measure", "--scenarios", str(_scenario_table(tmp_path)),
                "--out", str(out), "--reps", "5", "--min-rep-s", "0", "--no-progress", "--json"]
     host_before = _tc_lo()
-    done = subprocess.run([*command, "--fabric", "1gbit"], capture_output=True, text=True, timeout=600)
+    # From a folder with a user's generic top-level names: the re-executions inside the
+    # namespace and the ranks, each started by module name, never import them.
+    work = decoy_folder(tmp_path / "work")
+    done = subprocess.run([*command, "--fabric", "1gbit"], capture_output=True, text=True, timeout=600, cwd=work)
     assert done.returncode == 0, done.stderr
+    assert DECOY not in done.stdout + done.stderr
     df = read_dataset(out)
     assert set(df["hardware"]) == {"cpu-1gbit"} and df["verified"].all()
     assert set(df["hardware_fingerprint"]) == {f"{df['hardware_fingerprint'].iloc[0].rsplit('-fabric-', 1)[0]}"

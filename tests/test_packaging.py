@@ -16,6 +16,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from helpers.cli import DECOY, decoy_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = {"data": "ficco_select.data", "features": "ficco_select.features", "train": "ficco_select.train"}
@@ -34,19 +35,6 @@ def test_the_package_list_holds_every_folder_of_the_package_and_the_stages():
     assert sorted(config["packages"]) == sorted(on_disk)
 
 
-def _decoys(folder: Path) -> Path:
-    """A user's working folder whose generic names fail loudly if ficco-select imports them."""
-    folder.mkdir()
-    boom = "raise SystemExit('decoy {} was imported')\n"
-    for package in ("data", "features"):
-        (folder / package).mkdir()
-        (folder / package / "__init__.py").write_text(boom.format(package))
-    (folder / "data" / "dataset.py").write_text(boom.format("data/dataset.py"))
-    (folder / "features.py").write_text(boom.format("features.py"))
-    (folder / "train.py").write_text(boom.format("train.py"))
-    return folder
-
-
 def _run(python: Path, ficco: Path, cwd: Path, *args: str, timeout: float = 120) -> str:
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{cwd / 'mlflow.db'}"}
     env.pop("PYTHONPATH", None)
@@ -54,7 +42,7 @@ def _run(python: Path, ficco: Path, cwd: Path, *args: str, timeout: float = 120)
                                                 "from ficco_select.runtime.selector import Selector; Selector"]
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
-    assert "decoy" not in done.stdout + done.stderr
+    assert DECOY not in done.stdout + done.stderr
     return done.stdout
 
 
@@ -92,12 +80,12 @@ def test_the_wheel_runs_beside_a_users_generic_folders(tmp_path):
     # a path line in a .pth does not run that folder's own .pth files (this checkout's editable
     # finder stays out).
     (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    _use_from_decoys(python, venv / "bin" / "ficco", _decoys(tmp_path / "work"))
+    _use_from_decoys(python, venv / "bin" / "ficco", decoy_folder(tmp_path / "work"))
 
 
 @pytest.mark.slow
 def test_the_editable_install_runs_beside_a_users_generic_folders(tmp_path):
-    folder = _decoys(tmp_path / "work")
+    folder = decoy_folder(tmp_path / "work")
     summary = _use_from_decoys(Path(sys.executable), Path(sys.executable).parent / "ficco", folder)
     # The debug pipeline ran every stage on its slice: the evaluation of the pipeline's
     # selector kinds on every split, MLflow, the registry, the report (it never exports).

@@ -14,7 +14,7 @@ from ficco_select.data.scenarios import packaged, read_scenarios
 from ficco_select.data.simulate import simulate
 from ficco_select.hardware import load_hardware
 
-from helpers.cli import FICCO
+from helpers.cli import DECOY, FICCO, decoy_folder
 MEASURED = "data/measured/cpu_catalog.parquet"
 
 
@@ -81,6 +81,9 @@ def test_a_merge_refuses_other_machines_backends_and_disagreeing_duplicates(tmp_
 
 @pytest.mark.gloo
 def test_three_shards_measured_apart_merge_into_what_one_run_makes(tmp_path):
+    # Run from a folder with a user's generic top-level names: the ranks, started by module
+    # name, never import them.
+    work = decoy_folder(tmp_path / "work")
     table = tmp_path / "t.csv"
     table.write_text("group,op,m,n,k,dtype,world_size,hardware,imbalance\n"
                      "t,ag_gemm,64,32,48,float32,2,cpu,\nt,gemm_rs,64,32,48,float32,2,cpu,\n"
@@ -91,8 +94,9 @@ def test_three_shards_measured_apart_merge_into_what_one_run_makes(tmp_path):
     def measure(out, *extra):
         res = subprocess.run(FICCO + ["measure", "--scenarios", str(table), "--out", str(out), "--no-progress",
                                       "--warmup", "0", "--reps", "5", "--min-rep-s", "0", "--json", *extra],
-                             capture_output=True, text=True, timeout=600)
+                             capture_output=True, text=True, timeout=600, cwd=work)
         assert res.returncode == 0, res.stderr[-2000:]
+        assert DECOY not in res.stdout + res.stderr
         return json.loads(res.stdout)
 
     shards = [tmp_path / f"shard{i}.parquet" for i in range(3)]

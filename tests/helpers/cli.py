@@ -11,6 +11,24 @@ from ficco_select.cli.main import main
 FICCO = [sys.executable, "-m", "ficco_select.cli.main"]
 """The ficco command of this interpreter, for a subprocess."""
 HEADER = "group,op,m,n,k,dtype,world_size,hardware,imbalance\n"
+DECOY = "decoy"
+"""What a decoy module says when imported: a run's output must never hold it."""
+
+
+def decoy_folder(folder: Path) -> Path:
+    """`folder` (made if missing) holding what a user's ML repository often has at its top:
+    ``data/`` (with ``data/dataset.py``), ``features/``, ``features.py`` and ``train.py``, each
+    failing loudly if imported. ficco-select's own modules live under ``ficco_select`` only,
+    so a command run from here, and every process it starts by module name, never loads them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    boom = "raise SystemExit('" + DECOY + " {} was imported')\n"
+    for package in ("data", "features"):
+        (folder / package).mkdir(exist_ok=True)
+        (folder / package / "__init__.py").write_text(boom.format(package))
+    (folder / "data" / "dataset.py").write_text(boom.format("data/dataset.py"))
+    (folder / "features.py").write_text(boom.format("features.py"))
+    (folder / "train.py").write_text(boom.format("train.py"))
+    return folder
 
 
 def table(tmp_path: Path, *rows: str, name: str = "scenarios.csv") -> Path:
