@@ -331,3 +331,36 @@ def test_ficco_train_refuses_a_telemetry_file_of_a_list_valued_backend_in_one_li
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     refused(["train", "--dataset", MEASURED, "--telemetry", alone, "--out", tmp_path / "train"],
             str(alone), "line 1", "field 'backend'", written=tmp_path / "train")
+
+
+# -- on a GPU (runs under scripts/gpu_check.sh) ---------------------------------------------------
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_telemetry_times_calls_by_events_without_a_host_sync_per_call(tmp_path, monkeypatch):
+    import torch
+    import torch.distributed as dist
+
+    from ficco_select.runtime import dispatch, torch_ops
+    from ficco_select.runtime.decision import Decision
+    from ficco_select.schedule import BASELINE
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch_ops.reset()
+        torch_ops.configure(telemetry=tmp_path / "t.jsonl")
+        syncs = []
+        real = torch.cuda.synchronize
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: (syncs.append(a), real(*a)))
+        s = Scenario(group="g", op="gemm_ar", m=2048, n=2048, k=2048, dtype="bfloat16", world_size=1,
+                     hardware="h100-nvswitch")
+        plan = dispatch.Plan(s, Decision(BASELINE, "model", 1.0, ""), native=True)
+        a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+        for _ in range(5):
+            dispatch.run_native(plan, a.device, lambda: a @ a)
+        assert not syncs  # the times wait on the GPU, not the host
+        dispatch.flush_timings()
+        lines = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+        assert [line["call"] for line in lines] == list(range(5)) and all(line["time_s"] > 0 for line in lines)
+    finally:
+        torch_ops.reset()
+        dist.destroy_process_group()

@@ -10,13 +10,14 @@ sends every token count, and a job's memory must not grow with them.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import math
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import torch
 import torch.distributed as dist
@@ -134,6 +135,8 @@ class _State:
     """(call layer key, group name) -> the rank-agreed (layer's first scenario, its layer table)."""
     telemetry: dict[str, Telemetry] = dataclasses.field(default_factory=dict)
     """Telemetry writers by "<file>@<rank>"."""
+    timings: deque = dataclasses.field(default_factory=deque)
+    """CUDA calls timed by events and not yet recorded: (start, end, writer, fields), oldest first."""
     sm_comms: dict[tuple[str, str], Comm] = dataclasses.field(default_factory=dict)
     """(group name, device type) -> the sm comm (stateless: one per group)."""
     dma_comms: dict[tuple[str, str], PeerCopyComm | None] = dataclasses.field(default_factory=dict)
@@ -217,6 +220,7 @@ def configure(*, selector: Selector | str | os.PathLike | None = None, hardware:
 def reset() -> None:
     """Back to defaults: the exported champion (or the heuristic), detected hardware, no telemetry."""
     global _state
+    flush_timings()
     for comm in _state.dma_comms.values():
         if comm is not None:
             comm.memory.close()
@@ -460,13 +464,15 @@ def _timed(plan: Plan, schedule: Schedule, device: torch.device, run, reference)
         return run()
     scenario, decision = plan.scenario, plan.decision
     call = rec.next_call(scenario.scenario_id, schedule.name)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    out = run()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - t0
+    if device.type == "cuda":  # events on the stream: the time is read once the GPU got there, no sync now
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = run()
+        end.record()
+    else:
+        t0 = time.perf_counter()
+        out = run()
+        elapsed = time.perf_counter() - t0
     verified = err = None
     if schedule.name not in plan.verified:
         plan.verified.add(schedule.name)
@@ -478,10 +484,49 @@ def _timed(plan: Plan, schedule: Schedule, device: torch.device, run, reference)
         if not verified:
             log.warning("ficco-select: schedule %s gave a wrong result on %s (rel. error %.2e)",
                         schedule.name, scenario.scenario_id, err)
-    rec.record({**scenario.as_record(), "scenario_id": scenario.scenario_id}, schedule=schedule.name,
-               source=decision.source, call=call, time_s=elapsed, verified=verified,
-               rel_error=None if err is None or math.isinf(err) else err, backend=device.type)
+    fields = dict(record={**scenario.as_record(), "scenario_id": scenario.scenario_id}, schedule=schedule.name,
+                  source=decision.source, call=call, verified=verified,
+                  rel_error=None if err is None or math.isinf(err) else err, backend=device.type)
+    if device.type != "cuda":
+        rec.record(time_s=elapsed, **fields)
+        return out
+    _state.timings.append((start, end, rec, fields))
+    _record_finished_timings()
     return out
+
+
+TIMINGS_PENDING = 256
+"""CUDA calls whose times may wait unread; beyond, the oldest is waited for (a GPU this far
+behind its host is rare: one sync then, not one per call)."""
+
+
+def _record_finished_timings() -> None:
+    """Record every timed CUDA call, oldest first, whose end the GPU has reached (a query, no
+    sync); the oldest is waited for only when ``TIMINGS_PENDING`` are pending."""
+    timings = _state.timings
+    while timings:
+        start, end, rec, fields = timings[0]
+        if not end.query():
+            if len(timings) <= TIMINGS_PENDING:
+                return
+            end.synchronize()
+        timings.popleft()
+        rec.record(time_s=start.elapsed_time(end) / 1e3, **fields)
+
+
+def flush_timings() -> None:
+    """Record every pending CUDA call's time, waiting for the GPU (``reset()``, and at exit)."""
+    timings = _state.timings
+    while timings:
+        start, end, rec, fields = timings.popleft()
+        try:
+            end.synchronize()
+            rec.record(time_s=start.elapsed_time(end) / 1e3, **fields)
+        except Exception as e:  # noqa: BLE001 - telemetry must not break the job's exit
+            log.warning("ficco-select: a pending telemetry time was lost: %r", e)
+
+
+atexit.register(flush_timings)  # the last calls' times, read as the job ends
 
 
 def _recorder() -> Telemetry | None:
