@@ -17,22 +17,29 @@ ways interleaved within a round:
   engine's layer) against the same layer unhooked, at a decode shape.
 
 ``--memory``: ``--tokens`` distinct token counts (1, 2, 3, ...) through a hooked
-row-parallel layer with the selector's tables (continuous batching); the resident memory
-growth over the second half, and the plans the process keeps.
+row-parallel layer with the selector's tables (continuous batching), from ``--threads``
+threads at once (each its share, interleaved); over the second half, the growth of the
+resident memory (after ``malloc_trim``: what the C allocator only keeps free does not count)
+and of the Python heap (``tracemalloc``: where ficco's caches live), and the plans the process
+keeps. ``--unhooked``: the same layer without the hook, PyTorch alone (run it in its own
+process: the allocator's state carries over).
 
     python benchmarks/hook_overhead.py [--world-size 2] [--rows 8] [--k 64] [--n 64]
                                        [--reps 15] [--calls 200] [--model DIR] [--json]
-    python benchmarks/hook_overhead.py --memory [--tokens 12000] [--model DIR] [--json]
+    python benchmarks/hook_overhead.py --memory [--tokens 12000] [--threads 8] [--unhooked] [--model DIR] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
 import statistics
+import threading
 import time
+import tracemalloc
 
 import torch
 import torch.distributed as dist
@@ -203,6 +210,7 @@ def _overheads(args) -> dict:
 
 
 def _rss_mb() -> float:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # free memory the allocator holds is not the caches'
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
@@ -215,20 +223,33 @@ def _memory(args) -> dict:
     P, group = args.world_size, dist.group.WORLD
     torch_ops.configure(selector=Selector.load(args.model) if args.model else Selector(), hardware="cpu")
     layer = RowParallelLinear(torch.randn(args.n, args.k), None, group, sequence_parallel=False)
-    install(layer)
-    rss, half = [], args.tokens // 2
-    with torch.no_grad():
-        for tokens in range(1, args.tokens + 1):
-            layer(torch.randn(tokens, args.k))
-            if tokens in (half, args.tokens):
-                gc.collect()
-                rss.append(_rss_mb())
+    if not args.unhooked:
+        install(layer)
+    rss, heap, half = [], [], args.tokens // 2
+    tracemalloc.start()
+
+    def calls(first: int, last: int, thread: int) -> None:
+        with torch.no_grad():
+            for tokens in range(first + thread, last + 1, args.threads):
+                layer(torch.randn(tokens, args.k))
+
+    for first, last in ((1, half), (half + 1, args.tokens)):
+        workers = [threading.Thread(target=calls, args=(first, last, t)) for t in range(args.threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        gc.collect()
+        rss.append(_rss_mb())
+        heap.append(tracemalloc.get_traced_memory()[0] / 2**20)
+    tracemalloc.stop()
     sources = {}
     for decision in dispatch.decisions().values():
         sources[decision.schedule.name] = sources.get(decision.schedule.name, 0) + 1
-    return {"world_size": P, "tokens": args.tokens, "k": args.k, "n": args.n,
-            "rss_at_half_mb": round(rss[0], 1), "rss_at_end_mb": round(rss[1], 1),
-            "growth_second_half_mb": round(rss[1] - rss[0], 2), "plans_kept": len(dispatch.decisions()),
+    return {"world_size": P, "tokens": args.tokens, "threads": args.threads, "hooked": not args.unhooked,
+            "k": args.k, "n": args.n, "rss_at_half_mb": round(rss[0], 1), "rss_at_end_mb": round(rss[1], 1),
+            "growth_second_half_mb": round(rss[1] - rss[0], 2), "python_heap_at_half_mb": round(heap[0], 2),
+            "python_heap_growth_second_half_mb": round(heap[1] - heap[0], 2), "plans_kept": len(dispatch.decisions()),
             "cache_size": dispatch.settings().cache_size, "kept_by_schedule": sources}
 
 
@@ -243,6 +264,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--memory", action="store_true", help="Resident memory under continuous batching instead.")
     ap.add_argument("--tokens", type=int, default=12000)
+    ap.add_argument("--threads", type=int, default=1, help="Threads calling the layer at once (--memory).")
+    ap.add_argument("--unhooked", action="store_true", help="--memory of the layer without the hook.")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
