@@ -83,3 +83,14 @@ def test_the_unseen_hardware_validation_holds_a_preset_out_with_its_samples(with
                                {"min_margin": 0.0, "fallback": "heuristic"})
     assert sorted(map(sorted, fitted_on)) == [["h100-nvswitch"], ["mi300x-8"]]
     assert rule["validation"]["gpu"]["scenarios"] == with_samples["scenario_id"].nunique()
+
+
+def test_a_sampled_machine_name_means_one_machine_however_many_a_run_keeps():
+    # The debug slice keeps one machine per preset, the full data three: in one process (a
+    # bring-up rehearsal adapts on the full data, then registers on the debug slice) the
+    # names they share must mean the same machines.
+    from ficco_select.train.training_data import sampled
+
+    few = {df["hardware"].iloc[0] for df in sampled(per_preset=1, share=0.05)}
+    sampled(per_preset=3, share=0.05)  # refused if a name now meant another machine
+    assert few and all(name.endswith(f"{SAMPLED_MARK}0") for name in few)

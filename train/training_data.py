@@ -75,11 +75,17 @@ def simulated(hardware: str, *, world_sizes=(2, 4, 8), noise: float = SIM_NOISE,
 def sampled(*, per_preset: int = SAMPLED_PER_PRESET, spread: float = SAMPLED_SPREAD, share: float = SAMPLED_SHARE,
             noise: float = SIM_NOISE, seed: int = 0) -> list[pd.DataFrame]:
     """Part of the catalog simulated on machines sampled around every GPU preset, each
-    registered by its name for this process (rows carry names; training resolves them)."""
+    registered by its name for this process (rows carry names; training resolves them).
+
+    Fewer than ``SAMPLED_PER_PRESET`` machines (the debug slice) are the first of the default
+    draw, so that ``<preset>~<i>`` is one machine however many a run keeps."""
     gpus = [load_hardware(name) for name in preset_names() if name != "cpu"]
-    machines = sampled_machines(gpus, per_preset=per_preset, spread=spread, seed=seed)
+    drawn = max(per_preset, SAMPLED_PER_PRESET)
+    machines = [hw for i, hw in enumerate(sampled_machines(gpus, per_preset=drawn, spread=spread, seed=seed))
+                if i % drawn < per_preset]
     for hw in machines:
-        register_hardware(hw, f"machines sampled around the presets (spread {spread:g}, seed {seed})")
+        register_hardware(hw, f"machines sampled around the presets ({drawn} per preset, spread {spread:g}, "
+                              f"seed {seed})")
     return [simulated(hw.name, noise=noise, seed=seed + 1 + i, share=share) for i, hw in enumerate(machines)]
 
 
