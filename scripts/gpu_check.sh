@@ -109,7 +109,7 @@ if [ "$TESTS_S" -gt 0 ] && [ "$left" -gt 20 ]; then
         # GPU image may lack, and a collection error would stop every test. Quickest first
         # (the dma protocol on symmetric memory, a sweep), the long loopback matrix last.
         timeout -k 5 "$left" "$PY" -m pytest -v -rs -m cuda -p no:cacheprovider \
-            tests/test_node.py tests/test_measure_loopback.py tests/test_loopback.py \
+            tests/test_node.py tests/test_measure_loopback.py tests/test_loopback.py tests/test_telemetry.py \
             > "$OUT_DIR/cuda_tests.log" 2>&1
         trc=$?
         tail -n 15 "$OUT_DIR/cuda_tests.log"
