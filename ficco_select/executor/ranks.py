@@ -195,6 +195,7 @@ def _die_with_launcher(launcher_pid: int) -> None:
 def _watch(procs, events, t0: float, timeout_s: float, on_report, stop_on_error: bool) -> list[RankOutcome]:
     outcomes: dict[int, RankOutcome] = {}
     silent_since: dict[int, float] = {}  # exited without a word, since when
+    hung: list[int] = []  # still running when the job stalled: killed, exit code None
     last = time.monotonic()
     while len(outcomes) < len(procs):
         try:
@@ -233,7 +234,7 @@ def _watch(procs, events, t0: float, timeout_s: float, on_report, stop_on_error:
                 time.sleep(_DEAD_GRACE_S)
                 raise RankError(_dead_rank(procs) or payload.strip())
     for rank, p in enumerate(procs):
-        if outcomes[rank].exitcode is None and outcomes[rank].error != f"rank {rank} hung":
+        if outcomes[rank].exitcode is None and rank not in hung:
             p.join(timeout=30)
             outcomes[rank].exitcode = p.exitcode
     return [outcomes[r] for r in range(len(procs))]
