@@ -305,6 +305,19 @@ def register_hardware(spec: HardwareSpec, where: str = "", *, replace: bool = Fa
     return spec
 
 
+def known_machines() -> dict[str, tuple[HardwareSpec, str]]:
+    """The machines this process has read or registered, by name, with where each came from:
+    what a worker process is handed to know them as this one does (``learn_machines``)."""
+    return dict(_REGISTERED)
+
+
+def learn_machines(machines: dict[str, tuple[HardwareSpec, str]]) -> None:
+    """In a worker process, know `machines` (``known_machines`` of the process it serves) as
+    that process does: a worker serves one caller at a time and mirrors its names."""
+    for spec, where in machines.values():
+        register_hardware(spec, where, replace=True)
+
+
 def load_hardware(name_or_path: str | Path) -> HardwareSpec:
     """A machine by name (a preset, or a spec read earlier in this process), or a spec file by path.
 

@@ -2,8 +2,13 @@
 
 import json
 import os
+import tempfile
 
-import numpy as np
+# The suite never reads nor writes the user's exported selector: ``Selector.load()`` and
+# ``ficco export``'s default folder is one of its own (set before the runtime is imported).
+os.environ["FICCO_SELECTOR"] = os.path.join(tempfile.mkdtemp(prefix="ficco-tests-"), "selector")
+
+import numpy as np  # noqa: E402
 import pytest
 
 from ficco_select import hardware
@@ -76,3 +81,17 @@ def model_selector(model_folder):
     sel = Selector.load(model_folder[0])
     assert sel.model is not None
     return sel
+
+
+# Workers (pytest-xdist, ``--dist loadgroup``) take whole groups: by default a test module,
+# so that its module-scoped fixtures (a finished rehearsal, a trained export) are made once.
+# Modules that count /dev/shm's peer segments before and after a job share one group: two
+# of their jobs at once would see each other's segments.
+SHARED_GROUPS = {"test_node.py": "peer-segments", "test_gpu_path_on_cpu.py": "peer-segments"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            name = item.path.name
+            item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(name, name)))

@@ -33,6 +33,8 @@ class TrainConfig:
     """Where the tables, plots, report and summary go."""
     progress: bool = True
     """A progress bar over the evaluation's fits."""
+    workers: int = 1
+    """Folds fitted at once, each in a process of its own (``ficco_select.train.evaluate.evaluate``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.splits, str) or not all(isinstance(s, str) for s in self.splits):
@@ -46,6 +48,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.selectors: unknown set {self.selectors!r} (known: {', '.join(SELECTOR_SETS)})")
         if not isinstance(self.selectors, str) and not callable(self.selectors):
             raise ValueError(f"TrainConfig.selectors: a set name or a factory, got {self.selectors!r}")
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"TrainConfig.workers: a number of processes, at least 1, got {self.workers!r}")
         object.__setattr__(self, "out_dir", Path(self.out_dir))
 
     def make_selectors(self) -> list[BaseSelector]:

@@ -12,18 +12,20 @@ No scenario of a fold's test side is in its training side (tested).
 
 from __future__ import annotations
 
+import tempfile
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
 from ficco_select.data.machines import base_machine, is_sampled
-from ficco_select.hardware import load_hardware
-from ficco_select.train.metrics import (METRICS, ceiling_choices, comparison_table, require_every_candidate, score,
-                           true_times, usable_rows)
+from ficco_select.hardware import known_machines, learn_machines, load_hardware
+from ficco_select.train.metrics import (METRICS, Truths, ceiling_choices, comparison_table, require_every_candidate,
+                                       true_times, usable_rows)
 from ficco_select.train.selector_sets import shipping_selectors
 from ficco_select.train.selectors import BaseSelector, with_features
 
@@ -60,7 +62,8 @@ def folds(df: pd.DataFrame, split: str) -> list[Fold]:
 
 
 def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
-             make_selectors: Callable[[], list[BaseSelector]] = shipping_selectors, progress: bool = True) -> dict:
+             make_selectors: Callable[[], list[BaseSelector]] = shipping_selectors, progress: bool = True,
+             workers: int = 1) -> dict:
     """For each split and fold: fit every selector on train, score on test.
 
     Returns {"splits": {split: {"mean": {selector: metrics}, "folds": {fold: {selector: metrics}},
@@ -69,38 +72,87 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
     "fit_seconds": {selector: total}, "choices": {split: {selector: {scenario_id: schedule}}}}
     (each scenario is in the test side of at most one fold per split). ValueError where a
     scenario lacks some of its candidates (``ficco_select.train.metrics.require_every_candidate``).
+    `workers`: folds fitted at once, each in a process of its own (the folds are independent
+    and every fit is seeded: the results do not depend on it).
     """
     require_every_candidate(df)
     df = with_features(df)  # once: every fold's selectors slice them
+    truth = Truths.of(df)  # once: the pooled tables read it
     plan = [(split, fold) for split in splits for fold in folds(df, split)]
-    results: dict = {"splits": {}, "fit_seconds": {}, "choices": {}}
-    bar = tqdm(total=len(plan) * len(make_selectors()), desc="evaluate", unit="fit", disable=not progress)
-    for split, (fold_name, train_mask, test_mask) in plan:
-        train, test = df[train_mask], df[test_mask]
-        per_fold = results["splits"].setdefault(split, {"folds": {}})["folds"].setdefault(fold_name, {})
-        for selector in make_selectors():
-            t0 = time.perf_counter()
-            if selector.decides_unseen_machines:
-                selector.fit(train, unseen_machines=set(test["hardware"]) - set(train["hardware"]))
-            else:
-                selector.fit(train)
-            results["fit_seconds"][selector.name] = results["fit_seconds"].get(selector.name, 0.0) + \
-                time.perf_counter() - t0
-            chosen = selector.predict(test)
-            per_fold[selector.name] = score(test, chosen)
-            if hasattr(selector, "decisions_"):  # the runtime policy: why each decision went where it did
-                results.setdefault("decisions", {}).setdefault(split, {}).update(
-                    {sid: (d.abstained or "model", _ran(d, chosen[sid])) for sid, d in selector.decisions_.items()})
-            results.setdefault("choices", {}).setdefault(split, {}).setdefault(selector.name, {}).update(chosen)
-            bar.update(1)
+    per_fold_fits = len(make_selectors())
+    bar = tqdm(total=len(plan) * per_fold_fits, desc="evaluate", unit="fit", disable=not progress)
+    with tempfile.TemporaryDirectory(prefix="ficco-evaluate-") as tmp:
+        if workers > 1 and len(plan) > 1:
+            from joblib import Parallel, delayed
+
+            # Each fold's process reads the frame once from a file (pickling it per fold costs
+            # more than the fit) and knows the machines this one does (specs read from files
+            # and datasets, machines sampled around the presets), as this process knows them.
+            path = str(Path(tmp) / "frame.parquet")
+            df.to_parquet(path)
+            machines = known_machines()
+            outcomes = Parallel(n_jobs=min(workers, len(plan)), return_as="generator")(
+                delayed(_fold_in_worker)(machines, path, np.flatnonzero(train_mask), np.flatnonzero(test_mask),
+                                         make_selectors) for _, (_, train_mask, test_mask) in plan)
+        else:
+            outcomes = (_fold(df[train_mask], df[test_mask], make_selectors) for _, (_, train_mask, test_mask) in plan)
+        results = _gathered(plan, outcomes, bar, per_fold_fits)
     bar.close()
     for split, block in results["splits"].items():
         block["mean"] = _mean_over_folds(block["folds"])
-        block["by_backend"] = _pooled_by(df, results["choices"][split], ["backend"])
-        block["by_dtype"] = _pooled_by(df, results["choices"][split], ["backend", "dtype"])
-        per_op = _pooled_by(df, results["choices"][split], ["backend", "dtype", "op"])
+        block["by_backend"] = _pooled_by(df, results["choices"][split], ["backend"], truth)
+        block["by_dtype"] = _pooled_by(df, results["choices"][split], ["backend", "dtype"], truth)
+        per_op = _pooled_by(df, results["choices"][split], ["backend", "dtype", "op"], truth)
         block["by_op"] = {name: scores for name, scores in per_op.items() if name.startswith(PER_OP_SETTINGS)}
     return results
+
+
+def _gathered(plan: list, outcomes, bar, per_fold_fits: int) -> dict:
+    """The folds' outcomes (``_fold``), in plan order, as ``evaluate``'s results."""
+    results: dict = {"splits": {}, "fit_seconds": {}, "choices": {}}
+    for (split, (fold_name, _, _)), outcome in zip(plan, outcomes):
+        results["splits"].setdefault(split, {"folds": {}})["folds"][fold_name] = outcome["scores"]
+        for name, seconds in outcome["seconds"].items():
+            results["fit_seconds"][name] = results["fit_seconds"].get(name, 0.0) + seconds
+        for name, chosen in outcome["choices"].items():
+            results["choices"].setdefault(split, {}).setdefault(name, {}).update(chosen)
+        if outcome["decisions"]:
+            results.setdefault("decisions", {}).setdefault(split, {}).update(outcome["decisions"])
+        bar.update(per_fold_fits)
+    return results
+
+
+def _fold(train: pd.DataFrame, test: pd.DataFrame, make_selectors: Callable[[], list[BaseSelector]]) -> dict:
+    """Every selector fitted on one fold's `train` and scored on its `test`: their scores,
+    fit seconds and choices, and why the runtime policy decided each scenario as it did."""
+    truth = Truths.of(test)
+    out: dict = {"scores": {}, "seconds": {}, "choices": {}, "decisions": {}}
+    for selector in make_selectors():
+        t0 = time.perf_counter()
+        if selector.decides_unseen_machines:
+            selector.fit(train, unseen_machines=set(test["hardware"]) - set(train["hardware"]))
+        else:
+            selector.fit(train)
+        out["seconds"][selector.name] = time.perf_counter() - t0
+        chosen = out["choices"][selector.name] = selector.predict(test)
+        out["scores"][selector.name] = truth.score(chosen)
+        if hasattr(selector, "decisions_"):  # the runtime policy: why each decision went where it did
+            out["decisions"].update({sid: (d.abstained or "model", _ran(d, chosen[sid]))
+                                     for sid, d in selector.decisions_.items()})
+    return out
+
+
+_FRAME: list = [None, None]
+"""A fold process's copy of the evaluated frame: (the file it was read from, the frame)."""
+
+
+def _fold_in_worker(machines: dict, path: str, train_at: np.ndarray, test_at: np.ndarray,
+                    make_selectors: Callable[[], list[BaseSelector]]) -> dict:
+    learn_machines(machines)
+    if _FRAME[0] != path:
+        _FRAME[:] = [path, pd.read_parquet(path)]
+    df = _FRAME[1]
+    return _fold(df.iloc[train_at], df.iloc[test_at], make_selectors)
 
 
 def _ran(decision, schedule: str) -> str:
@@ -118,6 +170,7 @@ def abstention_table(df: pd.DataFrame, results: dict) -> pd.DataFrame:
     truth (within 2% of the best, capture of the best's speed, worst regret), beside the
     model's own pick on the same scenarios (the bare row of the same fit)."""
     setting = df.groupby("scenario_id")[["backend", "dtype"]].first().agg(".".join, axis=1)
+    truth = Truths.of(df)
     rows = []
     for split, decided in results.get("decisions", {}).items():
         shipped = results["choices"][split].get("shipped", {})
@@ -128,9 +181,8 @@ def abstention_table(df: pd.DataFrame, results: dict) -> pd.DataFrame:
         totals = frame.groupby("setting")["scenario_id"].size()
         for (where, reason, ran), group in frame.groupby(["setting", "reason", "ran"]):
             ids = set(group["scenario_id"])
-            test = df[df["scenario_id"].isin(ids)]
-            got = score(test, {sid: shipped[sid] for sid in ids})
-            model = score(test, {sid: bare[sid] for sid in ids if sid in bare}) if bare else {}
+            got = truth.score({sid: shipped[sid] for sid in ids})
+            model = truth.score({sid: bare[sid] for sid in ids if sid in bare}) if bare else {}
             rows.append({"split": split, "setting": where, "reason": reason, "ran": ran, "n": len(ids),
                          "share": len(ids) / totals[where], "near_opt_2": got["near_opt_2"],
                          "capture": got["oracle_capture"], "worst_regret": got["worst_regret"],
@@ -139,7 +191,7 @@ def abstention_table(df: pd.DataFrame, results: dict) -> pd.DataFrame:
                                        "worst_regret", "model_near_opt_2"])
 
 
-def _pooled_by(df: pd.DataFrame, choices: dict[str, dict[str, str]], columns: list[str]) -> dict:
+def _pooled_by(df: pd.DataFrame, choices: dict[str, dict[str, str]], columns: list[str], truth: Truths) -> dict:
     """{value: {selector: metrics}} over every test scenario of the split (all folds pooled),
     per value of `columns` (joined by "."), where the last column takes several values
     within one value of the others: measured and simulated rows answer different questions
@@ -152,9 +204,8 @@ def _pooled_by(df: pd.DataFrame, choices: dict[str, dict[str, str]], columns: li
     out = {}
     for value, ids in of.groupby(columns if len(columns) > 1 else columns[0]).groups.items():
         ids = set(ids)
-        rows = df[df["scenario_id"].isin(ids)]
         name = ".".join(value) if isinstance(value, tuple) else value
-        out[name] = {selector: score(rows, {sid: c for sid, c in chosen.items() if sid in ids})
+        out[name] = {selector: truth.score({sid: c for sid, c in chosen.items() if sid in ids})
                      for selector, chosen in choices.items()}
     return out
 
@@ -168,8 +219,9 @@ def scores_by_dtype(df: pd.DataFrame, choices: dict[str, dict[str, str]]) -> dic
     require_every_candidate(df)
     ok = usable_rows(df)
     choices = {**choices, "ceiling": ceiling_choices(ok)}
-    pooled = {"all": {name: score(ok, chosen) for name, chosen in choices.items()},
-              **_pooled_by(ok, choices, ["dtype"]), **_pooled_by(ok, choices, ["op"])}
+    truth = Truths.of(ok)
+    pooled = {"all": {name: truth.score(chosen) for name, chosen in choices.items()},
+              **_pooled_by(ok, choices, ["dtype"], truth), **_pooled_by(ok, choices, ["op"], truth)}
     return {name: comparison_table(by_selector) for name, by_selector in pooled.items()}
 
 

@@ -144,78 +144,91 @@ def score(df: pd.DataFrame, chosen: Mapping[str, str]) -> dict[str, float]:
     Only scenarios in ``chosen`` are scored. Returns ``{metric: value}`` for the keys in
     ``METRICS`` (see the module docstring); ``n`` is the number of scenarios scored.
     Raises ValueError naming a scenario of ``chosen`` that has no usable rows (unknown id,
-    failed, nothing verified) or no usable baseline (``none.*``) row.
+    failed, nothing verified) or no usable baseline (``none.*``) row. To score many choices
+    on one dataset, make its ``Truths`` once.
     """
-    ids = list(chosen.keys())
-    if not ids:
-        return {m: (0 if m == "n" else float("nan")) for m in METRICS}
-    rows, t_star, base = _truths(df, ids)
-    picks = pd.DataFrame({"scenario_id": pd.Series(ids, dtype=object),
-                          "schedule": pd.Series(list(chosen.values()), dtype=object)})
-    picks = picks.merge(rows, on=["scenario_id", "schedule"], how="left")  # keeps picks' order
-
-    ts = t_star.reindex(ids).to_numpy(float)                      # (n,) oracle time
-    tb = base["time_s"].reindex(ids).to_numpy(float)              # (n,) baseline time
-    invalid = picks["time_s"].isna().to_numpy()                   # (n,) bool
-    t = np.where(invalid, tb, picks["time_s"].to_numpy(float))    # (n,) chosen time
-    nb = np.where(invalid, base["near_best"].reindex(ids).to_numpy(bool),
-                  picks["near_best"].eq(True).to_numpy())         # (n,) chosen is a near-tie
-
-    regret = t / ts
-    return {
-        "n": len(ids),
-        "top1": float(np.mean((t <= ts) | nb)),
-        "near_opt_2": float(np.mean(t <= NEAR_OPT * ts)),
-        "near_opt_5": float(np.mean(t <= 1.05 * ts)),
-        "oracle_capture": _geomean(ts / t),
-        "worst_regret": float(np.max(regret)),
-        "mean_regret": float(np.mean(regret - 1.0)),
-        "slower_than_baseline": float(np.mean(t > tb)),
-        "speedup": _geomean(tb / t),
-        "oracle_speedup": _geomean(tb / ts),
-        "invalid": float(np.mean(invalid)),
-    }
-
-
-def _truths(df: pd.DataFrame, ids: list[str]) -> tuple[pd.DataFrame, pd.Series, pd.DataFrame]:
-    """For the scenarios `ids`: one row per (scenario, schedule) with its true time and
-    near-tie flag, the oracle time per scenario, and the baseline row per scenario.
-    ValueError naming a scenario without usable rows or without a usable baseline."""
     u = usable_rows(df)
-    u = u.loc[u["scenario_id"].isin(ids)]
-    # Scored on the truth: time_s below is the true time; ties are the truth's own (a repeat
-    # sweep's labels where it timed the row; none for a noise-free model time).
-    near = u["near_best"].eq(True)
-    if {"near_best_repeat", "time_repeat_s"} <= set(u.columns):
-        near = near.where(pd.to_numeric(u["time_repeat_s"], errors="coerce").isna(), u["near_best_repeat"].eq(True))
-    u = pd.DataFrame({"scenario_id": u["scenario_id"], "schedule": u["schedule"], "time_s": true_times(u),
-                      "near_best": near & ~has_model_truth(u)})
+    return Truths.of(u.loc[u["scenario_id"].isin(list(chosen))]).score(chosen)
 
-    t_star = u.groupby("scenario_id", sort=False)["time_s"].min()
-    missing = [s for s in ids if s not in t_star.index]
-    if missing:
-        raise ValueError(f"no usable (ok and verified) rows for scenario(s) {missing[:5]}"
-                         f"{' ...' if len(missing) > 5 else ''}")
-    # The baseline is what a framework runs: none.sm; the fastest none.* if there is no none.sm.
-    nones = u[u["schedule"].str.startswith(BASELINE_PREFIX)]
-    nones = nones.assign(_rank=(nones["schedule"] != BASELINE_NAME).astype(int))
-    base = (nones.sort_values(["scenario_id", "_rank", "time_s", "schedule"], kind="mergesort")
-            .drop_duplicates(["scenario_id"]).set_index("scenario_id"))
-    missing = [s for s in ids if s not in base.index]
-    if missing:
-        raise ValueError(f"no usable baseline ({BASELINE_PREFIX}*) row for scenario(s) {missing[:5]}"
-                         f"{' ...' if len(missing) > 5 else ''}")
-    return _fastest(u, ["scenario_id", "schedule"]), t_star, base
+
+class Truths:
+    """The truth of every usable scenario of a dataset, read once, to score many choices on:
+    one row per (scenario, schedule) with its true time and near-tie flag, the oracle time
+    and the baseline row per scenario. A scenario's truth depends on its own rows only, so
+    scoring a subset of scenarios here equals ``score`` on that subset's rows."""
+
+    def __init__(self, rows: pd.DataFrame, best: pd.Series, base: pd.DataFrame) -> None:
+        self.rows, self.best, self.base = rows, best, base
+
+    @classmethod
+    def of(cls, df: pd.DataFrame) -> "Truths":
+        u = usable_rows(df)
+        # Scored on the truth: time_s below is the true time; ties are the truth's own (a repeat
+        # sweep's labels where it timed the row; none for a noise-free model time).
+        near = u["near_best"].eq(True)
+        if {"near_best_repeat", "time_repeat_s"} <= set(u.columns):
+            near = near.where(pd.to_numeric(u["time_repeat_s"], errors="coerce").isna(),
+                              u["near_best_repeat"].eq(True))
+        u = pd.DataFrame({"scenario_id": u["scenario_id"].to_numpy(object), "schedule": u["schedule"].to_numpy(object),
+                          "time_s": true_times(u).to_numpy(float),
+                          "near_best": (near & ~has_model_truth(u)).to_numpy(bool)})
+        best = u.groupby("scenario_id", sort=False)["time_s"].min()
+        # The baseline is what a framework runs: none.sm; the fastest none.* if there is no none.sm.
+        nones = u[u["schedule"].str.startswith(BASELINE_PREFIX)]
+        nones = nones.assign(_rank=(nones["schedule"] != BASELINE_NAME).astype(int))
+        base = (nones.sort_values(["scenario_id", "_rank", "time_s", "schedule"], kind="mergesort")
+                .drop_duplicates(["scenario_id"]).set_index("scenario_id"))
+        rows = _fastest(u, ["scenario_id", "schedule"]).set_index(["scenario_id", "schedule"])
+        return cls(rows, best, base)
+
+    def score(self, chosen: Mapping[str, str]) -> dict[str, float]:
+        """``score`` of `chosen` on these truths (ValueError as ``score`` raises)."""
+        ids = list(chosen.keys())
+        if not ids:
+            return {m: (0 if m == "n" else float("nan")) for m in METRICS}
+        ts = self.best.reindex(ids).to_numpy(float)                   # (n,) oracle time
+        _refuse_missing(ids, np.isnan(ts), "no usable (ok and verified) rows")
+        base = self.base.reindex(ids)
+        tb = base["time_s"].to_numpy(float)                           # (n,) baseline time
+        _refuse_missing(ids, np.isnan(tb), f"no usable baseline ({BASELINE_PREFIX}*) row")
+        picks = self.rows.reindex(pd.MultiIndex.from_arrays([np.array(ids, object),
+                                                             np.array(list(chosen.values()), object)]))
+        invalid = picks["time_s"].isna().to_numpy()                   # (n,) bool
+        t = np.where(invalid, tb, picks["time_s"].to_numpy(float))    # (n,) chosen time
+        nb = np.where(invalid, base["near_best"].eq(True).to_numpy(),
+                      picks["near_best"].eq(True).to_numpy())         # (n,) chosen is a near-tie
+
+        regret = t / ts
+        return {
+            "n": len(ids),
+            "top1": float(np.mean((t <= ts) | nb)),
+            "near_opt_2": float(np.mean(t <= NEAR_OPT * ts)),
+            "near_opt_5": float(np.mean(t <= 1.05 * ts)),
+            "oracle_capture": _geomean(ts / t),
+            "worst_regret": float(np.max(regret)),
+            "mean_regret": float(np.mean(regret - 1.0)),
+            "slower_than_baseline": float(np.mean(t > tb)),
+            "speedup": _geomean(tb / t),
+            "oracle_speedup": _geomean(tb / ts),
+            "invalid": float(np.mean(invalid)),
+        }
+
+
+def _refuse_missing(ids: list[str], missing: np.ndarray, what: str) -> None:
+    if missing.any():
+        names = [s for s, m in zip(ids, missing) if m]
+        raise ValueError(f"{what} for scenario(s) {names[:5]}{' ...' if len(names) > 5 else ''}")
 
 
 def capture_scorer(df: pd.DataFrame) -> Callable[[Mapping[str, str]], float]:
     """``score(df, chosen)["oracle_capture"]`` for many `chosen` over every scenario of `df`
     (e.g. a grid search), the truths computed once. Raises as ``score`` does."""
-    ids = list(dict.fromkeys(usable_rows(df)["scenario_id"]))
-    rows, t_star, base = _truths(df, ids)
-    time_of = dict(zip(zip(rows["scenario_id"], rows["schedule"]), rows["time_s"].to_numpy(float)))
-    ts = t_star.reindex(ids).to_numpy(float)
-    tb = base["time_s"].reindex(ids).to_numpy(float)
+    truth = Truths.of(df)
+    ids = list(truth.best.index)
+    ts = truth.best.to_numpy(float)
+    tb = truth.base["time_s"].reindex(ids).to_numpy(float)
+    _refuse_missing(ids, np.isnan(tb), f"no usable baseline ({BASELINE_PREFIX}*) row")
+    time_of = dict(zip(truth.rows.index, truth.rows["time_s"].to_numpy(float)))
 
     def capture(chosen: Mapping[str, str]) -> float:
         t = np.array([time_of.get((sid, chosen.get(sid)), b) for sid, b in zip(ids, tb)])  # invalid: baseline

@@ -12,6 +12,7 @@ rules of ``ficco_select.train.run``.
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,19 +51,20 @@ DEBUG_SCENARIOS_PER_MACHINE = 12
 
 def run_pipeline(*, backend: str | None = None, hardware: str | None = None, datasets: Sequence[str | Path] = (),
                  out_dir: str | Path = "out/pipeline", progress: bool = True, debug: bool = False,
-                 export_to: str | Path | None = None) -> dict:
+                 export_to: str | Path | None = None, workers: int | None = None) -> dict:
     """`datasets`: measured datasets to add to the default training data (e.g. a GPU's,
     from ``ficco measure --backend cuda``), each checked before any work
     (``ficco_select.train.training_data.read_training_dataset``: DatasetError naming the file). `debug`:
     every stage on a tiny slice (a few scenarios per machine, tiny models), to check that it
-    all runs; its numbers mean nothing.
+    all runs; its numbers mean nothing. `workers`: hold-out folds fitted at once (default:
+    ``default_workers()``).
     `export_to`: when the champion moves, export it there (``ficco_select.train.export``), so that the
     runtime (``Selector.load()``, ``ficco select``) uses it without a manual step; never in
     `debug` (a tiny model must not reach a job). The summary says where (``exported``) or why
     not (``export_error``: a folder the export may not replace)."""
     out_dir = Path(out_dir)
     config = TrainConfig(splits=PIPELINE_SPLITS, selectors="debug" if debug else "fast", out_dir=out_dir,
-                         progress=progress)  # checked before any data is built
+                         progress=progress, workers=workers or default_workers())  # checked before any data
     extra = [read_training_dataset(p) for p in datasets]  # refused naming file, row and column, before any work
     if backend:
         extra.append(new_hardware_rows(backend, hardware, out_dir, progress))
@@ -72,6 +74,12 @@ def run_pipeline(*, backend: str | None = None, hardware: str | None = None, dat
         df = debug_slice(df, DEBUG_SCENARIOS_PER_MACHINE)
     summary = train(df, config)
     return export_if_promoted(summary, export_to) if export_to is not None and not debug else summary
+
+
+def default_workers() -> int:
+    """One process per CPU core this process may use, at most 4: the pipeline's folds are ~60,
+    and each process holds its own copy of the training frame."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
 def export_if_promoted(summary: dict, export_to: str | Path) -> dict:

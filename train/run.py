@@ -150,7 +150,8 @@ def _record_inputs(data: TrainingData, splits: Sequence[str]) -> None:
 
 def _evaluate(df: pd.DataFrame, config: TrainConfig) -> Scores:
     """Every selector of `config` fitted and scored on every split of `df`."""
-    results = evaluate(df, splits=config.splits, make_selectors=config.make_selectors, progress=config.progress)
+    results = evaluate(df, splits=config.splits, make_selectors=config.make_selectors, progress=config.progress,
+                       workers=config.workers)
     by_split = tables(results)
     text = "\n\n".join(f"== {split} ==\n{format_table(t)}" for split, t in by_split.items())
     abstentions = abstention_table(df, results)

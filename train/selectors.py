@@ -34,8 +34,17 @@ def hardware_of(df: pd.DataFrame) -> dict[str, HardwareSpec]:
 
 
 def scenario_records(df: pd.DataFrame) -> list[dict]:
-    return df.groupby("scenario_id", sort=False).first().reset_index()[
-        ["scenario_id", *SCENARIO_COLUMNS]].to_dict("records")
+    """One record per scenario (its id and ``SCENARIO_COLUMNS``), in order of first row."""
+    return df.drop_duplicates("scenario_id")[["scenario_id", *SCENARIO_COLUMNS]].to_dict("records")
+
+
+def legal_schedules(ok: pd.DataFrame) -> dict[str, set[str]]:
+    """Each scenario's schedules among the rows `ok` (its legal candidates), by scenario id in
+    sorted order. Plain lists: indexing Arrow-backed columns row by row is slow."""
+    out: dict[str, set[str]] = {}
+    for sid, name in zip(ok["scenario_id"].tolist(), ok["schedule"].tolist()):
+        out.setdefault(sid, set()).add(name)
+    return dict(sorted(out.items()))
 
 
 class BaseSelector:
@@ -137,7 +146,7 @@ class Heuristic(BaseSelector):
         (scenario, spec) for every heuristic of the process (``_ESTIMATES``)."""
         hw = hardware_of(df)
         ok = usable_rows(df)
-        legal = ok.groupby("scenario_id")["schedule"].agg(set)
+        legal = legal_schedules(ok)
         if len(_ESTIMATES) > 1 << 17:
             _ESTIMATES.clear()
         out = []
@@ -168,6 +177,22 @@ class Heuristic(BaseSelector):
     _rules = staticmethod(choose)
 
 
+_CALIBRATIONS: dict[tuple[str, int, int], HardwareSpec] = {}
+"""(machine, devices, digest of its rows) -> the spec calibrated on those rows."""
+
+
+def _calibrated(rows: pd.DataFrame, hw: str, devices: int) -> HardwareSpec:
+    """``calibrate`` on a machine's training rows, once per distinct rows: the folds of the
+    hardware and topology hold-outs train on the same rows of each machine they keep."""
+    columns = rows.select_dtypes(exclude="object")  # (not the per-repetition lists, which it never reads)
+    key = (hw, devices, int(pd.util.hash_pandas_object(columns, index=False).sum()))
+    if key not in _CALIBRATIONS:
+        if len(_CALIBRATIONS) > 256:
+            _CALIBRATIONS.clear()
+        _CALIBRATIONS[key] = calibrate(rows, name=hw, devices=devices, description="calibrated on the training fold")
+    return _CALIBRATIONS[key]
+
+
 class SimulatorSelector(BaseSelector):
     """The physics alone: the argmin of the analytic model (``ficco_select.data.simulate``) on each
     scenario's machine. Does learning add anything over it?
@@ -186,23 +211,24 @@ class SimulatorSelector(BaseSelector):
         self.specs_ = {}
         for hw, rows in ok[ok["backend"] != "sim"].groupby("hardware"):
             if rows["scenario_id"].nunique() >= 4:
-                self.specs_[hw] = calibrate(rows, name=hw, devices=load_hardware(hw).devices,
-                                            description="calibrated on the training fold")
+                self.specs_[hw] = _calibrated(rows, hw, load_hardware(hw).devices)
         return self
 
     def predict(self, df):
         ok = usable_rows(df)
-        legal = ok.groupby("scenario_id")["schedule"].agg(set)
+        legal = legal_schedules(ok)
         out = {}
         for hw, rows in ok.groupby("hardware"):
             records = scenario_records(rows)
             ids = [r.pop("scenario_id") for r in records]
             scenarios = [Scenario.from_record(r) for r in records]
             model = simulate_rows(scenarios, getattr(self, "specs_", {}).get(hw) or load_hardware(hw))
-            model["sid"] = model["scenario_id"].map({s.scenario_id: sid for s, sid in zip(scenarios, ids)})
-            model = model[[name in legal[sid] for sid, name in zip(model["sid"], model["schedule"])]]
-            out.update(_argmin_choice(model.assign(scenario_id=model["sid"]), model["time_s"].to_numpy()))
-        return {sid: out.get(sid, BASELINE.name) for sid in legal.index}  # (no candidate the model knows)
+            sid_of = {s.scenario_id: sid for s, sid in zip(scenarios, ids)}
+            sids = [sid_of[s] for s in model["scenario_id"].tolist()]
+            model = model.assign(scenario_id=sids)[[name in legal[sid] for sid, name in
+                                                    zip(sids, model["schedule"].tolist())]]
+            out.update(_argmin_choice(model, model["time_s"].to_numpy()))
+        return {sid: out.get(sid, BASELINE.name) for sid in legal}  # (no candidate the model knows)
 
 
 FEATURE_COLUMNS = tuple(f"x.{name}" for name in FEATURE_NAMES)
@@ -232,7 +258,8 @@ def feature_pairs(df: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     """The usable rows and their feature matrix (precomputed by ``with_features`` if it ran)."""
     ok = usable_rows(df).reset_index(drop=True)
     if set(FEATURE_COLUMNS) <= set(ok.columns):
-        return ok, ok[list(FEATURE_COLUMNS)].to_numpy(float)
+        # Row-major float32, what XGBoost holds: it copies any other layout, slowly.
+        return ok, np.ascontiguousarray(ok[list(FEATURE_COLUMNS)].to_numpy(np.float32))
     return ok, _feature_matrix(ok)
 
 
@@ -364,9 +391,9 @@ class HGBClassifier(BaseSelector):
         first = (~ok["scenario_id"].duplicated()).to_numpy()
         proba = self.model_.predict_proba(X[first][:, : self._n_scenario_features()])
         classes = self.model_.classes_
-        legal = ok.groupby("scenario_id")["schedule"].agg(set)
+        legal = legal_schedules(ok)
         out = {}
-        for sid, p in zip(ok.loc[first, "scenario_id"], proba):
+        for sid, p in zip(ok.loc[first, "scenario_id"].tolist(), proba):
             for idx in np.argsort(-p):
                 if classes[idx] in legal[sid]:
                     out[sid] = classes[idx]

@@ -48,6 +48,7 @@ from ficco_select.train.selectors import (
     XGBTimeRegressor,
     clone,
     feature_pairs,
+    legal_schedules,
     scenario_records,
 )
 
@@ -599,7 +600,7 @@ class ShippedPolicy(BaseSelector):
         ``shipped-unguarded`` row), leaving ``decisions_`` (the last guarded prediction's, for
         the abstention table) to the policy as it ships. Changes nothing the decisions read."""
         ok = usable_rows(df)
-        legal = ok.groupby("scenario_id")["schedule"].agg(set)
+        legal = legal_schedules(ok)
         runtime = self.runtime_ if guarded else self.unguarded_
         out, decisions = {}, {}
         for rec in scenario_records(ok):

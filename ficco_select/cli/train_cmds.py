@@ -126,9 +126,13 @@ def _champion(summary: dict) -> str:
               help="Where a new champion is exported for the runtime (default: where Selector.load() looks, "
                    "$FICCO_SELECTOR or ~/.cache/ficco-select/selector).")
 @click.option("--no-export", is_flag=True, help="Leave the runtime's model as it is, even if the champion moves.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Hold-out folds fitted at once, each in a process of its own (default: one per CPU core, "
+                   "at most 4; the tables do not depend on it).")
 @json_option()
 @click.option("--no-progress", is_flag=True)
-def pipeline(backend, hardware, datasets, out_dir, debug, export_to, no_export, as_json, no_progress) -> None:
+def pipeline(backend, hardware, datasets, out_dir, debug, export_to, no_export, workers, as_json,
+             no_progress) -> None:
     """The whole pipeline in one command: data, training, grouped evaluation, MLflow, report,
     and, when the champion moves, its export to the runtime folder."""
     from ficco_select.runtime.selector import DEFAULT_PATH
@@ -136,7 +140,7 @@ def pipeline(backend, hardware, datasets, out_dir, debug, export_to, no_export, 
 
     with reported(ValueError):
         summary = run_pipeline(backend=backend, hardware=hardware, datasets=datasets, out_dir=out_dir,
-                               progress=not no_progress, debug=debug,
+                               progress=not no_progress, debug=debug, workers=workers,
                                export_to=None if no_export else export_to or DEFAULT_PATH)
     show(as_json, {k: v for k, v in summary.items() if k != "text"}, lambda: [
         summary["text"],
