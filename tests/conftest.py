@@ -82,16 +82,3 @@ def model_selector(model_folder):
     assert sel.model is not None
     return sel
 
-
-# Workers (pytest-xdist, ``--dist loadgroup``) take whole groups: by default a test module,
-# so that its module-scoped fixtures (a finished rehearsal, a trained export) are made once.
-# Modules that count /dev/shm's peer segments before and after a job share one group: two
-# of their jobs at once would see each other's segments.
-SHARED_GROUPS = {"test_node.py": "peer-segments", "test_gpu_path_on_cpu.py": "peer-segments"}
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            name = item.path.name
-            item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(name, name)))

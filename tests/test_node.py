@@ -68,7 +68,11 @@ def test_a_dead_rank_ends_the_job_with_no_process_or_shared_memory_left():
     while mp.active_children() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not mp.active_children()
-    assert set(Path("/dev/shm").glob("ficco-peer-*")) == before  # unlinked once every rank mapped them
+    # Unlinked once every rank mapped them. (Another test process's jobs may hold segments of
+    # their own for a moment: a leaked one stays.)
+    while set(Path("/dev/shm").glob("ficco-peer-*")) - before and time.monotonic() < deadline + 10:
+        time.sleep(0.1)
+    assert not set(Path("/dev/shm").glob("ficco-peer-*")) - before
 
 
 # -- the dma protocol, rank by rank ---------------------------------------------------------
