@@ -184,8 +184,8 @@ _CALIBRATIONS: dict[tuple[str, int, int], HardwareSpec] = {}
 def _calibrated(rows: pd.DataFrame, hw: str, devices: int) -> HardwareSpec:
     """``calibrate`` on a machine's training rows, once per distinct rows: the folds of the
     hardware and topology hold-outs train on the same rows of each machine they keep."""
-    columns = rows.select_dtypes(exclude="object")  # (not the per-repetition lists, which it never reads)
-    key = (hw, devices, int(pd.util.hash_pandas_object(columns, index=False).sum()))
+    lists = [c for c in rows.columns if rows[c].dtype == object]  # per-repetition times, which it never reads
+    key = (hw, devices, int(pd.util.hash_pandas_object(rows.drop(columns=lists), index=False).sum()))
     if key not in _CALIBRATIONS:
         if len(_CALIBRATIONS) > 256:
             _CALIBRATIONS.clear()
