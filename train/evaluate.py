@@ -81,21 +81,22 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
     plan = [(split, fold) for split in splits for fold in folds(df, split)]
     per_fold_fits = len(make_selectors())
     bar = tqdm(total=len(plan) * per_fold_fits, desc="evaluate", unit="fit", disable=not progress)
-    with tempfile.TemporaryDirectory(prefix="ficco-evaluate-") as tmp:
-        if workers > 1 and len(plan) > 1:
-            from joblib import Parallel, delayed
+    if workers > 1 and len(plan) > 1:
+        from joblib import Parallel, delayed
 
-            # Each fold's process reads the frame once from a file (pickling it per fold costs
-            # more than the fit) and knows the machines this one does (specs read from files
-            # and datasets, machines sampled around the presets), as this process knows them.
+        # Each fold's process reads the frame once from a file (pickling it per fold costs
+        # more than the fit) and knows the machines this one does (specs read from files
+        # and datasets, machines sampled around the presets), as this process knows them.
+        with tempfile.TemporaryDirectory(prefix="ficco-evaluate-") as tmp:
             path = str(Path(tmp) / "frame.parquet")
             df.to_parquet(path)
             machines = known_machines()
             outcomes = Parallel(n_jobs=min(workers, len(plan)), return_as="generator")(
                 delayed(_fold_in_worker)(machines, path, np.flatnonzero(train_mask), np.flatnonzero(test_mask),
                                          make_selectors) for _, (_, train_mask, test_mask) in plan)
-        else:
-            outcomes = (_fold(df[train_mask], df[test_mask], make_selectors) for _, (_, train_mask, test_mask) in plan)
+            results = _gathered(plan, outcomes, bar, per_fold_fits)
+    else:
+        outcomes = (_fold(df[train_mask], df[test_mask], make_selectors) for _, (_, train_mask, test_mask) in plan)
         results = _gathered(plan, outcomes, bar, per_fold_fits)
     bar.close()
     for split, block in results["splits"].items():
