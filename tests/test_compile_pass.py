@@ -16,7 +16,7 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 
 from ficco_select.runtime import dispatch, torch_ops
-from torch_ranks import counting_checks, spawn
+from helpers.ranks import counting_checks, spawn
 
 # Tier: real ranks (processes over gloo); deselect with -m "not gloo"
 pytestmark = pytest.mark.gloo

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from ficco_select.runtime import library, torch_ops  # noqa: F401 - library registers torch.ops.ficco
-from torch_ranks import check_close, rand, spawn
+from helpers.ranks import check_close, rand, spawn
 
 # Tier: real ranks (processes over gloo) for every test but the import check; deselect with -m "not gloo"
 gloo = pytest.mark.gloo

@@ -18,7 +18,7 @@ from ficco_select.hardware import load_hardware
 from ficco_select.runtime import torch_ops
 from ficco_select.runtime.selector import Selector
 from helpers.exports import FULL_RANGES, spec_dict, warnings_of, write_selector
-from torch_ranks import counting_checks, rand, spawn
+from helpers.ranks import counting_checks, rand, spawn
 
 
 # -- ranks that disagree on a call's shapes ------------------------------------------------

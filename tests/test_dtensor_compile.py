@@ -30,7 +30,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from ficco_select.runtime import dispatch, torch_ops
 from helpers.llama import BATCH, DIM, FICCO_PLAN, HIDDEN, SEQ, TORCH_PLAN, Block, full, llama_plan, step
-from torch_ranks import check_close, counting_checks, rand, spawn
+from helpers.ranks import check_close, counting_checks, rand, spawn
 
 # Tier: real ranks (processes over gloo); deselect with -m "not gloo"
 pytestmark = pytest.mark.gloo

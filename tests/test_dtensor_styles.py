@@ -24,7 +24,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, SequenceParallel,
 from ficco_select.runtime import dispatch
 from ficco_select.runtime.dtensor import prepare_tables
 from helpers.llama import BATCH, DIM, FICCO_PLAN, HIDDEN, SEQ, TORCH_PLAN, VOCAB, Block, full, llama_plan, step
-from torch_ranks import check_close, counting_checks, rand, spawn
+from helpers.ranks import check_close, counting_checks, rand, spawn
 
 
 def test_the_ficco_plan_differs_from_pytorchs_in_class_names_only():

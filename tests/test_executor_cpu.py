@@ -1,7 +1,6 @@
 """The cpu executor on real gloo ranks: every schedule equals the reference, failures are
 caught, communication progresses while computing. One job per world size for the module."""
 
-import multiprocessing as mp
 import time
 
 import pytest
@@ -11,7 +10,8 @@ from ficco_select import candidates
 from ficco_select.data.measure.gloo import MeasureConfig, MeasureError, background_progress_rank, measure_spawned
 from ficco_select.executor import ranks
 from ficco_select.executor.operators import TOLERANCE, piece_bounds, relative_error
-from scenario_sets import correctness_set
+from helpers.ranks import no_rank_left
+from helpers.scenarios import correctness_set
 
 # Tier: real ranks (processes over gloo); deselect with -m "not gloo"
 pytestmark = pytest.mark.gloo
@@ -49,13 +49,6 @@ def test_a_wrong_result_is_caught_and_recorded():
     assert all(verdict.values())
 
 
-def _no_children_left():
-    deadline = time.monotonic() + 5
-    while mp.active_children() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not mp.active_children()
-
-
 @pytest.mark.parametrize("fault,needle", [("exit@1", "rank 1 died"), ("hang@0", "no progress")])
 def test_a_dead_or_hung_rank_ends_with_an_error_and_no_process_left(fault, needle):
     s = correctness_set(3)[0]
@@ -63,7 +56,7 @@ def test_a_dead_or_hung_rank_ends_with_an_error_and_no_process_left(fault, needl
     with pytest.raises(MeasureError, match=needle):
         measure_spawned([s], MeasureConfig(warmup=0, reps=5, min_rep_s=0.0, timeout_s=8, fault=fault), on_scenario=lambda rows: None)
     assert time.monotonic() - t0 < 60
-    assert _no_children_left()
+    assert no_rank_left()
 
 
 def test_communication_progresses_while_the_caller_computes():

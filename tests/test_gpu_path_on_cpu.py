@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from scenario_sets import correctness_set
+from helpers.scenarios import correctness_set
 
 from ficco_select.data.gpu_profile import copies, gemm, realized, runner
 from ficco_select.data.gpu_profile import run as gp

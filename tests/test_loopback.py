@@ -18,7 +18,7 @@ from ficco_select.data.measure.loopback import (
     HostLanes, LoopbackComm, LoopbackError, LoopbackTimeout, VirtualRanks, run_loopback,
 )
 from ficco_select.executor.operators import TOLERANCE
-from scenario_sets import correctness_set
+from helpers.scenarios import correctness_set
 from ficco_select.schedule import BASELINE, SHARD
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -19,7 +19,7 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 
 from ficco_select.runtime import dispatch, torch_ops
-from torch_ranks import check_close, pinnable, rand, spawn
+from helpers.ranks import check_close, pinnable, rand, spawn
 
 pytestmark = pytest.mark.gloo
 

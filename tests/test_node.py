@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from click.testing import CliRunner
-from scenario_sets import correctness_set
+from helpers.ranks import no_rank_left
+from helpers.scenarios import correctness_set
 
 from ficco_select.data.dataset import provenance
 from ficco_select.data.measure.gloo import MeasureConfig, MeasureError, measure_spawned
@@ -64,13 +64,11 @@ def test_a_dead_rank_ends_the_job_with_no_process_or_shared_memory_left():
     with pytest.raises(MeasureError, match="rank 1 died"):
         measure_spawned(correctness_set(3)[:1], MeasureConfig(warmup=0, reps=5, min_rep_s=0.0, timeout_s=8, fault="exit@1"),
                         on_scenario=lambda rows: None, node=NodeOptions(device="cpu", dma_slot_bytes=64))
-    deadline = time.monotonic() + 5
-    while mp.active_children() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not mp.active_children()
+    assert no_rank_left()
+    deadline = time.monotonic() + 10
     # Unlinked once every rank mapped them. (Another test process's jobs may hold segments of
     # their own for a moment: a leaked one stays.)
-    while set(Path("/dev/shm").glob("ficco-peer-*")) - before and time.monotonic() < deadline + 10:
+    while set(Path("/dev/shm").glob("ficco-peer-*")) - before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not set(Path("/dev/shm").glob("ficco-peer-*")) - before
 

@@ -21,7 +21,7 @@ from ficco_select import costs
 from ficco_select.hardware import HardwareError, load_hardware
 from ficco_select.runtime import dispatch
 from ficco_select.runtime.estimate import install_estimates, runtime_estimate
-from torch_ranks import spawn
+from helpers.ranks import spawn
 
 aten, c10d = torch.ops.aten, torch.ops._c10d_functional
 H100 = "h100-nvswitch"
@@ -264,7 +264,7 @@ def check_compiled_with_estimates(rank: int, P: int, tmp: Path) -> None:
         got = torch.compile(column_parallel, fullgraph=True)(*args)
     torch.testing.assert_close(got, column_parallel(*args), rtol=1e-5, atol=1e-5)
     made = {(e.kind, e.shape): e.ms for e in estimates.made}
-    assert all(e.hardware == "cpu" for e in estimates.made)  # the machine torch_ranks configures
+    assert all(e.hardware == "cpu" for e in estimates.made)  # the machine helpers.ranks configures
     assert made[("gemm", (1, 32, 40, 48))] == pytest.approx(gemm_ms("cpu", 32, 40, 48, "float32", 4), rel=1e-12)
     assert made[("gemm", (1, P * 8, 24, 16))] == pytest.approx(gemm_ms("cpu", P * 8, 24, 16, "float32", 4),
                                                                rel=1e-12)

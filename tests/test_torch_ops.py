@@ -20,7 +20,7 @@ from torch import nn
 
 from ficco_select.executor.operators import relative_error
 from ficco_select.runtime import dispatch, torch_ops
-from torch_ranks import check_close, pinnable, rand, spawn
+from helpers.ranks import check_close, pinnable, rand, spawn
 
 # Tier: real ranks (processes over gloo); deselect with -m "not gloo"
 pytestmark = pytest.mark.gloo

@@ -5,6 +5,8 @@ exported model), collects its mismatches and fails with all of them.
 """
 
 import contextlib
+import multiprocessing as mp
+import time
 from pathlib import Path
 
 import torch
@@ -66,3 +68,17 @@ def counting_checks():
     finally:
         ops._gathered = real
         settings.check_calls = was_on
+
+
+def rank_processes() -> list:
+    """This process's live children, less joblib's reusable worker pool (an evaluation another
+    test ran here keeps it): the ranks a job may have left behind."""
+    return [p for p in mp.active_children() if type(p).__name__ != "LokyProcess"]
+
+
+def no_rank_left(wait_s: float = 5.0) -> bool:
+    """Whether every rank process is gone, given `wait_s` to be reaped."""
+    deadline = time.monotonic() + wait_s
+    while rank_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not rank_processes()
