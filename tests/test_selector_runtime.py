@@ -32,7 +32,7 @@ records = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=2_500, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
 @given(records)
 def test_select_never_raises_and_returns_a_legal_schedule(record):
     check_decision(SEL, record)
@@ -166,7 +166,7 @@ def test_model_decisions_match_pair_features_scored_by_xgboost(model_folder):
     assert "model" in sources
 
 
-@settings(max_examples=1_500, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
 @given(records)
 def test_select_with_a_model_never_raises_and_returns_a_legal_schedule(model_selector, record):
     check_decision(model_selector, record)

@@ -13,6 +13,7 @@ rules of ``ficco_select.train.run``.
 from __future__ import annotations
 
 import os
+import time
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,6 +66,7 @@ def run_pipeline(*, backend: str | None = None, hardware: str | None = None, dat
     out_dir = Path(out_dir)
     config = TrainConfig(splits=PIPELINE_SPLITS, selectors="debug" if debug else "fast", out_dir=out_dir,
                          progress=progress, workers=workers or default_workers())  # checked before any data
+    started = time.perf_counter()
     extra = [read_training_dataset(p) for p in datasets]  # refused naming file, row and column, before any work
     if backend:
         extra.append(new_hardware_rows(backend, hardware, out_dir, progress))
@@ -72,7 +74,9 @@ def run_pipeline(*, backend: str | None = None, hardware: str | None = None, dat
     df = df.drop_duplicates(["scenario_id", "schedule"], keep="last")  # re-adding a preset replaces it
     if debug:
         df = debug_slice(df, DEBUG_SCENARIOS_PER_MACHINE)
+    data_s = round(time.perf_counter() - started, 2)
     summary = train(df, config)
+    summary = {**summary, "seconds": {"data": data_s, **summary["seconds"]}}
     return export_if_promoted(summary, export_to) if export_to is not None and not debug else summary
 
 

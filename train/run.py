@@ -18,10 +18,12 @@ runtime.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -69,14 +71,31 @@ def train(df: pd.DataFrame, config: TrainConfig | None = None, *, extra: pd.Data
     config.out_dir.mkdir(parents=True, exist_ok=True)
     mlflow.set_experiment(EXPERIMENT)
     data = _training_data(df, extra)
+    seconds: dict[str, float] = {}  # each stage's wall time, in the summary ("seconds")
     with mlflow.start_run(run_name=f"train-{data.digest[:8]}") as parent:
         run_id = parent.info.run_id
-        _record_inputs(data, config.splits)
-        scores = _evaluate(data.df, config)
-        _record_scores(data.df, scores, config.out_dir)
-        registered = _register(data, scores, config, run_id)
-        promoted = _promote(registered, scores)
-        return _report(config.out_dir, run_id, data, scores, registered, promoted)
+        with _timed(seconds, "record_inputs"):
+            _record_inputs(data, config.splits)
+        with _timed(seconds, "evaluate"):
+            scores = _evaluate(data.df, config)
+        with _timed(seconds, "record_scores"):
+            _record_scores(data.df, scores, config.out_dir)
+        with _timed(seconds, "register"):
+            registered = _register(data, scores, config, run_id)
+        with _timed(seconds, "promote"):
+            promoted = _promote(registered, scores)
+        with _timed(seconds, "report"):
+            summary = _report(config.out_dir, run_id, data, scores, registered, promoted)
+        return {**summary, "seconds": seconds}
+
+
+@contextlib.contextmanager
+def _timed(seconds: dict[str, float], stage: str):
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[stage] = round(time.perf_counter() - started, 2)
 
 
 # -- what flows between the stages ---------------------------------------------------------

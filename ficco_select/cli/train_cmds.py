@@ -147,6 +147,7 @@ def pipeline(backend, hardware, datasets, out_dir, debug, export_to, no_export, 
         (f"\nregistered {summary['chosen']} as ficco-selector version {summary['version']} "
          f"(champion {_champion(summary)}); MLflow run {summary['run_id']}"),
         *_export_lines(summary, debug),
+        "stages: " + ", ".join(f"{stage} {s:.1f} s" for stage, s in summary["seconds"].items()),
         f"report: {summary['report']}   tracking: `mlflow ui` in this folder"])
 
 
