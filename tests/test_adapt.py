@@ -115,6 +115,54 @@ def test_a_killed_adapt_resumes_without_measuring_again(base, tmp_path):
     assert spec_as_dict(again.machine.spec) == rounds[-1].spec  # and the spec it adapted to, not the start's
 
 
+ADAPT_GRID_MODELS = ["llama3-8b", "mixtral-8x7b"]
+
+
+def _sim_machine(kill_on_call: int | None = None):
+    """The machine `ficco adapt --backend sim --perturb 1.2` builds, made anew as a restarted
+    process makes it; its `kill_on_call`-th measurement dies as a killed process would."""
+    from ficco_select.data.catalog import catalog
+    from ficco_select.train import adapt as A
+
+    spec = load_hardware("mi300x-8")
+    grid = [Scenario.from_record(r) for r in catalog("full", hardware="mi300x-8", world_sizes=(2, 4),
+                                                      models=ADAPT_GRID_MODELS)]
+    machine = A.sim_machine("mi300x-8-resume", spec, A.perturbed(spec, "mi300x-8-resume", spread=1.2, seed=1),
+                            grid, seed=7)
+    inner, calls = machine.measure, []
+
+    def measure(scenarios):
+        calls.append(len(scenarios))
+        if len(calls) == kill_on_call:
+            raise KeyboardInterrupt("killed")
+        return inner(scenarios)
+
+    machine.measure = measure
+    return machine
+
+
+def test_a_resumed_sim_adapt_measures_what_an_uninterrupted_one_does(tmp_path):
+    from ficco_select.data.dataset import read_dataset
+    from ficco_select.train import adapt as A
+    from ficco_select.train.selectors import with_features
+    from ficco_select.train.training_data import simulated
+
+    base = with_features(simulated("h100-nvswitch", world_sizes=(2, 4), share=0.25, seed=3))
+    plan = dict(checkpoints=(0.0, 0.05, 0.1), strategy="active", seed=7)
+    A.adapt(_sim_machine(), base, out_dir=tmp_path / "whole", **plan)
+    with pytest.raises(KeyboardInterrupt):  # killed measuring round 2: round 1 is saved
+        A.adapt(_sim_machine(kill_on_call=2), base, out_dir=tmp_path / "resumed", **plan)
+    A.adapt(_sim_machine(), base, out_dir=tmp_path / "resumed", **plan)
+
+    def rows(folder):
+        df = read_dataset(tmp_path / folder / "measured.parquet")
+        return df.drop(columns=["created_at"]).sort_values(["scenario_id", "schedule"]).reset_index(drop=True)
+
+    whole, resumed = rows("whole"), rows("resumed")
+    assert whole["scenario_id"].nunique() == round(0.1 * len(_sim_machine().grid))
+    pd.testing.assert_frame_equal(resumed, whole)
+
+
 def test_another_machine_s_folder_is_refused(base, tmp_path):
     A.adapt(CountingMachine().machine, base, checkpoints=(0.0,), out_dir=tmp_path)
     other = CountingMachine().machine

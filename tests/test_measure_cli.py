@@ -1,6 +1,8 @@
-"""`ficco measure` end to end: spawned ranks and torchrun, P=2 and P=3 rows, the Parquet file."""
+"""`ficco measure` end to end: spawned ranks and torchrun, P=2 and P=3 rows, the Parquet file;
+the settings and outputs it refuses before any rank starts, and one output's one lock by any name."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -11,13 +13,17 @@ import pandas as pd
 import pytest
 
 from ficco_select.data.dataset import SCHEMA_VERSION
+from ficco_select.data.locks import OutputLocked, output_lock
+from ficco_select.data.measure.config import MeasureConfig
 
-# Tier: real ranks (processes over gloo); deselect with -m "not gloo"
-pytestmark = pytest.mark.gloo
+# Tier: the tests on real ranks (processes over gloo) are marked gloo; deselect with -m "not gloo".
+# The refusals before any rank starts are unit tests.
 
 REQUIRED = ["scenario_id", "group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "schedule",
             "time_s", "time_spread", "verified", "backend"]
-from helpers.cli import FICCO
+from helpers.cli import FICCO, refused, table
+
+A_ROW = "t,ag_gemm,64,64,64,float32,2,cpu,"
 
 
 def scenario_file(tmp_path: Path, rows: list[str]) -> Path:
@@ -26,6 +32,7 @@ def scenario_file(tmp_path: Path, rows: list[str]) -> Path:
     return p
 
 
+@pytest.mark.gloo
 def test_measure_p2_and_p3_writes_every_schedule_verified(tmp_path):
     path = scenario_file(tmp_path, [
         "mlp,ag_gemm,96,32,48,float32,2,cpu,",
@@ -47,6 +54,7 @@ def test_measure_p2_and_p3_writes_every_schedule_verified(tmp_path):
     assert (df["schema_version"] == SCHEMA_VERSION).all()
 
 
+@pytest.mark.gloo
 @pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
                     reason="torchrun not installed beside this python")
 def test_measure_runs_under_torchrun(tmp_path):
@@ -62,6 +70,7 @@ def test_measure_runs_under_torchrun(tmp_path):
     assert df["verified"].all() and df["scenario_id"].nunique() == 2
 
 
+@pytest.mark.gloo
 def test_min_rep_s_times_several_runs_per_repetition(tmp_path):
     path = scenario_file(tmp_path, ["mlp,ag_gemm,64,32,48,float32,2,cpu,"])
     out = tmp_path / "m.parquet"
@@ -73,6 +82,7 @@ def test_min_rep_s_times_several_runs_per_repetition(tmp_path):
     assert df["verified"].all() and (df["runs_per_rep"] > 1).all() and df["runs_per_rep"].nunique() == 1
 
 
+@pytest.mark.gloo
 def test_two_measure_runs_into_one_out_never_lose_a_scenario(tmp_path):
     # The second writer refuses at once, naming the first, which finishes untouched; run again
     # afterwards, the second table's scenarios are added beside the first's.
@@ -96,3 +106,48 @@ def test_two_measure_runs_into_one_out_never_lose_a_scenario(tmp_path):
     again = subprocess.run(cmd + [str(second)], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     assert pd.read_parquet(out)["scenario_id"].nunique() == 3
+
+
+# -- measure: options it cannot time with ------------------------------------------------------
+@pytest.mark.parametrize("option,value", [("--timeout", "nan"), ("--timeout", "inf"), ("--timeout", "-1"),
+                                          ("--timeout", "0"), ("--min-rep-s", "inf"), ("--min-rep-s", "nan"),
+                                          ("--min-rep-s", "-0.01")])
+def test_measure_refuses_non_finite_or_negative_seconds(tmp_path, option, value):
+    out = tmp_path / "m.parquet"
+    refused(["measure", "--scenarios", table(tmp_path, A_ROW), "--out", out, "--no-progress", option, value],
+            option, value, written=out)
+    assert not Path(f"{out}.parts").exists()
+
+
+def test_a_measure_config_refuses_non_finite_seconds():
+    for field, value in (("timeout_s", math.nan), ("timeout_s", math.inf), ("min_rep_s", math.inf),
+                         ("min_rep_s", math.nan)):
+        with pytest.raises(ValueError, match=field):
+            MeasureConfig(**{field: value})
+
+
+# -- measure never replaces what is at --out ---------------------------------------------------
+def test_measure_refuses_its_scenario_table_as_out(tmp_path):
+    path = table(tmp_path, A_ROW)
+    before = path.read_bytes()
+    refused(["measure", "--scenarios", path, "--out", tmp_path / "." / "scenarios.csv", "--no-progress"],
+            "--out", "--scenarios")
+    assert path.read_bytes() == before
+
+
+# -- one output, one lock, whatever its name -------------------------------------------------
+def test_the_lock_is_the_real_file_s_through_any_symlink(tmp_path):
+    real_dir = tmp_path / "disk"
+    real_dir.mkdir()
+    real = real_dir / "m.parquet"
+    os.symlink(real, tmp_path / "link.parquet")  # the output may not exist yet
+    os.symlink(real_dir, tmp_path / "dirlink")
+    with output_lock(real, "ficco measure"):
+        for other_name in (tmp_path / "link.parquet", tmp_path / "dirlink" / "m.parquet"):
+            with pytest.raises(OutputLocked, match="ficco measure"):
+                with output_lock(other_name, "ficco measure"):
+                    pass
+        # The command refuses at once, before any rank starts; nothing is written.
+        refused(["measure", "--scenarios", table(tmp_path, A_ROW), "--out", tmp_path / "link.parquet",
+                 "--no-progress"], "link.parquet", "is writing it", written=real)
+        assert not Path(f"{real}.parts").exists()

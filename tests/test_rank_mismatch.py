@@ -14,19 +14,26 @@ a new token count is a lookup in the layer's table and fails the same way; a ran
 new layer alone waits in the broadcast of its table while the others run theirs, and every
 rank raises at the group's timeout (the one case here that waits on it, with a 5 s timeout).
 
-With the debug mode on, the same calls are refused before any transfer, naming the op, the
-ranks and the shapes (``test_defects_runtime_train``).
+With the debug mode on (PyTorch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` or ``FICCO_CHECK_CALLS``),
+the same calls are refused on every rank before any transfer, naming the op, the ranks and the
+shapes (the last tests here).
 """
 
 from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import os
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from ficco_select.executor import ranks
+from ficco_select.runtime import torch_ops
+from ficco_select.runtime.selector import Selector
+from helpers.ranks import rand, spawn
 
 TIMEOUT_S = 120
 """The group's timeout: a rank waiting on it would show as a case that takes this long."""
@@ -149,3 +156,74 @@ def test_ranks_passing_different_shapes_never_return_a_wrong_result_nor_hang():
             assert all(res["outcome"] != "ok" for res in results), (case, results)
     assert not bad, "\n".join(map(str, bad))
     assert seen >= {"ok", "raised", "died"}, seen  # the ranks ran the op: every way a job ends was seen
+
+
+# -- with the debug mode on -------------------------------------------------------------------
+def _raises_on_this_rank(call, *needles: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        call()
+    for needle in needles:
+        assert needle in str(caught.value), str(caught.value)
+
+
+def check_disagreeing_ranks(rank: int, P: int, tmp: Path) -> None:
+    # The debug mode, off by default, turned on by PyTorch's own switch (read when ficco's
+    # settings are made: here, at reset).
+    assert not torch_ops.dispatch.checks_calls()
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    torch_ops.reset()
+    torch_ops.configure(selector=Selector(), hardware="cpu")
+    assert torch_ops.dispatch.checks_calls()
+    gen = torch.Generator().manual_seed(rank)
+    g = dist.group.WORLD.group_name
+    m = 4 if rank == 0 else 6  # rows of this rank's shard
+    B = rand(gen, 8, 6)
+    ag = lambda rows: torch_ops.all_gather_matmul(rand(gen, rows, 8), [B], 0, g)  # noqa: E731
+    _raises_on_this_rank(lambda: ag(m), "all_gather_matmul", "rank 1", "(6, 8)", "(4, 8)")
+    # A shape every rank has passed before, then one rank's new one: still refused on both.
+    ag(4)
+    _raises_on_this_rank(lambda: ag(m), "all_gather_matmul", "rank 1", "(6, 8)", "(4, 8)")
+    _raises_on_this_rank(lambda: torch_ops.matmul_reduce_scatter(rand(gen, 2 * m, 8), B, "sum", 0, g),
+                         "matmul_reduce_scatter", "rank 1", "(12, 8)", "(8, 8)")
+    _raises_on_this_rank(lambda: torch_ops.matmul_all_reduce(rand(gen, 2 * m, 8), B, "sum", g),
+                         "matmul_all_reduce", "rank 1", "(12, 8)", "(8, 8)")
+    k = 8 if rank == 0 else 6  # the experts' contraction dim
+    _raises_on_this_rank(lambda: torch_ops.all_to_all_matmul(rand(gen, 6, k), rand(gen, k, 5), [3, 3], [3, 3], g),
+                         "all_to_all_matmul", "rank 1", "(6, 6)", "(6, 8)")
+    # Rank 1 expects 4 rows from rank 0, which sends it 3.
+    expects = [3, 3] if rank == 0 else [4, 3]
+    _raises_on_this_rank(lambda: torch_ops.all_to_all_matmul(rand(gen, 6, 8), rand(gen, 8, 5), expects, [3, 3], g),
+                         "all_to_all_matmul", "rank 1 expects 4 rows from rank 0", "sends it 3")
+    _raises_on_this_rank(lambda: torch_ops.matmul_all_to_all(rand(gen, 6, 8), rand(gen, 8, 5), expects, [3, 3], g),
+                         "matmul_all_to_all", "rank 1 expects 4 rows from rank 0", "sends it 3")
+    n = 5 if rank == 0 else 7
+    _raises_on_this_rank(lambda: torch_ops.matmul_all_to_all(rand(gen, 6, 8), rand(gen, 8, n), [3, 3], [3, 3], g),
+                         "matmul_all_to_all", "rank 1", "(8, 7)", "(8, 5)")
+    # The group is still in step: a call the ranks agree on runs.
+    A_shard = rand(gen, 4, 8)
+    _, [got] = torch_ops.all_gather_matmul(A_shard, [B], 0, g)
+    full = torch.empty(P * 4, 8)
+    dist.all_gather_into_tensor(full, A_shard)
+    torch.testing.assert_close(got, full @ B)
+
+
+@pytest.mark.gloo
+def test_ranks_passing_different_shapes_raise_on_every_rank(tmp_path):
+    spawn(check_disagreeing_ranks, 2, tmp_path)
+
+
+@pytest.mark.parametrize(("env", "on"), [
+    ({}, False),
+    ({"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, True),
+    ({"TORCH_DISTRIBUTED_DEBUG": "INFO"}, False),
+    ({"FICCO_CHECK_CALLS": "1"}, True),
+    ({"FICCO_CHECK_CALLS": "0", "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, False),
+])
+def test_the_per_call_check_is_a_debug_mode_off_by_default(monkeypatch, env, on):
+    from ficco_select.runtime import dispatch
+
+    for name in ("TORCH_DISTRIBUTED_DEBUG", "FICCO_CHECK_CALLS"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert dispatch.Settings().check_calls is on

@@ -1,5 +1,6 @@
 """`ficco select`: one decision per scenario-table row, from a real exported model or the
-heuristic; malformed rows get the baseline (source fallback) instead of stopping the command."""
+heuristic; malformed rows get the baseline (source fallback) instead of stopping the command;
+`--truth` scores the decisions, and refuses a dataset that lacks most schedules."""
 
 import json
 
@@ -19,6 +20,7 @@ from ficco_select.runtime.loading import RULES_VERSION
 from ficco_select.schedule import BASELINE
 from ficco_select.train.selectors import XGBTimeRegressor
 from ficco_select.train.shipped import training_ranges
+from helpers.datasets import catalog_slice as _catalog_slice, thinned as _thinned
 
 HEADER = "group,op,m,n,k,dtype,world_size,hardware,imbalance"
 MALFORMED = [  # (line, what is wrong)
@@ -159,3 +161,21 @@ def test_truth_scores_the_decisions_per_dtype_beside_the_heuristic_and_the_ceili
     chosen = {Scenario.from_record(r).scenario_id: decisions.select(r).schedule.name for r in recs}
     assert tables["all"]["shipped"]["near_opt_2"] == pytest.approx(score(truth, chosen)["near_opt_2"])
     assert "give --scenarios" in select("--model", folder).output
+
+
+def test_select_truth_refuses_a_dataset_lacking_most_schedules(tmp_path):
+    from click.testing import CliRunner
+
+    from ficco_select.data.dataset import write_parquet_atomic
+    from ficco_select.cli.main import main
+    from helpers.cli import refused
+
+    thin = _thinned(tmp_path)
+    refused(["select", "--truth", thin, "--heuristic-only"], "--truth", "thin.parquet", "36 of 40 scenarios lack",
+            "ficco.d2.ring.gemm_per_piece.m.sm")
+    # The same scenarios with every schedule are scored.
+    whole = tmp_path / "whole.parquet"
+    write_parquet_atomic(_catalog_slice(tmp_path), whole)
+    res = CliRunner().invoke(main, ["select", "--truth", str(whole), "--heuristic-only"])
+    assert res.exit_code == 0, res.output
+    assert "== all" in res.output

@@ -1,6 +1,8 @@
 """The runtime selector never raises and always returns a legal schedule (property test);
-its caches; its model decisions equal scoring pair_features with XGBoost itself."""
+its caches; its model decisions equal scoring pair_features with XGBoost itself; an export
+that gives a preset machine other numbers is not used."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -402,6 +404,30 @@ def test_hardware_specs_in_selector_json_name_machines_for_this_selector_only(tm
     with pytest.raises(HardwareError, match="unknown hardware"):
         load_hardware(name)  # not registered for the rest of the process
     assert Selector().select({**RECORD, "hardware": name}).reason == f"unknown hardware {name!r}"
+
+
+# -- an export that redefines a preset machine -----------------------------------------------
+CPU_SCENARIOS = [{"group": "t", "op": op, "m": 256, "n": 256, "k": 256, "dtype": "float32", "world_size": 2,
+                  "hardware": "cpu", "imbalance": 1.0}
+                 for op in ("ag_gemm", "gemm_rs", "gemm_ar", "a2a_gemm", "gemm_a2a")]
+
+
+def test_an_export_giving_the_cpu_preset_gpu_numbers_never_makes_select_pick_a_gpu_schedule(tmp_path, caplog):
+    ranges = {**FULL_RANGES, "hardware": ["cpu"], "op": sorted({r["op"] for r in CPU_SCENARIOS})}
+    folder = write_selector(tmp_path / "sel", training_ranges=ranges,
+                            hardware_specs={"cpu": spec_dict("cpu")})  # mi300x-8's numbers, dma engines and all
+    sel = Selector.load(folder)
+    for record in CPU_SCENARIOS:
+        d = sel.select(record)
+        legal = candidates(Scenario.from_record(record), "cpu")
+        assert d.schedule in legal and d.schedule.engine != "dma", (record["op"], d)
+    assert sel.model is None, "the export was used"
+    [warning] = warnings_of(caplog)
+    assert "hardware_specs['cpu']" in warning and "preset" in warning, warning
+    # The preset's own numbers under its name are no contradiction: that export is used.
+    same = write_selector(tmp_path / "same", training_ranges=ranges,
+                          hardware_specs={"cpu": dataclasses.asdict(load_hardware("cpu"))})
+    assert Selector.load(same).model is not None
 
 
 def test_a_spec_file_is_decided_under_the_machine_s_name(tmp_path):

@@ -1,21 +1,33 @@
 """A sweep across a cluster: `ficco measure --shard i/N` splits a scenario table, each shard
 resumable on its own, and `ficco dataset merge` joins the shards into the dataset one run
-would make; a merge refuses other backends, other machines and disagreeing duplicates."""
+would make; a merge refuses other backends, other machines and disagreeing duplicates, shards
+measured with other settings and (as `dataset compare` does) files that are not valid datasets."""
 
 import json
 import subprocess
+from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 
-from ficco_select.data.dataset import DatasetError, merge, read_dataset, write_parquet_atomic
+from ficco_select.cli.main import main
+from ficco_select.data.dataset import DatasetError, merge, read_dataset, read_timing, write_parquet_atomic
 from ficco_select.data.measure.sweep import parse_shard, shard_of
 from ficco_select.data.scenarios import packaged, read_scenarios
 from ficco_select.data.simulate import simulate
 from ficco_select.hardware import load_hardware
 
-from helpers.cli import DECOY, FICCO, decoy_folder
+from helpers.cli import DECOY, FICCO, decoy_folder, refused, table
+from helpers.datasets import two_shards
 MEASURED = "data/measured/cpu_catalog.parquet"
+A_ROW = "t,ag_gemm,64,64,64,float32,2,cpu,"
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return read_dataset(MEASURED)
 
 
 def test_shards_partition_a_table_the_same_way_every_time():
@@ -116,3 +128,82 @@ def test_three_shards_measured_apart_merge_into_what_one_run_makes(tmp_path):
     res = subprocess.run(FICCO + ["dataset", "merge", str(shards[0]), "--out", str(tmp_path / "all.parquet")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and "exists and is not one of the inputs" in res.stderr
+
+
+def measure(path: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(FICCO + ["measure", "--scenarios", str(path), "--out", str(out), "--no-progress",
+                                   "--warmup", "0", "--min-rep-s", "0", "--json", *extra],
+                          capture_output=True, text=True, timeout=300)
+
+
+# -- merge: one sweep, measured alike --------------------------------------------------------
+@pytest.mark.gloo
+def test_merge_refuses_shards_measured_with_other_settings(tmp_path, shipped):
+    rows = [A_ROW, "t,gemm_rs,64,64,64,float32,2,cpu,", "t,ag_gemm,96,64,64,float32,2,cpu,"]
+    path = table(tmp_path, *rows)
+    scenarios = read_scenarios(path, backend="cpu")
+    assert shard_of(scenarios, 0, 2) and shard_of(scenarios, 1, 2)
+    s0, s1, s1_again = tmp_path / "s0.parquet", tmp_path / "s1.parquet", tmp_path / "s1_again.parquet"
+    assert measure(path, s0, "--shard", "0/2", "--reps", "5").returncode == 0
+    assert measure(path, s1, "--shard", "1/2", "--reps", "6").returncode == 0
+    assert read_timing(s0)["reps"] == 5 and read_timing(s1)["reps"] == 6
+    out = tmp_path / "all.parquet"
+    line = refused(["dataset", "merge", s0, s1, "--out", out], "s0.parquet", "s1.parquet", "reps 6", "reps 5",
+                   written=out)
+    assert "min_rep_s" not in line  # the setting that differs, not every setting
+
+    # The same settings merge, and the merged file records them.
+    assert measure(path, s1_again, "--shard", "1/2", "--reps", "5").returncode == 0
+    # Nor does a resume mix settings in one file.
+    refused(["measure", "--scenarios", path, "--out", s1_again, "--shard", "1/2", "--reps", "6", "--no-progress"],
+            "s1_again.parquet", "reps 5", "reps 6")
+    res = CliRunner().invoke(main, ["dataset", "merge", str(s0), str(s1_again), "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    assert read_timing(out) == read_timing(s0) and json.loads(res.output)["scenarios"] == 3
+
+    # A file that records no settings (written before they were recorded) cannot be checked.
+    old = tmp_path / "old.parquet"
+    write_parquet_atomic(read_dataset(s1_again), old)
+    assert read_timing(old) is None
+    refused(["dataset", "merge", s0, old, "--out", tmp_path / "x.parquet"], "old.parquet", "records no",
+            written=tmp_path / "x.parquet")
+
+
+def test_merge_refuses_negative_times_and_unknown_schedules(tmp_path, shipped):
+    a, b = two_shards(tmp_path, shipped)
+    out = tmp_path / "m.parquet"
+    broken = read_dataset(b)
+    broken.loc[3, "time_s"] = -1.0
+    write_parquet_atomic(broken, tmp_path / "negative.parquet")
+    refused(["dataset", "merge", a, tmp_path / "negative.parquet", "--out", out],
+            "negative.parquet", "row 3", "column 'time_s'", written=out)
+    broken = read_dataset(b)
+    broken.loc[2, "schedule"] = "warp.d9.zigzag"
+    write_parquet_atomic(broken, tmp_path / "unknown.parquet")
+    refused(["dataset", "merge", tmp_path / "unknown.parquet", a, "--out", out],
+            "unknown.parquet", "row 2", "column 'schedule'", written=out)
+
+
+# -- Parquet files that are not datasets ---------------------------------------------------------
+def test_a_non_integer_schema_version_is_one_line(tmp_path, shipped):
+    a, _ = two_shards(tmp_path, shipped)
+    t = pq.read_table(a)
+    pq.write_table(t.replace_schema_metadata({**t.schema.metadata, b"ficco_schema_version": b"three"}),
+                   tmp_path / "v.parquet")
+    with pytest.raises(DatasetError, match="v.parquet.*ficco_schema_version"):
+        read_dataset(tmp_path / "v.parquet")
+    for args in (["dataset", "info", tmp_path / "v.parquet"], ["dataset", "validate", tmp_path / "v.parquet"],
+                 ["dataset", "merge", a, tmp_path / "v.parquet", "--out", tmp_path / "m.parquet"],
+                 ["dataset", "compare", a, tmp_path / "v.parquet"]):
+        refused(args, "v.parquet", "ficco_schema_version", "'three'")
+
+
+@pytest.mark.parametrize("column", ["scenario_id", "time_s"])
+def test_merge_and_compare_name_a_missing_column(tmp_path, shipped, column):
+    a, b = two_shards(tmp_path, shipped)
+    lacking = tmp_path / "lacking.parquet"
+    write_parquet_atomic(read_dataset(b).drop(columns=[column]), lacking)
+    out = tmp_path / "m.parquet"
+    refused(["dataset", "merge", a, lacking, "--out", out], "lacking.parquet", f"column '{column}'", written=out)
+    refused(["dataset", "compare", a, lacking], "lacking.parquet", f"column '{column}'")
+    refused(["dataset", "compare", lacking, a], "lacking.parquet", f"column '{column}'")

@@ -1,5 +1,8 @@
 """The sim backend: the paper's qualitative claims on the MI300X preset, physical bounds,
-and a dataset in the same schema as measured ones."""
+and a dataset in the same schema as measured ones; `ficco simulate` refuses a noise that is not
+a finite sigma, and neither it nor `ficco catalog` replaces what is at `--out`."""
+
+import os
 
 import numpy as np
 import pytest
@@ -11,8 +14,16 @@ from ficco_select.costs import contended as _contended
 from ficco_select.cli.main import main
 from ficco_select import Scenario
 from ficco_select.hardware import load_hardware
+from helpers.cli import refused, table
+from helpers.datasets import CPU_SWEEP, two_shards
 
 MI300X = load_hardware("mi300x-8")
+A_ROW = "t,ag_gemm,64,64,64,float32,2,cpu,"
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return read_dataset(CPU_SWEEP)
 
 
 def sc(op="ag_gemm", m=8192, n=8192, k=8192, P=8, dtype="bfloat16", **kw):
@@ -83,3 +94,28 @@ def test_cli_simulate(tmp_path):
     assert res.exit_code == 0, res.output
     df = read_dataset(out)
     assert (df["hardware"] == "mi300x-8").all() and validate(df) == []
+
+
+# -- simulate: a noise it cannot draw ----------------------------------------------------------
+@pytest.mark.parametrize("value", ["nan", "inf", "-0.1"])
+def test_simulate_refuses_a_noise_that_is_not_a_finite_sigma(tmp_path, value):
+    out = tmp_path / "sim.parquet"
+    refused(["simulate", "--scenarios", table(tmp_path, A_ROW), "--out", out, "--noise", value], "--noise", value,
+            written=out)
+
+
+# -- writers never replace what is at --out ----------------------------------------------------
+def test_simulate_and_catalog_refuse_an_existing_out_and_their_input(tmp_path, shipped):
+    path = table(tmp_path, A_ROW)
+    scenarios = path.read_bytes()
+    a, _ = two_shards(tmp_path, shipped)
+    measured = a.read_bytes()
+    refused(["simulate", "--scenarios", path, "--out", a], "--out", "a.parquet", "exists")
+    assert a.read_bytes() == measured, "a measured dataset was replaced by simulated rows"
+    refused(["simulate", "--scenarios", path, "--out", path], "--out", "scenarios.csv", "--scenarios")
+    os.symlink(path, tmp_path / "link.csv")
+    refused(["simulate", "--scenarios", tmp_path / "link.csv", "--out", tmp_path / "." / "scenarios.csv"],
+            "--out", "--scenarios")
+    assert path.read_bytes() == scenarios, "the scenario table was replaced by Parquet bytes"
+    refused(["catalog", "--scale", "cpu", "--out", path], "--out", "scenarios.csv", "exists")
+    assert path.read_bytes() == scenarios

@@ -3,7 +3,8 @@
 The ops are compared with PyTorch's own fallbacks of the fused async-TP ops
 (``_fused_all_gather_matmul_fallback``, ``_fused_matmul_reduce_scatter_fallback``) for
 every gather/scatter dim, several Bs, odd shapes, and every schedule pinned in turn;
-the tensor-parallel MLP gives the same output and gradients hooked and unhooked.
+the tensor-parallel MLP gives the same output and gradients hooked and unhooked; a job may
+turn the per-call shape check off, and a caller that vouches for its calls skips it.
 Each test is one job of real ranks; a rank collects its mismatches and fails with all.
 """
 
@@ -20,7 +21,7 @@ from torch import nn
 
 from ficco_select.executor.operators import relative_error
 from ficco_select.runtime import dispatch, torch_ops
-from helpers.ranks import check_close, pinnable, rand, spawn
+from helpers.ranks import check_close, counting_checks, pinnable, rand, spawn
 
 # Tier: real ranks (processes over gloo); deselect with -m "not gloo"
 pytestmark = pytest.mark.gloo
@@ -305,6 +306,48 @@ def test_exploration_times_the_alternatives_training_needs(tmp_path):
     rows = telemetry_training_rows(read_telemetry([tmp_path / "explore-0.jsonl", tmp_path / "explore-1.jsonl"]),
                                    pd.DataFrame({"scenario_id": []}))
     assert "none.sm" in set(rows["schedule"]) and len(rows) >= 2  # usable by `ficco train --telemetry`
+
+
+# -- the per-call shape check, off for a job -------------------------------------------
+def check_unchecked_calls(rank: int, P: int, tmp: Path) -> None:
+    from ficco_select.runtime import library  # noqa: F401 - registers torch.ops.ficco
+
+    gen = torch.Generator().manual_seed(0)
+    g = dist.group.WORLD.group_name
+    A_shard, B = rand(gen, 4, 8), rand(gen, 8, 6)
+    try:
+        with counting_checks() as checks:
+            torch_ops.configure(check_calls=False)
+            _, [got] = torch_ops.all_gather_matmul(A_shard, [B], 0, g)
+            torch_ops.matmul_reduce_scatter(got, B.t().contiguous(), "sum", 0, g)
+            assert checks == []  # no check, and the ops still run
+            torch_ops.configure(check_calls=True)
+            torch_ops.all_gather_matmul(A_shard, [B], 0, g)
+            assert len(checks) == 1
+
+            # A caller that vouches for its calls (run_check=False: DTensor's styles, the compile
+            # pass) skips the check, forward and backward, the job's setting on.
+            A, W = A_shard.clone().requires_grad_(), B.clone().requires_grad_()
+            _, [y] = torch_ops.all_gather_matmul(A, [W], 0, g, run_check=False)
+            z = torch_ops.matmul_reduce_scatter(y, W.t(), "sum", 0, g, run_check=False)
+            r = torch_ops.matmul_all_reduce(z, W, "sum", g, run_check=False)
+            r.sum().backward()
+            torch.ops.ficco.all_gather_matmul(A_shard, [B], 0, g, False)
+            torch.ops.ficco.matmul_reduce_scatter(got, B.t().contiguous(), "sum", 0, g, False)
+            torch.ops.ficco.matmul_all_reduce(got, B.t().contiguous(), "sum", g, False)
+            assert len(checks) == 1, checks
+            assert A.grad is not None and W.grad is not None
+
+            # Checked calls check their backward too (a rank whose loss skips an op is caught there).
+            _, [y] = torch_ops.all_gather_matmul(A, [W], 0, g)
+            y.sum().backward()
+            assert len(checks) == 3, checks
+    finally:
+        torch_ops.reset()
+
+
+def test_a_job_may_turn_the_per_call_check_off(tmp_path):
+    spawn(check_unchecked_calls, 2, tmp_path)
 
 
 # -- the tensor-parallel MLP, hooked and unhooked --------------------------------------

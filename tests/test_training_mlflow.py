@@ -1,4 +1,5 @@
-"""A real training tracked in a real MLflow SQLite store: runs, registry, promotion rules."""
+"""A real training tracked in a real MLflow SQLite store: runs, registry, promotion rules;
+`ficco train` and `ficco pipeline` refuse a dataset they cannot use before any work."""
 
 import json
 from pathlib import Path
@@ -17,6 +18,7 @@ from ficco_select.train.config import TrainConfig
 from ficco_select.train.run import ALIAS, EXPERIMENT, REGISTERED_MODEL, _maybe_promote, train
 from ficco_select.train.selectors import AlwaysBaseline, Heuristic, Oracle, XGBRanker, XGBTimeRegressor
 from ficco_select.train.shipped import ShippedPolicy
+from helpers.datasets import catalog_slice as _catalog_slice, thinned as _thinned
 
 # Tier: end to end (training, MLflow, evaluation); deselect with -m "not slow"
 pytestmark = pytest.mark.slow
@@ -322,3 +324,30 @@ def test_a_train_config_is_checked_before_any_work_and_names_the_field():
     result = CliRunner().invoke(main, ["train", "--splits", "family,nope", "--dataset", "missing.parquet"])
     assert result.exit_code == 1 and "unknown split 'nope'" in result.output  # before the dataset is read
 
+
+def test_train_refuses_a_dataset_lacking_most_schedules(tmp_path, monkeypatch):
+    from helpers.cli import refused
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    out = tmp_path / "train"
+    refused(["train", "--dataset", _thinned(tmp_path), "--selectors", "debug", "--splits", "random",
+             "--out", out, "--no-progress"], "thin.parquet", "36 of 40 scenarios lack", written=out)
+    assert not (tmp_path / "mlflow.db").exists(), "a training run was started"
+
+
+def test_pipeline_validates_its_datasets_before_any_work(tmp_path, monkeypatch):
+    from ficco_select.data.dataset import write_parquet_atomic
+    from helpers.cli import refused
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    df = _catalog_slice(tmp_path, scenarios=8)
+    negative = df.copy()
+    negative.loc[5, "time_s"] = -negative.loc[5, "time_s"]
+    write_parquet_atomic(negative, tmp_path / "negative.parquet")
+    write_parquet_atomic(df.drop(columns=["near_best"]), tmp_path / "nocol.parquet")
+    out = tmp_path / "pipeline"
+    for name, needles in {"negative.parquet": ("row 5", "column 'time_s'"),
+                          "nocol.parquet": ("column 'near_best' is missing",)}.items():
+        refused(["pipeline", "--dataset", tmp_path / name, "--debug", "--no-export", "--no-progress", "--out", out],
+                name, *needles, written=out)
+    assert not (tmp_path / "mlflow.db").exists(), "a training run was started"
