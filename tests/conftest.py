@@ -4,6 +4,13 @@ import json
 import os
 import tempfile
 
+# Two test processes, and the ranks and commands they start, share the cores: OpenMP's
+# threads (XGBoost's, torch's) sleep while they wait instead of spinning, or a fit whose peer
+# thread lost its core waits out the other process's time slices (three of test_adapt's
+# tests: about 20 s alone, 603 s beside two busy processes, 69 s with passive waits).
+# Set before torch or XGBoost loads OpenMP; the processes the tests start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 # The suite never reads nor writes the user's exported selector: ``Selector.load()`` and
 # ``ficco export``'s default folder is one of its own (set before the runtime is imported).
 os.environ["FICCO_SELECTOR"] = os.path.join(tempfile.mkdtemp(prefix="ficco-tests-"), "selector")
