@@ -81,7 +81,7 @@ def run_pipeline(*, backend: str | None = None, hardware: str | None = None, dat
 
 
 def default_workers() -> int:
-    """One process per CPU core this process may use, at most 4: the pipeline's folds are ~60,
+    """One process per CPU core this process may use, at most 4: the pipeline's folds are ~20,
     and each process holds its own copy of the training frame."""
     return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
