@@ -38,21 +38,22 @@ def main() -> None:
 
     import pandas as pd
 
-    from ficco_select.hardware import preset_names
+    from ficco_select.hardware import machines, preset_names
     from ficco_select.train.adapt_curve import curve_from_runs, learning_curve
     from ficco_select.train.report import curve_table, plot_curve
     from ficco_select.train.selectors import with_features
-    from ficco_select.train.training_data import default_training_data
+    from ficco_select.train.training_data import default_training_data, training_machines
 
     presets = ([] if args.presets == "none" else [p for p in args.presets.split(",") if p]
                or [p for p in preset_names() if p != "cpu"])
     t0 = time.perf_counter()
     curves = [curve_from_runs(args.runs)] if args.runs else []
     if presets:
-        df = with_features(default_training_data())
-        curves.insert(0, learning_curve(df, presets, spread=args.spread, seed=args.seed,
-                                        progress=lambda msg: print(f"[{time.perf_counter() - t0:5.0f} s] {msg}",
-                                                                   flush=True)))
+        with machines(training_machines()):  # the machines the training data names
+            df = with_features(default_training_data())
+            curves.insert(0, learning_curve(df, presets, spread=args.spread, seed=args.seed,
+                                            progress=lambda msg: print(f"[{time.perf_counter() - t0:5.0f} s] {msg}",
+                                                                       flush=True)))
     if not curves:
         raise SystemExit("nothing to draw: --presets none and no --runs")
     curve = pd.concat(curves, ignore_index=True)

@@ -80,15 +80,20 @@ def _compute_only(layer) -> None:
 
 
 def rank_main(rank: int, P: int, config: dict) -> dict | None:
-    """One rank of `config`'s phase (its gloo group made by the launcher); rank 0's figures."""
+    """One rank of `config`'s phase (its gloo group made by the launcher); rank 0's figures.
+    On a shaped fabric the rank knows the fabric's machine as its profile describes it (main)."""
+    from ficco_select.hardware import machines, spec_from_dict
+
+    known = [spec_from_dict(config["spec"], "the fabric's profile")] if config["spec"] else []
+    with machines(known, "the fabric's profile"):
+        return _rank_phase(rank, P, config)
+
+
+def _rank_phase(rank: int, P: int, config: dict) -> dict | None:
     from ficco_select.runtime import dispatch, torch_ops
     from ficco_select.runtime.selector import Selector
     from ficco_select.runtime.tp import TP_LAYERS, install, parallelize
 
-    if config["spec"]:  # a shaped fabric's machine, as its profile describes it (main)
-        from ficco_select.hardware import register_hardware, spec_from_dict
-
-        register_hardware(spec_from_dict(config["spec"], "the fabric's profile"), "the fabric's profile")
     hardware = config["spec"]["name"] if config["spec"] else "cpu"
     torch.manual_seed(0)
     hidden = config["hidden"]

@@ -368,15 +368,20 @@ def compiling(way: str, group, notes: dict):
 
 # -- one rank ----------------------------------------------------------------------------------
 def rank_main(rank: int, P: int, config: dict) -> dict | None:
-    """One rank of `config`'s phase (its gloo group made by the launcher); rank 0's figures."""
+    """One rank of `config`'s phase (its gloo group made by the launcher); rank 0's figures.
+    On a shaped fabric the rank knows the fabric's machine as its profile describes it (main)."""
+    from ficco_select.hardware import machines, spec_from_dict
+
+    known = [spec_from_dict(config["spec"], "the fabric's profile")] if config["spec"] else []
+    with machines(known, "the fabric's profile"):
+        return _rank_phase(rank, P, config)
+
+
+def _rank_phase(rank: int, P: int, config: dict) -> dict | None:
     from ficco_select.runtime import dispatch, torch_ops
     from ficco_select.runtime.selector import Selector
     from ficco_select.runtime.tp import TP_LAYERS, install, parallelize
 
-    if config["spec"]:  # a shaped fabric's machine, as its profile describes it (main)
-        from ficco_select.hardware import register_hardware, spec_from_dict
-
-        register_hardware(spec_from_dict(config["spec"], "the fabric's profile"), "the fabric's profile")
     hardware = config["spec"]["name"] if config["spec"] else "cpu"
     group = dist.group.WORLD
     torch.manual_seed(0)
@@ -579,6 +584,23 @@ def main() -> None:
                      "divisible by P, and seq divisible by P")
         configs.append((P, {"seq": seq, "hidden": hidden, "heads": heads, "batch": args.batch, "model": args.model,
                             "spec": spec}))
+    from ficco_select.hardware import machines, spec_from_dict
+
+    # The fabric's machine, as its profile describes it: what the telemetry's rows name.
+    with machines([spec_from_dict(spec, "the fabric's profile")] if spec else [], "the fabric's profile"):
+        rows, summary = _explore_and_time(args, configs)
+    if summary and not args.json:
+        print(f"retrained: {summary['chosen']} version {summary['version']} on the exploration's telemetry")
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    if args.plot:
+        _plot(rows, args.plot)
+
+
+def _explore_and_time(args, configs: list) -> tuple[list[dict], dict | None]:
+    """Explore each config's layers, retrain on the telemetry if asked, and time every way
+    (each row printed as it comes unless --json). Returns the rows and the retraining's
+    summary (None without)."""
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or tmp
         os.makedirs(workdir, exist_ok=True)
@@ -601,12 +623,7 @@ def main() -> None:
                 rows[-1]["retrained_picks"] = _decisions(retrained, shapes)
             if not args.json:
                 _print_row(rows[-1])
-    if summary and not args.json:
-        print(f"retrained: {summary['chosen']} version {summary['version']} on the exploration's telemetry")
-    if args.json:
-        print(json.dumps(rows, indent=1))
-    if args.plot:
-        _plot(rows, args.plot)
+    return rows, summary
 
 
 def _fabric_spec(rate: str) -> dict:
@@ -616,13 +633,10 @@ def _fabric_spec(rate: str) -> dict:
     from ficco_select.data.measure.fabric_profile import fabric_spec, profile_fabric
     from ficco_select.hardware import spec_as_dict
 
-    from ficco_select.hardware import register_hardware
-
     fabric = parse_fabric(rate)
     if inside() != fabric:
         exec_inside(fabric, [sys.executable, *sys.argv])
-    spec = register_hardware(fabric_spec(fabric, profile_fabric(fabric)), "the fabric's profile")
-    return spec_as_dict(spec)
+    return spec_as_dict(fabric_spec(fabric, profile_fabric(fabric)))
 
 
 def _decisions(folder: str, shapes: dict) -> dict:

@@ -20,10 +20,11 @@ import json
 import pstats
 import time
 
+from ficco_select.hardware import machines
 from ficco_select.train.evaluate import _fold, folds
 from ficco_select.train.selector_sets import fast_selectors
 from ficco_select.train.selectors import with_features
-from ficco_select.train.training_data import SAMPLED_PER_PRESET, default_training_data
+from ficco_select.train.training_data import SAMPLED_PER_PRESET, default_training_data, training_machines
 
 PARTS = {
     "shipped policy's fit": "shipped.py:*(fit)",
@@ -76,4 +77,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machines(training_machines()):  # the machines the training data names
+        main()

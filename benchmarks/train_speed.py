@@ -13,8 +13,9 @@ import argparse
 import json
 import time
 
+from ficco_select.hardware import machines
 from ficco_select.train.selectors import HGBClassifier, RandomForestTime, XGBRanker, XGBTimeRegressor
-from ficco_select.train.training_data import default_training_data
+from ficco_select.train.training_data import default_training_data, training_machines
 
 
 def main() -> None:
@@ -31,4 +32,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machines(training_machines()):  # the machines the training data names
+        main()

@@ -265,7 +265,7 @@ def catalog(
     scale: str = "cpu",
     world_sizes: tuple[int, ...] | None = None,
     dtype: str | None = None,
-    hardware: str | None = None,
+    hardware: str | HardwareSpec | None = None,
     models: list[str] | None = None,
     sample: float | None = None,
 ) -> list[dict[str, Any]]:
@@ -281,7 +281,8 @@ def catalog(
         raise ValueError(f"unknown scale {scale!r}; expected one of {', '.join(DEFAULT_WORLD_SIZES)}")
     shrink = SHRINK.get(scale)
     world_sizes = tuple(world_sizes or DEFAULT_WORLD_SIZES[scale])
-    hardware = hardware or DEFAULT_HARDWARE[scale]
+    spec = hardware if isinstance(hardware, HardwareSpec) else None
+    hardware = spec.name if spec is not None else hardware or DEFAULT_HARDWARE[scale]
     names = list(models) if models is not None else list(MODELS)
     unknown = [name for name in names if name not in MODELS]
     if unknown:
@@ -290,7 +291,7 @@ def catalog(
         raise ValueError(f"--sample {sample}: a share of the rows, in (0, 1]")
     if shrink and dtype is not None and dtype not in BACKENDS["cpu"].dtypes:
         raise ValueError(f"the cpu backend does not run {dtype}; use one of {', '.join(BACKENDS['cpu'].dtypes)}")
-    shares = {dtype: 1.0} if dtype is not None else dtype_shares(load_hardware(hardware))
+    shares = {dtype: 1.0} if dtype is not None else dtype_shares(spec or load_hardware(hardware))
 
     records: list[dict[str, Any]] = []
     seen: set[str] = set()

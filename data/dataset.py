@@ -44,9 +44,11 @@ import pyarrow.parquet as pq
 from ficco_select import __version__
 from ficco_select.hardware import (
     HardwareError,
+    HardwareSpec,
     load_hardware,
+    machines,
+    refuse_shipped_name,
     shipped_names,
-    register_hardware,
     spec_as_dict,
     spec_from_dict,
 )
@@ -137,8 +139,9 @@ def write_parquet_atomic(df: pd.DataFrame, path: str | Path, *, timing: dict | N
 
 
 def user_specs(df: pd.DataFrame) -> dict[str, dict]:
-    """name -> every spec field, for `df`'s machines that are not presets, as this process
-    knows them: what a dataset file and a model carry so that the names resolve elsewhere."""
+    """name -> every spec field, for `df`'s machines that are not shipped ones, as the job
+    knows them (``machines``): what a dataset file and a model carry so that the names
+    resolve elsewhere. A name the job does not know is left out (``validate`` names it)."""
     if "hardware" not in df.columns:
         return {}
     presets = shipped_names()
@@ -166,11 +169,21 @@ def attach_repeat(df: pd.DataFrame, repeat: pd.DataFrame) -> pd.DataFrame:
                      near_best_repeat=by_row["near_best"].reindex(key).eq(True).to_numpy())
 
 
-def read_dataset(path: str | Path, *, register: bool = True) -> pd.DataFrame:
-    """Read a dataset, refusing files of another schema version; registers the machines it
-    carries specs for (``ficco_select.hardware``), unless `register` is False (a second
-    sweep read for its times only: its own profile of a machine must not replace the
-    first sweep's, whose labels the spec describes)."""
+def read_dataset(path: str | Path) -> pd.DataFrame:
+    """Read a dataset, refusing files of another schema version or with unusable machine
+    specs. Its rows name machines; the job that works on them knows the file's own with
+    ``machines(dataset_machines(path))``: reading changes what no name means."""
+    dataset_machines(path)  # a file whose specs are unusable is refused on reading
+    try:
+        return pd.read_parquet(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DatasetError(f"{path}: unreadable Parquet file ({e})") from None
+
+
+def dataset_machines(path: str | Path) -> list[tuple[HardwareSpec, str]]:
+    """The specs a dataset carries for its machines that are not shipped ones (its Parquet
+    metadata, ``user_specs``), each with where it came from: what ``machines`` takes.
+    DatasetError if the file is not a dataset of this schema version, or a spec is unusable."""
     path = Path(path)
     if not path.exists():
         raise DatasetError(f"{path}: no such dataset file")
@@ -195,23 +208,21 @@ def read_dataset(path: str | Path, *, register: bool = True) -> pd.DataFrame:
         specs = json.loads(meta.get(HARDWARE_KEY, b"{}"))
         if not isinstance(specs, dict):
             raise HardwareError("not a mapping of machine names to specs")
-        for name, fields in specs.items():
-            spec = spec_from_dict(fields, f"hardware spec {name!r}")  # checked either way
-            if register:
-                register_hardware(spec, f"{path}: hardware spec {name!r}")
+        known = [(spec_from_dict(fields, f"hardware spec {name!r}"), f"{path}: hardware spec {name!r}")
+                 for name, fields in specs.items()]
+        for spec, where in known:
+            refuse_shipped_name(spec, where)
+        return known
     except (ValueError, HardwareError) as e:
         raise DatasetError(f"{path}: its hardware specs (metadata {HARDWARE_KEY.decode()}) are unusable: {e}") from None
-    try:
-        return pd.read_parquet(path)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise DatasetError(f"{path}: unreadable Parquet file ({e})") from None
 
 
 def read_valid_dataset(path: str | Path) -> pd.DataFrame:
     """``read_dataset``, refusing a file in which ``validate`` finds a problem: the first one,
     naming the file, row and column."""
     df = read_dataset(path)
-    refuse_invalid(df, path)
+    with machines(dataset_machines(path)):
+        refuse_invalid(df, path)
     return df
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from ficco_select.hardware import HardwareError, HardwareSpec, is_spec_path, load_hardware
+from ficco_select.hardware import HardwareError, HardwareSpec, Known, is_spec_path, load_hardware
 from ficco_select.scenario import REQUIRED_COLUMNS, Scenario, ScenarioError
 from ficco_select.schedule import backend_problem, candidates, hardware_problem
 
@@ -100,6 +100,14 @@ def read_scenarios(path: str | Path, *, backend: str | None = None, hardware: st
         seen[s.scenario_id] = i
         scenarios.append(s)
     return scenarios
+
+
+def table_machines(path, hardware: str | None = None) -> Known:
+    """The spec files a scenario table's hardware column names (or `hardware`, which replaces
+    it), read, for ``machines``: a job that works on the table's rows names those machines.
+    Read the table with ``read_scenarios`` first: it names a bad row."""
+    values = {hardware} if hardware else {str(r["hardware"]).strip() for r in read_rows(path)}
+    return [(load_hardware(v), v) for v in sorted(values) if is_spec_path(v)]
 
 
 def read_rows(path) -> list[dict]:

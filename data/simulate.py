@@ -36,7 +36,7 @@ from ficco_select.data.labels import label_columns
 from ficco_select.data.measure.config import TimingPolicy
 from ficco_select.costs import GRANULARITY_CODES, OP_CODES, gemm_time, schedule_times, transfer_time
 from ficco_select.costs import contended as _contended
-from ficco_select.hardware import HardwareSpec, load_hardware
+from ficco_select.hardware import HardwareSpec, load_hardware, machines
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import TIE, candidates
 from ficco_select.signatures import SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES, signature
@@ -163,17 +163,19 @@ def simulate(scenarios: Sequence[Scenario], hw: HardwareSpec, *, noise: float = 
     return out[order].reset_index(drop=True)
 
 
-def simulate_table(path, *, hardware: str | None, noise: float, seed: int) -> tuple[pd.DataFrame, list[str]]:
+def simulate_table(path, *, hardware: str | None, noise: float, seed: int) -> tuple[pd.DataFrame, list[HardwareSpec]]:
     """``ficco simulate``: every legal schedule of the table `path` simulated on its machines
-    (or `hardware`), one simulation per machine. Returns (rows, the machine names).
+    (or `hardware`), one simulation per machine. Returns (rows, the machines' specs: what a
+    job that writes or reads the rows knows them by, ``machines``).
     Raises ScenarioError, HardwareError, ValueError."""
-    from ficco_select.data.scenarios import read_scenarios
+    from ficco_select.data.scenarios import read_scenarios, table_machines
 
     scenarios = read_scenarios(path, backend="sim", hardware=hardware)
-    names = sorted({s.hardware for s in scenarios})
-    frames = [simulate([s for s in scenarios if s.hardware == name], load_hardware(name), noise=noise, seed=seed)
-              for name in names]
-    return pd.concat(frames, ignore_index=True), names
+    with machines(table_machines(path, hardware)):
+        specs = [load_hardware(name) for name in sorted({s.hardware for s in scenarios})]
+    frames = [simulate([s for s in scenarios if s.hardware == spec.name], spec, noise=noise, seed=seed)
+              for spec in specs]
+    return pd.concat(frames, ignore_index=True), specs
 
 
 M_BANDS = ((0, 2048), (2049, 8192), (8193, 32768), (32769, 1 << 62))

@@ -4,21 +4,27 @@ A spec is a YAML file; presets ship in ``ficco_select/presets/``. Fields (units 
 names): see ``HardwareSpec``. A missing, unknown or impossible field is an error naming
 the field and the file. Plain Python + PyYAML: the runtime may read specs.
 
-Rows (scenario tables after reading, datasets, models) carry a machine's *name*. A spec
-read from a file is registered under its name for the rest of the process, datasets
-carry the specs of their non-preset machines in their Parquet metadata and models in
-``selector.json``, so every later stage finds the machine by name again.
+Rows (scenario tables after reading, datasets, models) carry a machine's *name*. The
+shipped machines (presets, data-sheet machines) are known everywhere; any other is known
+where a job says so: ``with machines(specs, where):`` names them for the work inside the
+block. Datasets carry the specs of their non-preset machines in their Parquet metadata
+(``ficco_select.data.dataset.dataset_machines``) and models in ``selector.json``, so the
+job that reads them can name them again. Reading a file never changes what a name means.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import logging
 import math
 import os
 from importlib import resources
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -272,67 +278,105 @@ def is_spec_path(value: str | Path) -> bool:
     return text.endswith(SPEC_SUFFIXES) or "/" in text or os.sep in text
 
 
-# Specs this process has read from spec files, datasets or profiles, by name, with where each
-# came from. Rows carry a machine's name, never a path (a path differs between machines and
-# would change the scenario id); this is where a name that is not a preset is found again.
-# Append-only: a name keeps the spec it was first read with, so reading another file never
-# changes what a name already means (one with other numbers is refused, naming both).
-_REGISTERED: dict[str, tuple[HardwareSpec, str]] = {}
+# The machines a job knows by name beyond the shipped ones (spec files, datasets' specs,
+# machines sampled around the presets, a fabric's profile), with where each came from.
+# Rows carry a machine's name, never a path (a path differs between machines and would
+# change the scenario id); this is where a name that is not a preset is found again. A
+# context variable, set only for a ``machines`` block: reading a file changes nothing, and
+# nothing a job names outlives it.
+_KNOWN: contextvars.ContextVar[Mapping[str, tuple[HardwareSpec, str]]] = contextvars.ContextVar(
+    "ficco_known_machines", default=MappingProxyType({}))
+
+Known = Iterable["HardwareSpec | tuple[HardwareSpec, str]"]
+"""Specs, each alone or with where it came from (``known_machines``' values)."""
 
 
-def register_hardware(spec: HardwareSpec, where: str = "", *, replace: bool = False) -> HardwareSpec:
-    """Make `spec` findable by its name in this process.
+class Scope:
+    """The machines a ``machines`` block knows; its owner may refine the spec of one of the
+    block's own names (``ficco adapt``, round by round) with ``refine``."""
+
+    def __init__(self, table: dict[str, tuple[HardwareSpec, str]], own: set[str]):
+        self._table, self._own = table, own
+
+    def refine(self, spec: HardwareSpec) -> None:
+        """From now on the block (not blocks already opened inside it) means `spec` by its name."""
+        if spec.name not in self._own:
+            raise HardwareError(f"machine {spec.name!r} is not one this block introduced; it cannot refine it")
+        self._table[spec.name] = (spec, self._table[spec.name][1])
+
+
+@contextlib.contextmanager
+def machines(specs: Known, where: str = "", *, replace: bool = False) -> Iterator[Scope]:
+    """Know `specs` by their names for the work inside the block (and the blocks it opens).
 
     A name means one machine: a preset's name is refused for a spec with other numbers, and
-    so is a name this process already knows with other numbers, naming where each came from.
-    `replace` is for the one owner of a machine that refines its spec as it learns
-    (``ficco adapt``, round by round).
+    so is a name the job already knows with other numbers, naming where each came from.
+    `replace`: inside the block `specs` win over what the job knew by their names (the
+    measurement of a machine by its own profile; a run that refines its belief of one).
     """
-    where = where or "a spec"
+    table = dict(_KNOWN.get())
+    own = set()
+    for item in specs:
+        spec, source = item if isinstance(item, tuple) else (item, where or "a spec")
+        if _known_as(spec, source, table, replace) is None:
+            table[spec.name] = (spec, source)
+            own.add(spec.name)
+    token = _KNOWN.set(MappingProxyType(table))
+    try:
+        yield Scope(table, own)
+    finally:
+        _KNOWN.reset(token)
+
+
+def _known_as(spec: HardwareSpec, where: str, table: Mapping[str, tuple[HardwareSpec, str]],
+              replace: bool) -> HardwareSpec | None:
+    """The machine `spec`'s name already means (a preset, or one in `table`, equal to
+    `spec`); None if the name is free (or `replace`); HardwareError if it means another."""
     if _preset_path(spec.name) is not None:
         if _preset(spec.name) != spec:
             raise HardwareError(f"{where}: name {spec.name!r} is a preset's, with other numbers; "
                                 "give this machine its own name (field 'name')")
         return spec
-    known = _REGISTERED.get(spec.name)
-    if known is not None and known[0] != spec and not replace:
+    known = table.get(spec.name)
+    if known is None or replace:
+        return None
+    if known[0] != spec:
         differ = [f.name for f in dataclasses.fields(spec) if getattr(spec, f.name) != getattr(known[0], f.name)]
-        raise HardwareError(f"{where}: machine {spec.name!r} is already known in this process from {known[1]}, "
+        raise HardwareError(f"{where}: machine {spec.name!r} is already known in this job from {known[1]}, "
                             f"with other numbers ({', '.join(differ[:4])}{', ...' if len(differ) > 4 else ''}); "
                             "a name means one machine: give this one its own name (field 'name')")
-    if known is None or replace:
-        _REGISTERED[spec.name] = (spec, where)
-    return spec
+    return known[0]
+
+
+def refuse_shipped_name(spec: HardwareSpec, where: str) -> None:
+    """HardwareError if `spec` takes a shipped machine's name with other numbers."""
+    _known_as(spec, where, {}, replace=False)
 
 
 def known_machines() -> dict[str, tuple[HardwareSpec, str]]:
-    """The machines this process has read or registered, by name, with where each came from:
-    what a worker process is handed to know them as this one does (``learn_machines``)."""
-    return dict(_REGISTERED)
-
-
-def learn_machines(machines: dict[str, tuple[HardwareSpec, str]]) -> None:
-    """In a worker process, know `machines` (``known_machines`` of the process it serves) as
-    that process does: a worker serves one caller at a time and mirrors its names."""
-    for spec, where in machines.values():
-        register_hardware(spec, where, replace=True)
+    """The machines the current job knows beyond the shipped ones, by name, with where each
+    came from: what a worker process is handed to know them as this one does
+    (``with machines(known.values()):``)."""
+    return dict(_KNOWN.get())
 
 
 def load_hardware(name_or_path: str | Path) -> HardwareSpec:
-    """A machine by name (a preset, or a spec read earlier in this process), or a spec file by path.
-
-    A spec file is registered under its ``name``, so rows that carry that name resolve later.
-    """
+    """A machine by name (a shipped one, or one the job knows: ``machines``), or a spec file
+    by path (read, never remembered: a job that names the machine later says so with
+    ``machines``)."""
     if not is_spec_path(name_or_path):
         name = str(name_or_path)
-        if name in _REGISTERED:
-            return _REGISTERED[name][0]
+        known = _KNOWN.get().get(name)
+        if known is not None:
+            return known[0]
         if _preset_path(name) is None:
             raise HardwareError(f"unknown hardware {name!r}; presets: {', '.join(preset_names())}; data-sheet "
                                 f"machines: {', '.join(datasheet_names())} (or pass a spec file: ./my-node.yaml)")
         return _preset(name)
     path = Path(name_or_path)
-    return register_hardware(_read_spec(path), str(path))
+    spec = _read_spec(path)
+    _known_as(spec, str(path), _KNOWN.get(), replace=False)  # a preset's or a known machine's name: refused
+    return spec
 
 
 @functools.cache  # the package's files: read once per process, not once per table row

@@ -18,7 +18,6 @@ os.environ["FICCO_SELECTOR"] = os.path.join(tempfile.mkdtemp(prefix="ficco-tests
 import numpy as np  # noqa: E402
 import pytest
 
-from ficco_select import hardware
 from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime.loading import RULES_VERSION
@@ -28,20 +27,6 @@ from ficco_select.schedule import candidates
 
 # Ranks talk over loopback; set before any process group starts.
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-
-
-# Each test (and each module's shared fixtures) is a job of its own: the machines it reads or
-# samples are known by name inside it only, as in a process of its own (a name means one
-# machine per process: ``hardware.register_hardware``).
-def _machines_as_they_were():
-    known = dict(hardware._REGISTERED)
-    yield
-    hardware._REGISTERED.clear()
-    hardware._REGISTERED.update(known)
-
-
-_module_machines = pytest.fixture(scope="module", autouse=True)(_machines_as_they_were)
-_test_machines = pytest.fixture(autouse=True)(_machines_as_they_were)
 
 
 # An exported selector of a real XGBoost model, trained on the features of catalog scenarios

@@ -157,14 +157,14 @@ def test_a_fabric_machine_explores_and_pins_only_the_cpu_backends_schedules():
     import dataclasses
 
     from ficco_select import Scenario
-    from ficco_select.hardware import load_hardware, register_hardware
+    from ficco_select.hardware import load_hardware, machines
     from ficco_select.runtime import dispatch
     from ficco_select.schedule import candidates
 
-    register_hardware(dataclasses.replace(load_hardware("cpu"), name="cpu-3gbit", link_bw_gbps=0.37), "a test")
     s = Scenario(group="t", op="ag_gemm", m=64, n=64, k=64, dtype="float32", world_size=2, hardware="cpu-3gbit")
-    assert dispatch._backend(s) == "cpu"  # by its spec (no copy engines), not by its name
-    assert all(c.engine == "sm" for c in candidates(s, dispatch._backend(s)))
+    with machines([dataclasses.replace(load_hardware("cpu"), name="cpu-3gbit", link_bw_gbps=0.37)], "a test"):
+        assert dispatch._backend(s) == "cpu"  # by its spec (no copy engines), not by its name
+        assert all(c.engine == "sm" for c in candidates(s, dispatch._backend(s)))
     assert dispatch._backend(dataclasses.replace(s, hardware="h100-nvswitch")) == "cuda"
 
 

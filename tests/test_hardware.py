@@ -81,25 +81,62 @@ def _dataset_naming(path, spec: dict):
     return path
 
 
-def test_reading_a_second_file_never_changes_what_a_machine_name_means(tmp_path):
+def test_reading_a_file_changes_what_no_name_means_and_a_job_says_which_machines_it_knows(tmp_path):
     from helpers.exports import spec_dict
 
-    from ficco_select.data.dataset import DatasetError, read_dataset
+    from ficco_select.data.dataset import dataset_machines, read_dataset
+    from ficco_select.hardware import known_machines, machines
 
     first = _dataset_naming(tmp_path / "a.parquet", spec_dict("node-a", link_bw_gbps=100.0))
     other = _dataset_naming(tmp_path / "b.parquet", spec_dict("node-a", link_bw_gbps=400.0))
-    read_dataset(first)
-    assert load_hardware("node-a").link_bw_gbps == 100.0
-    with pytest.raises(DatasetError, match=r"b\.parquet.*'node-a' is already known in this process from .*a\.parquet.*link_bw_gbps"):
-        read_dataset(other)
-    assert load_hardware("node-a").link_bw_gbps == 100.0  # the name still means the first file's machine
-    read_dataset(first)  # the same machine again: nothing to refuse
-    assert read_dataset(other, register=False)["hardware"].tolist() == ["node-a"]  # read for its times only
+    assert read_dataset(first)["hardware"].tolist() == ["node-a"]
+    assert known_machines() == {}
+    with pytest.raises(HardwareError, match="unknown hardware 'node-a'"):
+        load_hardware("node-a")  # reading made no name known
+    with machines(dataset_machines(first)):
+        assert load_hardware("node-a").link_bw_gbps == 100.0
+        with pytest.raises(HardwareError, match=r"b\.parquet.*'node-a' is already known in this job from .*a\.parquet"
+                                                r".*link_bw_gbps"):
+            with machines(dataset_machines(other)):
+                pass
+        with machines(dataset_machines(first)):  # the same machine again: nothing to refuse
+            assert load_hardware("node-a").link_bw_gbps == 100.0
+        assert read_dataset(other)["hardware"].tolist() == ["node-a"]  # read for its times: nothing changes
+        assert load_hardware("node-a").link_bw_gbps == 100.0
+    with machines(dataset_machines(other)):  # another job: another machine under that name
+        assert load_hardware("node-a").link_bw_gbps == 400.0
+    assert known_machines() == {}
+
+
+def test_each_thread_knows_the_machines_of_its_own_job(tmp_path):
+    import threading
+
+    from helpers.exports import spec_dict
+
+    from ficco_select.hardware import machines, spec_from_dict
+
+    seen, both_inside = {}, threading.Barrier(2)
+
+    def job(link: float) -> None:
+        with machines([spec_from_dict(spec_dict("node-a", link_bw_gbps=link), "a test")]):
+            both_inside.wait(timeout=10)  # the two jobs' blocks are open at once
+            seen[link] = load_hardware("node-a").link_bw_gbps
+
+    threads = [threading.Thread(target=job, args=(link,)) for link in (100.0, 400.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {100.0: 100.0, 400.0: 400.0}
 
 
 def test_a_spec_file_may_not_rename_a_preset_nor_redefine_a_known_machine(tmp_path):
-    assert load_hardware(write_spec(tmp_path, name="mine", link_bw_gbps=10.0)).link_bw_gbps == 10.0
-    with pytest.raises(HardwareError, match="'mine' is already known in this process from .*mine.yaml"):
-        load_hardware(write_spec(tmp_path, name="mine", link_bw_gbps=20.0))
+    from ficco_select.hardware import machines
+
+    mine = load_hardware(write_spec(tmp_path, name="mine", link_bw_gbps=10.0))
+    assert mine.link_bw_gbps == 10.0
+    with machines([mine], "mine.yaml"):
+        with pytest.raises(HardwareError, match="'mine' is already known in this job from mine.yaml"):
+            load_hardware(write_spec(tmp_path, name="mine", link_bw_gbps=20.0))
     with pytest.raises(HardwareError, match="name 'mi300x-8' is a preset's, with other numbers"):
         load_hardware(write_spec(tmp_path, link_bw_gbps=20.0))

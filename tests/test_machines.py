@@ -9,8 +9,7 @@ from ficco_select.data.catalog import catalog
 from ficco_select.data.machines import SAMPLED_MARK, _DRAWN, base_machine, is_sampled, sampled_machines
 from ficco_select.data.simulate import simulate
 from ficco_select import Scenario
-from ficco_select import hardware
-from ficco_select.hardware import load_hardware, register_hardware
+from ficco_select.hardware import known_machines, load_hardware, machines
 from ficco_select.train.evaluate import SPLITS, folds
 from ficco_select.train.metrics import usable_rows
 from ficco_select.train.selectors import XGBTimeRegressor
@@ -19,14 +18,14 @@ from ficco_select.train.shipped import fit_unseen_hardware
 PRESETS = ("h100-nvswitch", "mi300x-8")
 
 
-def test_sampled_machines_vary_every_drawn_field_within_the_spread_and_register_nothing():
+def test_sampled_machines_vary_every_drawn_field_within_the_spread_and_make_no_name_known():
     presets = [load_hardware(p) for p in PRESETS]
-    known = dict(hardware._REGISTERED)
-    machines = sampled_machines(presets, per_preset=3, spread=3.0, seed=11)
-    assert hardware._REGISTERED == known  # sampling changes no name's meaning; training_data registers what it simulates
-    assert [m.name for m in machines] == [f"{p}{SAMPLED_MARK}{i}" for p in PRESETS for i in range(3)]
-    assert sampled_machines(presets, per_preset=3, spread=3.0, seed=11) == machines  # deterministic
-    for m in machines:
+    before = known_machines()
+    drawn = sampled_machines(presets, per_preset=3, spread=3.0, seed=11)
+    assert known_machines() == before  # sampling makes no name known: the job that trains on them does
+    assert [m.name for m in drawn] == [f"{p}{SAMPLED_MARK}{i}" for p in PRESETS for i in range(3)]
+    assert sampled_machines(presets, per_preset=3, spread=3.0, seed=11) == drawn  # deterministic
+    for m in drawn:
         base = load_hardware(base_machine(m.name))
         assert is_sampled(m.name) and not is_sampled(base.name)
         assert (m.devices, m.tile_m, m.tile_n, m.topology) == (base.devices, base.tile_m, base.tile_n, base.topology)
@@ -39,24 +38,32 @@ def test_sampled_machines_vary_every_drawn_field_within_the_spread_and_register_
 
 def test_latin_hypercube_draws_reach_both_ends_of_each_range():
     # per preset and field, its machines fall in different thirds of [1/3, 3] (log scale)
-    machines = sampled_machines([load_hardware("h100-nvswitch")], per_preset=3, spread=3.0, seed=5)
+    drawn = sampled_machines([load_hardware("h100-nvswitch")], per_preset=3, spread=3.0, seed=5)
     base = load_hardware("h100-nvswitch")
     for field in ("mem_bw_gbps", "link_bw_gbps", "dma_latency_us"):
         thirds = sorted(int((np.log(getattr(m, field) / getattr(base, field)) / np.log(3) + 1) / 2 * 3)
-                        for m in machines)
+                        for m in drawn)
         assert thirds == [0, 1, 2], field
     assert len(_DRAWN) >= 12
 
 
+SAMPLED = sampled_machines([load_hardware(p) for p in PRESETS], per_preset=2, spread=3.0, seed=3)
+
+
 @pytest.fixture(scope="module")
 def with_samples():
-    presets = [load_hardware(p) for p in PRESETS]
     frames = []
-    for hw in [*presets, *sampled_machines(presets, per_preset=2, spread=3.0, seed=3)]:
-        register_hardware(hw, "the module's sampled machines")
-        recs = catalog("full", world_sizes=(2, 8), hardware=hw.name, models=["llama3-8b", "mixtral-8x7b"])
+    for hw in [*(load_hardware(p) for p in PRESETS), *SAMPLED]:
+        recs = catalog("full", world_sizes=(2, 8), hardware=hw, models=["llama3-8b", "mixtral-8x7b"])
         frames.append(simulate([Scenario.from_record(r) for r in recs], hw, noise=0.03, seed=1))
     return pd.concat(frames, ignore_index=True)
+
+
+@pytest.fixture(autouse=True)
+def sampled_known():
+    """Each test is a job that knows the module's sampled machines by name."""
+    with machines(SAMPLED, "the module's sampled machines"):
+        yield
 
 
 @pytest.mark.parametrize("split", SPLITS)
@@ -89,9 +96,16 @@ def test_a_sampled_machine_name_means_one_machine_however_many_a_run_keeps():
     # The debug slice keeps one machine per preset, the full data three: in one process (a
     # bring-up rehearsal adapts on the full data, then registers on the debug slice) the
     # names they share must mean the same machines.
-    from ficco_select.train.training_data import sampled
+    import contextvars
 
-    hardware._REGISTERED.clear()  # a job of its own: not the module's draw (restored after)
+    from ficco_select.train.training_data import sampled, training_machines
+
     few = {df["hardware"].iloc[0] for df in sampled(per_preset=1, share=0.05)}
-    sampled(per_preset=3, share=0.05)  # refused if a name now meant another machine
     assert few and all(name.endswith(f"{SAMPLED_MARK}0") for name in few)
+
+    def one_job() -> None:  # not this module's draw: a job of its own
+        with machines(training_machines(sampled_per_preset=1)):
+            with machines(training_machines(sampled_per_preset=3)):  # refused if a name now meant another machine
+                pass
+
+    contextvars.Context().run(one_job)

@@ -69,18 +69,19 @@ def test_the_tables_judge_the_fold_on_the_second_sweep_beside_the_best_fixed_rul
 
 
 def test_the_fabric_sweeps_are_default_training_data_on_their_first_sweeps_spec():
-    from ficco_select.hardware import load_hardware
     import json
 
-    from ficco_select.train.training_data import FABRICS, MEASURED_SWEEPS, measured_path, measured_rows
+    from ficco_select.hardware import load_hardware, machines
+    from ficco_select.train.training_data import FABRICS, MEASURED_SWEEPS, measured_machines, measured_path, measured_rows
 
     rows = measured_rows()
-    machines = set(rows["hardware"])
+    names = set(rows["hardware"])
     assert len(FABRICS) >= 2
     for rate in FABRICS:
-        assert f"cpu-{rate}" in machines
+        assert f"cpu-{rate}" in names
         ours = rows[rows["hardware"] == f"cpu-{rate}"]
         assert ours["time_repeat_s"].notna().mean() > 0.95  # judged on the second sweep
         first = json.loads(measured_path(f"fabric_{rate}.parquet.fabric.json").read_text())
-        assert load_hardware(f"cpu-{rate}").link_bw_gbps == pytest.approx(first["spec"]["link_bw_gbps"])
+        with machines(measured_machines()):
+            assert load_hardware(f"cpu-{rate}").link_bw_gbps == pytest.approx(first["spec"]["link_bw_gbps"])
     assert all(measured_path(a).is_file() and measured_path(b).is_file() for a, b in MEASURED_SWEEPS)

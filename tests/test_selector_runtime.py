@@ -440,7 +440,10 @@ def test_a_spec_file_is_decided_under_the_machine_s_name(tmp_path):
                                                                                   "hardware": [*PRESETS, name]}))
     d = trained.select({**RECORD, "hardware": str(path)})
     assert d.source == "model", d.reason  # today: "hardware /.../box.yaml not seen in training"
-    assert d == trained.select({**RECORD, "hardware": name})  # the file registered the name
+    from ficco_select.hardware import load_hardware, machines
+
+    with machines([load_hardware(path)], str(path)):  # a job that knows the machine by its name
+        assert d == trained.select({**RECORD, "hardware": name})
     other = Selector.load(write_selector(tmp_path / "other"))
     d = other.select(Scenario.from_record({**RECORD, "hardware": str(path)}))
     assert d.source == "heuristic" and d.reason == f"hardware {name} not seen in training"

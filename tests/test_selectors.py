@@ -158,16 +158,17 @@ def test_evaluate_reports_every_selector_per_split(small):
 def test_folds_fitted_in_worker_processes_score_as_folds_fitted_here(small):
     # A machine this process alone knows (read from a file, sampled around a preset): its
     # workers must know it by the same name and numbers.
-    from ficco_select.hardware import register_hardware
+    from ficco_select.hardware import machines
     from ficco_select.train.selector_sets import debug_selectors
 
-    local = register_hardware(dataclasses.replace(load_hardware("mi300x-8"), name="mi300x-8-local",
-                                                  link_bw_gbps=200.0), "a test")
+    local = dataclasses.replace(load_hardware("mi300x-8"), name="mi300x-8-local", link_bw_gbps=200.0)
     recs = catalog("full", world_sizes=(2, 4), hardware="mi300x-8", models=MODELS)[::3]
     rows = simulate([Scenario.from_record({**r, "hardware": local.name}) for r in recs], local, noise=0.03, seed=3)
     df = pd.concat([small, rows], ignore_index=True)
-    here = evaluate(df, splits=("hardware", "family"), make_selectors=debug_selectors, progress=False)
-    there = evaluate(df, splits=("hardware", "family"), make_selectors=debug_selectors, progress=False, workers=2)
+    with machines([local], "a test"):
+        here = evaluate(df, splits=("hardware", "family"), make_selectors=debug_selectors, progress=False)
+        there = evaluate(df, splits=("hardware", "family"), make_selectors=debug_selectors, progress=False,
+                         workers=2)
     assert len(here["splits"]["hardware"]["folds"]) == 3
     assert tables(there).keys() == tables(here).keys()
     for name, table in tables(here).items():

@@ -251,10 +251,10 @@ def test_the_readme_retrain_flow_with_a_spec_file(tmp_path):
     run("-c", """
 import pandas as pd
 from ficco_select.data.catalog import catalog
-from ficco_select.data.dataset import read_dataset
+from ficco_select.data.dataset import dataset_machines, read_dataset
 from ficco_select.data.simulate import simulate
 from ficco_select import Scenario
-from ficco_select.hardware import load_hardware
+from ficco_select.hardware import load_hardware, machines
 from ficco_select.train.export import export
 from ficco_select.train.config import TrainConfig
 from ficco_select.train.run import train
@@ -265,7 +265,8 @@ preset = simulate([Scenario.from_record(r) for r in recs], load_hardware("mi300x
 df = pd.concat([read_dataset("mine.parquet"), preset], ignore_index=True)
 fast = lambda: [XGBTimeRegressor(n_estimators=40), XGBRanker(n_estimators=40), Heuristic(tune=False),
                 AlwaysBaseline(), Oracle()]
-summary = train(df, TrainConfig(splits=("family", "hardware"), selectors=fast, out_dir="out", progress=False))
+with machines(dataset_machines("mine.parquet")):  # the machine its rows name
+    summary = train(df, TrainConfig(splits=("family", "hardware"), selectors=fast, out_dir="out", progress=False))
 export("sel", f"models:/ficco-selector/{summary['version']}")
 """)
     # the runtime, from the exported folder: the machine by name and by its file

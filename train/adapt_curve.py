@@ -22,7 +22,6 @@ from ficco_select.train.adapt import (
     fit_model,
     perturbed,
     predictions,
-    register_spec,
     sim_machine,
     summary_curve,
     usable_base,
@@ -46,9 +45,9 @@ def full_retrain(machine: Machine, base: pd.DataFrame, *, seed: int = 0) -> dict
         train_ids = {sid for sid, g in zip(ids, fold) if g != f}
         measured = everything[everything["scenario_id"].isin(train_ids)]
         machine.spec = dataclasses.replace(recalibrate(start, measured), name=machine.name)
-        register_spec(machine.spec)
-        model = fit_model(base, measured)
-        rest = candidate_rows(machine)
+        with machine.known():
+            model = fit_model(base, measured)
+            rest = candidate_rows(machine)
         rest = rest[~rest["scenario_id"].isin(train_ids)]
         picks.update(predictions(model, rest)["pick"].to_dict())
     machine.spec = start

@@ -23,7 +23,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from ficco_select.data.machines import base_machine, is_sampled
-from ficco_select.hardware import known_machines, learn_machines, load_hardware
+from ficco_select.hardware import known_machines, load_hardware, machines
 from ficco_select.train.metrics import (METRICS, Truths, ceiling_choices, comparison_table, require_every_candidate,
                                        true_times, usable_rows)
 from ficco_select.train.selector_sets import shipping_selectors
@@ -85,8 +85,8 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
         from joblib import Parallel, delayed
 
         # Each fold's process reads the frame once from a file (pickling it per fold costs
-        # more than the fit) and knows the machines this one does (specs read from files
-        # and datasets, machines sampled around the presets), as this process knows them.
+        # more than the fit) and knows the machines this job does (specs read from files
+        # and datasets, machines sampled around the presets), by the same names and numbers.
         with tempfile.TemporaryDirectory(prefix="ficco-evaluate-") as tmp:
             path = str(Path(tmp) / "frame.parquet")
             df.to_parquet(path)
@@ -147,13 +147,13 @@ _FRAME: list = [None, None]
 """A fold process's copy of the evaluated frame: (the file it was read from, the frame)."""
 
 
-def _fold_in_worker(machines: dict, path: str, train_at: np.ndarray, test_at: np.ndarray,
+def _fold_in_worker(known: dict, path: str, train_at: np.ndarray, test_at: np.ndarray,
                     make_selectors: Callable[[], list[BaseSelector]]) -> dict:
-    learn_machines(machines)
     if _FRAME[0] != path:
         _FRAME[:] = [path, pd.read_parquet(path)]
     df = _FRAME[1]
-    return _fold(df.iloc[train_at], df.iloc[test_at], make_selectors)
+    with machines(known.values()):  # known_machines() of the process it serves
+        return _fold(df.iloc[train_at], df.iloc[test_at], make_selectors)
 
 
 def _ran(decision, schedule: str) -> str:

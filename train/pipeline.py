@@ -20,9 +20,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from ficco_select.hardware import load_hardware, machines
 from ficco_select.train.config import TrainConfig
 from ficco_select.train.run import train
-from ficco_select.train.training_data import SAMPLED_PER_PRESET, default_training_data, read_training_dataset, simulated
+from ficco_select.train.training_data import (
+    SAMPLED_PER_PRESET,
+    default_training_data,
+    read_training_dataset,
+    simulated,
+    training_machines,
+)
 
 PIPELINE_SPLITS = ("family", "hardware", "topology")
 
@@ -68,14 +75,19 @@ def run_pipeline(*, backend: str | None = None, hardware: str | None = None, dat
                          progress=progress, workers=workers or default_workers())  # checked before any data
     started = time.perf_counter()
     extra = [read_training_dataset(p) for p in datasets]  # refused naming file, row and column, before any work
-    if backend:
-        extra.append(new_hardware_rows(backend, hardware, out_dir, progress))
-    df = default_training_data(extra=extra, sampled_per_preset=1 if debug else SAMPLED_PER_PRESET)
-    df = df.drop_duplicates(["scenario_id", "schedule"], keep="last")  # re-adding a preset replaces it
-    if debug:
-        df = debug_slice(df, DEBUG_SCENARIOS_PER_MACHINE)
-    data_s = round(time.perf_counter() - started, 2)
-    summary = train(df, config)
+    sampled_per_preset = 1 if debug else SAMPLED_PER_PRESET
+    # The job knows the machines its data names: the datasets' own, the default training
+    # data's, and the machine being added (a spec file's, by its name).
+    with (machines(training_machines(datasets, default=True, sampled_per_preset=sampled_per_preset)),
+          machines([load_hardware(hardware)] if backend == "sim" and hardware else [], str(hardware))):
+        if backend:
+            extra.append(new_hardware_rows(backend, hardware, out_dir, progress))
+        df = default_training_data(extra=extra, sampled_per_preset=sampled_per_preset)
+        df = df.drop_duplicates(["scenario_id", "schedule"], keep="last")  # re-adding a preset replaces it
+        if debug:
+            df = debug_slice(df, DEBUG_SCENARIOS_PER_MACHINE)
+        data_s = round(time.perf_counter() - started, 2)
+        summary = train(df, config)
     summary = {**summary, "seconds": {"data": data_s, **summary["seconds"]}}
     return export_if_promoted(summary, export_to) if export_to is not None and not debug else summary
 

@@ -329,13 +329,15 @@ def train_from_files(config: TrainConfig, datasets: Sequence[str], telemetry: Se
     telemetry files' rows; returns (train's summary, the telemetry rows or None).
     Raises DatasetError, ValueError (a telemetry file that adds nothing)."""
     from ficco_select.data.telemetry import read_telemetry
-    from ficco_select.train.training_data import load_training_data, telemetry_training_rows
+    from ficco_select.hardware import machines
+    from ficco_select.train.training_data import load_training_data, telemetry_training_rows, training_machines
 
     df = load_training_data(datasets)
-    extra = None
-    if telemetry:
-        extra = telemetry_training_rows(read_telemetry(telemetry), df)
-        if extra.empty:
-            raise ValueError(f"{', '.join(telemetry)}: no telemetry scenario has a verified baseline and another "
-                             "verified schedule outside the dataset; nothing to add to the training data")
-    return train(df, config, extra=extra), extra
+    with machines(training_machines(datasets)):
+        extra = None
+        if telemetry:
+            extra = telemetry_training_rows(read_telemetry(telemetry), df)
+            if extra.empty:
+                raise ValueError(f"{', '.join(telemetry)}: no telemetry scenario has a verified baseline and another "
+                                 "verified schedule outside the dataset; nothing to add to the training data")
+        return train(df, config, extra=extra), extra

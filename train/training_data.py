@@ -18,10 +18,10 @@ import numpy as np
 import pandas as pd
 
 from ficco_select.data.catalog import catalog
-from ficco_select.data.dataset import COLUMNS, DatasetError, attach_repeat, read_dataset, refuse_invalid
+from ficco_select.data.dataset import COLUMNS, DatasetError, attach_repeat, dataset_machines, read_dataset, refuse_invalid
 from ficco_select.data.machines import sampled_machines
 from ficco_select.data.simulate import simulate
-from ficco_select.hardware import load_hardware, preset_names, register_hardware
+from ficco_select.hardware import HardwareSpec, Known, load_hardware, machines, preset_names
 from ficco_select.scenario import Scenario
 from ficco_select.train.metrics import BASELINE_PREFIX, require_every_candidate, usable_rows
 
@@ -59,12 +59,12 @@ def measured_path(name: str = MEASURED) -> Path:
     return Path(str(resources.files("ficco_select.data") / "measured" / name))
 
 
-def simulated(hardware: str, *, world_sizes=(2, 4, 8), noise: float = SIM_NOISE, seed: int = 0,
+def simulated(hardware: str | HardwareSpec, *, world_sizes=(2, 4, 8), noise: float = SIM_NOISE, seed: int = 0,
               share: float = 1.0) -> pd.DataFrame:
-    """The full-scale catalog simulated on one preset or spec file (`share` < 1: that
-    share of its scenarios, drawn with `seed`)."""
-    spec = load_hardware(hardware)
-    records = catalog("full", world_sizes=world_sizes, hardware=spec.name)
+    """The full-scale catalog simulated on one machine (a preset's or a spec file's name, or
+    a spec) (`share` < 1: that share of its scenarios, drawn with `seed`)."""
+    spec = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
+    records = catalog("full", world_sizes=world_sizes, hardware=spec)
     if share < 1:
         keep = np.random.default_rng(seed).random(len(records)) < share
         records = [r for r, k in zip(records, keep) if k]
@@ -72,31 +72,38 @@ def simulated(hardware: str, *, world_sizes=(2, 4, 8), noise: float = SIM_NOISE,
     return simulate(scenarios, spec, noise=noise, seed=seed)
 
 
-def sampled(*, per_preset: int = SAMPLED_PER_PRESET, spread: float = SAMPLED_SPREAD, share: float = SAMPLED_SHARE,
-            noise: float = SIM_NOISE, seed: int = 0) -> list[pd.DataFrame]:
-    """Part of the catalog simulated on machines sampled around every GPU preset, each
-    registered by its name for this process (rows carry names; training resolves them).
+def sampled_specs(*, per_preset: int = SAMPLED_PER_PRESET, spread: float = SAMPLED_SPREAD,
+                  seed: int = 0) -> list[HardwareSpec]:
+    """The machines sampled around every GPU preset that the training data simulates.
 
     Fewer than ``SAMPLED_PER_PRESET`` machines (the debug slice) are the first of the default
     draw, so that ``<preset>~<i>`` is one machine however many a run keeps."""
     gpus = [load_hardware(name) for name in preset_names() if name != "cpu"]
     drawn = max(per_preset, SAMPLED_PER_PRESET)
-    machines = [hw for i, hw in enumerate(sampled_machines(gpus, per_preset=drawn, spread=spread, seed=seed))
-                if i % drawn < per_preset]
-    for hw in machines:
-        register_hardware(hw, f"machines sampled around the presets ({drawn} per preset, spread {spread:g}, "
-                              f"seed {seed})")
-    return [simulated(hw.name, noise=noise, seed=seed + 1 + i, share=share) for i, hw in enumerate(machines)]
+    return [hw for i, hw in enumerate(sampled_machines(gpus, per_preset=drawn, spread=spread, seed=seed))
+            if i % drawn < per_preset]
 
 
-def measured_sweep(name: str, repeat: str | None, *, register: bool = True) -> pd.DataFrame:
+def sampled(*, per_preset: int = SAMPLED_PER_PRESET, spread: float = SAMPLED_SPREAD, share: float = SAMPLED_SHARE,
+            noise: float = SIM_NOISE, seed: int = 0) -> list[pd.DataFrame]:
+    """Part of the catalog simulated on each machine of ``sampled_specs``; the job that
+    trains on the rows knows the machines by name with ``training_machines``."""
+    return [simulated(hw, noise=noise, seed=seed + 1 + i, share=share)
+            for i, hw in enumerate(sampled_specs(per_preset=per_preset, spread=spread, seed=seed))]
+
+
+def measured_sweep(name: str, repeat: str | None) -> pd.DataFrame:
     """The committed sweep `name` with its second sweep `repeat`'s times attached
-    (``attach_repeat``; None: none). The second sweep never registers its spec: a fabric's
-    profiled the fabric again (a spec a few percent off under the same name), and the first
-    sweep's spec is the machine's, as its labels are. `register` False: the first's neither
-    (a run that believes a spec of its own, ``ficco adapt``)."""
-    sweep = read_dataset(measured_path(name), register=register)
-    return sweep if repeat is None else attach_repeat(sweep, read_dataset(measured_path(repeat), register=False))
+    (``attach_repeat``; None: none). Its machine is the first sweep's spec
+    (``measured_machines``), whose labels it describes: the second sweep profiled the fabric
+    again (a spec a few percent off under the same name) and lends only its times."""
+    sweep = read_dataset(measured_path(name))
+    return sweep if repeat is None else attach_repeat(sweep, read_dataset(measured_path(repeat)))
+
+
+def measured_machines() -> list[tuple[HardwareSpec, str]]:
+    """The machines of the committed sweeps (``MEASURED_SWEEPS``), each first sweep's spec."""
+    return [known for name, _ in MEASURED_SWEEPS for known in dataset_machines(measured_path(name))]
 
 
 def measured_rows() -> pd.DataFrame:
@@ -107,13 +114,26 @@ def measured_rows() -> pd.DataFrame:
 def default_training_data(*, noise: float = SIM_NOISE, seed: int = 0, extra: list[pd.DataFrame] = (),
                           sampled_per_preset: int = SAMPLED_PER_PRESET) -> pd.DataFrame:
     """Measured cpu rows + simulated rows on every GPU preset and on machines sampled
-    around them (training only, ``ficco_select.data.machines``) (+ any extra datasets)."""
+    around them (training only, ``ficco_select.data.machines``) (+ any extra datasets).
+    Its machines: ``training_machines(sampled_per_preset=...)``."""
     frames = [measured_rows()]
     frames += [simulated(name, noise=noise, seed=seed) for name in preset_names() if name != "cpu"]
     if sampled_per_preset:
         frames += sampled(per_preset=sampled_per_preset, noise=noise, seed=seed)
     frames += list(extra)
     return pd.concat(frames, ignore_index=True)
+
+
+def training_machines(datasets: Sequence[str | Path] = (), *, default: bool | None = None,
+                      sampled_per_preset: int = SAMPLED_PER_PRESET, seed: int = 0) -> Known:
+    """The machines training data names beyond the shipped ones, for ``machines``: the given
+    datasets' own, and (`default`; by default when no dataset is given) those of
+    ``default_training_data`` (the committed sweeps' and the sampled machines)."""
+    known = [m for path in datasets for m in dataset_machines(path)]
+    if default if default is not None else not datasets:
+        where = f"machines sampled around the presets (spread {SAMPLED_SPREAD:g}, seed {seed})"
+        known += measured_machines() + [(hw, where) for hw in sampled_specs(per_preset=sampled_per_preset, seed=seed)]
+    return known
 
 
 def telemetry_training_rows(telemetry: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
@@ -157,7 +177,8 @@ def read_training_dataset(path: str | Path) -> pd.DataFrame:
         require_every_candidate(df)
     except ValueError as e:
         raise DatasetError(f"{path}: {e}") from None
-    refuse_invalid(df, path)
+    with machines(dataset_machines(path)):
+        refuse_invalid(df, path)
     return df
 
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from ficco_select.data.locks import write_json_atomic
 from ficco_select.data.measure.fabric import Fabric, FabricError, inside, shaping
 from ficco_select.executor import ranks
-from ficco_select.hardware import HardwareSpec, load_hardware, register_hardware, spec_as_dict, spec_from_dict
+from ficco_select.hardware import HardwareSpec, load_hardware, spec_as_dict, spec_from_dict
 from ficco_select.scenario import Scenario
 
 SIZES = (16 << 10, 256 << 10, 1 << 20, 4 << 20)
@@ -111,9 +111,10 @@ def profile_path(out: str | Path) -> Path:
     return out.with_name(out.name + ".fabric.json")
 
 
-def on_fabric(scenarios: Sequence[Scenario], fabric: Fabric, out: str | Path | None) -> list[Scenario]:
-    """`scenarios` (each on this host's ``cpu``) moved onto the fabric's machine, its spec
-    registered. A sweep with `out` profiles the fabric once and keeps the profile and spec in
+def on_fabric(scenarios: Sequence[Scenario], fabric: Fabric, out: str | Path | None
+              ) -> tuple[list[Scenario], HardwareSpec]:
+    """`scenarios` (each on this host's ``cpu``) moved onto the fabric's machine, and its spec
+    (what the job that measures them knows the machine by). A sweep with `out` profiles the fabric once and keeps the profile and spec in
     ``profile_path(out)`` before it measures anything: a resumed sweep, and every part of
     it, reads the same spec back instead of profiling again (a new profile would be a
     slightly different machine under the same name)."""
@@ -131,8 +132,7 @@ def on_fabric(scenarios: Sequence[Scenario], fabric: Fabric, out: str | Path | N
         if kept is not None:
             write_json_atomic(kept, {"fabric": fabric.rate, "made_by": " ".join(sys.argv), "profile": profile,
                                       "spec": spec_as_dict(spec)})
-    register_hardware(spec, str(kept or "fabric profile"))
-    return [dataclasses.replace(s, hardware=spec.name) for s in scenarios]
+    return [dataclasses.replace(s, hardware=spec.name) for s in scenarios], spec
 
 
 def _kept_spec(path: Path, fabric: Fabric) -> HardwareSpec:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import threading
 import time
@@ -298,8 +299,9 @@ class VirtualRanks:
                 self.barrier.abort()
 
         self.rendezvous.last_progress = time.monotonic()
-        threads = [threading.Thread(target=rank_main, args=(r,), daemon=True, name=f"loopback-rank{r}")
-                   for r in range(P)]
+        # Each virtual rank runs in a copy of the caller's context: the machines its job knows.
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(rank_main, r), daemon=True,
+                                    name=f"loopback-rank{r}") for r in range(P)]
         for t in threads:
             t.start()
         self._join(threads, label)

@@ -31,15 +31,15 @@ from ficco_select.data.dataset import DatasetError, provenance, read_dataset, re
 from ficco_select.data.locks import output_lock
 from ficco_select.data.measure.config import MeasureConfig, MeasureError
 from ficco_select.data.measure.fabric import Fabric, inside
-from ficco_select.data.measure.fabric_profile import on_fabric
+from ficco_select.data.measure.fabric_profile import on_fabric, profile_path
 from ficco_select.data.measure.gloo import init_from_env, measure_in_group, measure_spawned, under_torchrun
 from ficco_select.data.measure.harness import failed_rows
 from ficco_select.data.measure.loopback import LoopbackError
 from ficco_select.data.measure.loopback_scenario import loopback_rows
 from ficco_select.data.measure.node import NodeOptions
-from ficco_select.data.scenarios import read_scenarios
+from ficco_select.data.scenarios import read_scenarios, table_machines
 from ficco_select.executor.operators import rank_buffer_bytes
-from ficco_select.hardware import HardwareError, load_hardware
+from ficco_select.hardware import HardwareError, HardwareSpec, load_hardware, machines
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import candidates, hardware_problem
 
@@ -89,12 +89,15 @@ def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: Meas
     """
     writes = out is not None and not (under_torchrun() and int(os.environ.get("RANK", "0")) != 0)  # only rank 0 writes
     with output_lock(out, "ficco measure") if writes else contextlib.nullcontext():
+        known = []
         if fabric is not None:
-            scenarios = _on_fabric(scenarios, fabric, backend=backend, out=out, device=device)
-        plan = _plan(scenarios, backend=backend, config=config, out=out, device=device, ranks=ranks,
-                     fabric=fabric)
-        rows, failed = _run(plan, config, progress)
-        return _assemble(plan, rows, failed) if plan.is_rank0 else None
+            scenarios, spec = _on_fabric(scenarios, fabric, backend=backend, out=out, device=device)
+            known = [(spec, str(profile_path(out)) if out is not None else "the fabric's profile")]
+        with machines(known, replace=True):  # the fabric's rows are its profile's, whatever a caller believes
+            plan = _plan(scenarios, backend=backend, config=config, out=out, device=device, ranks=ranks,
+                         fabric=fabric)
+            rows, failed = _run(plan, config, progress)
+            return _assemble(plan, rows, failed) if plan.is_rank0 else None
 
 
 # -- what flows between the stages ---------------------------------------------------------
@@ -130,7 +133,7 @@ class SweepPlan:
 
 # -- the stages, in order ------------------------------------------------------------------
 def _on_fabric(scenarios: Sequence[Scenario], fabric: Fabric, *, backend: str, out: str | Path | None,
-               device: str | None) -> list[Scenario]:
+               device: str | None) -> tuple[list[Scenario], HardwareSpec]:
     if backend != "cpu" or device is not None or under_torchrun():
         raise ValueError(f"--fabric {fabric.rate}: a shaped fabric carries the cpu backend's spawned gloo ranks "
                          "(not the cuda backend, the loopback executor or a torchrun job)")
@@ -558,8 +561,9 @@ def measure_table(path, *, backend: str, ranks: str, config: MeasureConfig, out,
                              "use fewer shards")
     if ranks == "node" and backend != "cuda":
         raise ValueError("--ranks node: a process per GPU is the cuda backend's mode; add --backend cuda")
-    return measure(scenarios, backend=backend, config=config, out=out, progress=progress, ranks=ranks,
-                   fabric=fabric)
+    with machines(table_machines(path)):  # the table's spec files, as its rows name them
+        return measure(scenarios, backend=backend, config=config, out=out, progress=progress, ranks=ranks,
+                       fabric=fabric)
 
 
 def sweep_summary(df: pd.DataFrame, table: pd.DataFrame, out) -> dict:

@@ -162,13 +162,15 @@ def simulate(scenarios_path, hardware, out, noise, seed, as_json) -> None:
     """Predict every legal schedule's time on hardware we do not have (backend=sim)."""
     from ficco_select.data.dataset import write_parquet_atomic
     from ficco_select.data.simulate import simulate_table
-    from ficco_select.hardware import HardwareError
+    from ficco_select.hardware import HardwareError, machines
     from ficco_select.scenario import ScenarioError
 
     refuse_existing_out(out, {"--scenarios": [scenarios_path], "--hardware": [hardware]})
     with reported(ScenarioError, HardwareError, ValueError):
-        df, names = simulate_table(scenarios_path, hardware=hardware, noise=noise, seed=seed)
-    write_parquet_atomic(df, out)
+        df, specs = simulate_table(scenarios_path, hardware=hardware, noise=noise, seed=seed)
+    with machines(specs):  # the file carries the specs of machines that are not shipped
+        write_parquet_atomic(df, out)
+    names = [spec.name for spec in specs]
     summary = {"out": out, "scenarios": int(df["scenario_id"].nunique()), "rows": len(df), "hardware": names}
     show(as_json, summary, lambda: f"{summary['rows']} rows for {summary['scenarios']} scenarios on "
          f"{', '.join(names)} -> {out}")
@@ -184,11 +186,14 @@ def dataset() -> None:
 @json_option("Print the problems as JSON.")
 def validate(path, as_json) -> None:
     """Check a dataset's schema and invariants; exit 1 and name row and column if broken."""
-    from ficco_select.data.dataset import DatasetError, read_dataset
+    from ficco_select.data.dataset import DatasetError, dataset_machines, read_dataset
     from ficco_select.data.dataset import validate as check
+    from ficco_select.hardware import HardwareError, machines
 
-    with reported(DatasetError):
-        problems = check(read_dataset(path))
+    with reported(DatasetError, HardwareError):
+        df = read_dataset(path)
+        with machines(dataset_machines(path)):
+            problems = check(df)
     show(as_json, {"path": path, "valid": not problems, "problems": problems},
          lambda: problems or [f"{path}: valid"], exit_code=1 if problems else 0)
 
@@ -227,17 +232,19 @@ def merge_cmd(paths, out, as_json) -> None:
     an invalid input (as `ficco dataset validate` finds it), other backends, machines or
     timing settings (--reps, --min-rep-s, --warmup), and a scenario measured twice with
     different results."""
-    from ficco_select.data.dataset import DatasetError, merge, read_timing, write_parquet_atomic
+    from ficco_select.data.dataset import DatasetError, dataset_machines, merge, read_timing, write_parquet_atomic
     from ficco_select.data.locks import OutputLocked, output_lock
+    from ficco_select.hardware import HardwareError, machines
 
     resolved = {str(Path(p).resolve()) for p in paths}
     if Path(out).exists() and str(Path(out).resolve()) not in resolved:
         raise click.ClickException(f"--out {out}: exists and is not one of the inputs; nothing is overwritten: "
                                    "choose another --out, or list it among the inputs to add to it")
-    with reported(DatasetError, OutputLocked):
+    with reported(DatasetError, HardwareError, OutputLocked):
         with output_lock(out, "ficco dataset merge"):
             df = merge(list(paths))
-            write_parquet_atomic(df, out, timing=read_timing(paths[0]))  # every input's: merge refuses others
+            with machines([known for p in paths for known in dataset_machines(p)]):  # the inputs' machines
+                write_parquet_atomic(df, out, timing=read_timing(paths[0]))  # every input's: merge refuses others
     summary = {"out": out, "inputs": len(paths), "scenarios": int(df["scenario_id"].nunique()), "rows": len(df)}
     show(as_json, summary, lambda: f"{out}: {summary['scenarios']} scenarios, {summary['rows']} rows "
                                    f"from {len(paths)} datasets")

@@ -109,10 +109,13 @@ def sim_validate(dataset_path, published_path, overrides, model_dir, fallback, d
     if model_dir is not None or fallback is not None:
         raise click.UsageError("--model and --fallback go with --published (the selector's calls on published points)")
     from ficco_select.data.calibrate import measured_rows, validate_simulator
-    from ficco_select.data.dataset import DatasetError, read_dataset
+    from ficco_select.data.dataset import DatasetError, dataset_machines, read_dataset
+    from ficco_select.hardware import machines
 
     with reported(DatasetError, ValueError):
-        report = validate_simulator(measured_rows(read_dataset(dataset_path)), devices=devices, seed=seed)
+        df = read_dataset(dataset_path)
+        with machines(dataset_machines(dataset_path)):
+            report = validate_simulator(measured_rows(df), devices=devices, seed=seed)
     show(as_json, report, lambda: [
         *(f"{key}: {value}" for key, value in report.items() if key not in ("spec", "largest_errors")),
         "largest errors:", *(f"  {row}" for row in report["largest_errors"])])
@@ -313,13 +316,15 @@ def _preset_names() -> set[str]:
 def sim_calibrate(dataset_paths, name, devices, out) -> None:
     """Fit a hardware spec's primitive costs to a measured dataset."""
     from ficco_select.data.calibrate import calibrate, pool_sweeps, write_spec
-    from ficco_select.data.dataset import DatasetError, read_dataset
+    from ficco_select.data.dataset import DatasetError, dataset_machines, read_dataset
+    from ficco_select.hardware import machines
 
     refuse_existing_out(out, {"--dataset": dataset_paths})
     sources = " and ".join(dataset_paths)
     with reported(DatasetError, ValueError):
-        spec = calibrate(pool_sweeps([read_dataset(p) for p in dataset_paths]), name=name, devices=devices,
-                         description=f"calibrated from {sources}")
+        sweeps = [read_dataset(p) for p in dataset_paths]
+        with machines([known for p in dataset_paths for known in dataset_machines(p)]):
+            spec = calibrate(pool_sweeps(sweeps), name=name, devices=devices, description=f"calibrated from {sources}")
     datasets = " ".join(f"--dataset {p}" for p in dataset_paths)
     write_spec(spec, out, f"ficco sim calibrate {datasets} --name {name} --devices {devices} --out {out}")
     click.echo(f"{name} -> {out}")

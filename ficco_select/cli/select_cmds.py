@@ -46,15 +46,26 @@ def select_cmd(scenarios_path, truth_path, model_path, heuristic_only, as_json) 
     with reported(ScenarioError):
         records = read_rows(scenarios_path) if scenarios_path else _scenario_records(truth)
     selector = _selector(model_path, heuristic_only)
-    decisions = decide_rows(selector, records)
     if truth is None:
+        decisions = decide_rows(selector, records)
         show(as_json, decisions, lambda: _decision_lines(decisions, records, selector, model_path))
         return
+    from ficco_select.data.dataset import dataset_machines
+    from ficco_select.hardware import machines
+
+    with machines(dataset_machines(truth_path)):  # the truth's machines, as its rows name them
+        _score(truth, truth_path, records, selector, as_json)
+
+
+def _score(truth, truth_path, records: list[dict], selector, as_json: bool) -> None:
+    """``ficco select --truth``: the selector's decisions on the truth's scenarios, scored beside
+    the heuristic's and the ceiling, over all rows and per dtype."""
+    from ficco_select.runtime.batch import decide_rows
     from ficco_select.runtime.selector import Selector
     from ficco_select.train.evaluate import scores_by_dtype
     from ficco_select.train.metrics import format_table
 
-    chosen = {d["scenario_id"]: d["schedule"] for d in decisions if d["scenario_id"] is not None}
+    chosen = {d["scenario_id"]: d["schedule"] for d in decide_rows(selector, records) if d["scenario_id"] is not None}
     heuristic = {d["scenario_id"]: d["schedule"] for d in decide_rows(Selector(), records) if d["scenario_id"]}
     with reported(ValueError, message=lambda e: f"{truth_path}: {e}"):
         tables = scores_by_dtype(truth, {_selector_name(selector): chosen, "heuristic": heuristic})

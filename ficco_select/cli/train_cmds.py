@@ -43,11 +43,14 @@ def evaluate(datasets, splits, selectors, as_json, no_progress) -> None:
     from ficco_select.data.dataset import DatasetError
     from ficco_select.train.config import SELECTOR_SETS
     from ficco_select.train.evaluate import evaluate as run_evaluate
-    from ficco_select.train.training_data import load_training_data
+    from ficco_select.hardware import machines
+    from ficco_select.train.training_data import load_training_data, training_machines
 
     with reported(DatasetError, ValueError):
-        results = run_evaluate(load_training_data(datasets), splits=_names(splits),
-                               make_selectors=SELECTOR_SETS[selectors], progress=not no_progress)
+        df = load_training_data(datasets)
+        with machines(training_machines(datasets)):
+            results = run_evaluate(df, splits=_names(splits), make_selectors=SELECTOR_SETS[selectors],
+                                   progress=not no_progress)
     show(as_json, results, lambda: _evaluation_lines(results))
 
 

@@ -6,7 +6,7 @@
 
 A decision's way, each step in its own file:
 1. the machine the scenario names (a preset, a spec the export carries in ``hardware_specs``,
-   one registered in this process, or a spec file by path, decided under the spec's
+   one the job knows (``hardware.machines``), or a spec file by path, decided under the spec's
    ``name`` as training saw it); unknown, or more ranks than its ``devices``: the baseline
    (``fallback``, warned once);
 2. whether the model may decide (``runtime/abstention.py``): a machine, dtype or shape
@@ -335,7 +335,7 @@ class Selector:
 
     def _spec(self, value: str) -> HardwareSpec | None:
         """The machine a scenario's hardware names: the model's own specs first, then a
-        preset, a spec registered in this process or a spec file; None (warned once) if none."""
+        preset, a machine the job knows (``hardware.machines``) or a spec file; None (warned once) if none."""
         if value in self._hardware:
             return self._hardware[value]
         spec = self._scope.specs.get(value)

@@ -50,6 +50,7 @@ import pandas as pd
 
 from ficco_select.data.locks import output_lock
 from ficco_select.hardware import load_hardware
+from ficco_select.hardware import machines as knowing  # this package has a module named machines
 from ficco_select.train.adapt.machines import (
     ADAPT_NOISE,
     PERTURBED,
@@ -61,7 +62,6 @@ from ficco_select.train.adapt.machines import (
     cuda_machine,
     load_target,
     perturbed,
-    register_spec,
     sim_machine,
 )
 from ficco_select.train.adapt.rounds import (
@@ -88,7 +88,7 @@ from ficco_select.train.selectors import with_features
 
 __all__ = ["ADAPT_NOISE", "EXPERIMENT", "OPTIONS_FILE", "PERTURBED", "STRATEGIES", "Machine", "Round", "adapt",
            "adapted_model", "candidate_rows", "choose", "cpu_machine", "cuda_grid", "cuda_machine", "fit_model",
-           "perturbed", "predictions", "register_adapted", "register_spec", "run_adapt", "sim_machine", "strata",
+           "perturbed", "predictions", "register_adapted", "run_adapt", "sim_machine", "strata",
            "summary_curve", "usable_base"]
 
 def adapt(machine: Machine, base: pd.DataFrame, *, checkpoints: Sequence[float], strategy: str = "active",
@@ -101,35 +101,36 @@ def adapt(machine: Machine, base: pd.DataFrame, *, checkpoints: Sequence[float],
     Returns every round, in order, resumed ones included."""
     check_plan(strategy, checkpoints)
     out = Path(out_dir) if out_dir is not None else None
-    start_spec = machine.spec
-    measured, rounds = resume(out, machine.name)
-    if rounds:  # the spec the last finished round adapted to (a run resumed with nothing left to do keeps it)
-        machine.believe(last_spec(out, rounds))
-    ids = [s.scenario_id for s in machine.grid]
-    groups = strata(machine.grid)
-    for target in checkpoints[len(rounds):]:
-        done = measured_ids(measured)
-        # The spec the last round chose (checked_spec fits models: not twice on the same rows).
-        if rounds:
-            spec = machine.spec
-        else:
-            spec = checked_spec(machine, start_spec, base, measured) if len(measured) else start_spec
-        model, candidates = refit(machine, spec, base, measured)
-        k = round(target * len(ids)) - len(done)
-        priority = active_priority(model, candidates, ids) if strategy == "active" and k > 0 else None
-        chosen = pending(out, target, known=ids) or choose(ids, groups, k, measured=done, priority=priority,
-                                                           seed=seed + len(rounds))
-        chosen = [sid for sid in chosen if sid not in done]  # a killed round's measured ones stay measured
-        write_pending(out, target, chosen)  # before measuring: a killed round is redone on the same ones
-        if chosen:
-            measured = measure_chosen(machine, chosen, measured)
-            model, candidates = refit(machine, checked_spec(machine, start_spec, base, measured), base, measured)
-        rounds.append(finished_round(model, candidates, machine, measured, target, chosen))
-        if out is not None:
-            save(out, measured, rounds)
-        if progress is not None:
-            progress(rounds[-1])
-    return rounds
+    with machine.known():  # its name means the spec the run believes, round by round
+        start_spec = machine.spec
+        measured, rounds = resume(out, machine.name)
+        if rounds:  # the spec the last finished round adapted to (a run resumed with nothing left to do keeps it)
+            machine.believe(last_spec(out, rounds))
+        ids = [s.scenario_id for s in machine.grid]
+        groups = strata(machine.grid)
+        for target in checkpoints[len(rounds):]:
+            done = measured_ids(measured)
+            # The spec the last round chose (checked_spec fits models: not twice on the same rows).
+            if rounds:
+                spec = machine.spec
+            else:
+                spec = checked_spec(machine, start_spec, base, measured) if len(measured) else start_spec
+            model, candidates = refit(machine, spec, base, measured)
+            k = round(target * len(ids)) - len(done)
+            priority = active_priority(model, candidates, ids) if strategy == "active" and k > 0 else None
+            chosen = pending(out, target, known=ids) or choose(ids, groups, k, measured=done, priority=priority,
+                                                               seed=seed + len(rounds))
+            chosen = [sid for sid in chosen if sid not in done]  # a killed round's measured ones stay measured
+            write_pending(out, target, chosen)  # before measuring: a killed round is redone on the same ones
+            if chosen:
+                measured = measure_chosen(machine, chosen, measured)
+                model, candidates = refit(machine, checked_spec(machine, start_spec, base, measured), base, measured)
+            rounds.append(finished_round(model, candidates, machine, measured, target, chosen))
+            if out is not None:
+                save(out, measured, rounds)
+            if progress is not None:
+                progress(rounds[-1])
+        return rounds
 
 
 def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, budget: float = 0.1,
@@ -154,7 +155,7 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
     promotes by its usual rules (``register_adapted``), exporting a new champion to
     `export_to`. Returns the summary."""
     from ficco_select.data.calibrate import write_spec
-    from ficco_select.train.training_data import default_training_data
+    from ficco_select.train.training_data import default_training_data, training_machines
 
     if backend not in ("sim", "cpu", "cuda"):
         raise ValueError(f"--backend {backend}: sim, cpu or cuda")
@@ -170,18 +171,21 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
         options.update(ranks=ranks, device=device or "cuda")
     if fabric is not None:  # another network: another machine
         options.update(fabric=fabric)
-    with output_lock(out, "ficco adapt"):  # a second run into the same folder refuses, naming this one
+    # A second run into the same folder refuses, naming this one. The job knows the training
+    # data's machines and the spec file it was given, the machine as the run believes it.
+    with output_lock(out, "ficco adapt"), knowing(training_machines()), knowing([spec], hardware):
         check_state(out, options)
         machine = adapted_machine(spec, name, out, options)
-        # Without the machine's rows: a fabric's own committed sweeps (the host and the other
-        # fabrics stay), else the hardware's preset family.
-        base = with_features(usable_base(default_training_data(), machine.name if fabric else spec.name))
-        checkpoints = [0.0] + [budget * (i + 1) / rounds for i in range(rounds)]
-        done = adapt(machine, base, checkpoints=checkpoints, strategy=strategy, out_dir=out, seed=seed,
-                     progress=on_round)
-        write_spec(machine.spec, out / "spec.yaml", f"ficco adapt --hardware {hardware} --backend {backend}, "
-                   f"{done[-1].measured} scenarios measured")
-        summary = run_summary(machine, done, out, hardware=hardware, backend=backend, strategy=strategy)
+        with machine.known():
+            # Without the machine's rows: a fabric's own committed sweeps (the host and the other
+            # fabrics stay), else the hardware's preset family.
+            base = with_features(usable_base(default_training_data(), machine.name if fabric else spec.name))
+            checkpoints = [0.0] + [budget * (i + 1) / rounds for i in range(rounds)]
+            done = adapt(machine, base, checkpoints=checkpoints, strategy=strategy, out_dir=out, seed=seed,
+                         progress=on_round)
+            write_spec(machine.spec, out / "spec.yaml", f"ficco adapt --hardware {hardware} --backend {backend}, "
+                       f"{done[-1].measured} scenarios measured")
+            summary = run_summary(machine, done, out, hardware=hardware, backend=backend, strategy=strategy)
         if track:
             summary["mlflow_run_id"] = track_run(summary, out, {**options, "hardware": hardware})
         if register:

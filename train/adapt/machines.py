@@ -11,31 +11,28 @@ any work; ``adapted_machine`` makes the machine a ``ficco adapt`` run's options 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from ficco_select.data.simulate import simulate, simulate_rows
-from ficco_select.hardware import HardwareSpec, fields_of, load_hardware, preset_names, register_hardware, spec_field
+from ficco_select.hardware import HardwareSpec, Scope, fields_of, load_hardware, machines, preset_names, spec_field
 from ficco_select.scenario import Scenario
 
 ADAPT_NOISE = 0.03
 """Log-normal sigma of a simulated measurement (``--backend sim``): a quiet GPU's."""
 
 
-def register_spec(spec: HardwareSpec) -> None:
-    register_hardware(spec, "ficco adapt", replace=True)
-
-
 @dataclasses.dataclass
 class Machine:
     """The machine being adapted to: its name (in every row), the spec the run believes
-    (registered under the name, replaced each round), its grid of scenarios, and how to
-    measure some of them (a function of scenarios -> rows in the dataset schema)."""
+    (what its name means inside ``known``, refined each round), its grid of scenarios, and
+    how to measure some of them (a function of scenarios -> rows in the dataset schema)."""
 
     name: str
     spec: HardwareSpec
@@ -44,10 +41,25 @@ class Machine:
     truth: pd.DataFrame | None = None
     """Every grid scenario's rows with true times (``time_model_s`` on sim), to score against."""
 
+    _scope: Scope | None = dataclasses.field(default=None, repr=False)
+
     def believe(self, spec: HardwareSpec) -> None:
-        """From now on the run believes `spec`, under the machine's name (registered)."""
+        """From now on the run believes `spec`, under the machine's name."""
         self.spec = dataclasses.replace(spec, name=self.name)
-        register_spec(self.spec)
+        if self._scope is not None:
+            self._scope.refine(self.spec)
+
+    @contextlib.contextmanager
+    def known(self) -> Iterator[None]:
+        """The work inside the block knows the machine by name as the spec the run believes,
+        round by round (over what the job knew by that name: the run believes its own)."""
+        outer = self._scope
+        with machines([self.spec], "ficco adapt", replace=True) as scope:
+            self._scope = scope
+            try:
+                yield
+            finally:
+                self._scope = outer
 
 
 def sim_machine(name: str, start: HardwareSpec, truth_spec: HardwareSpec, grid: Sequence[Scenario], *,
@@ -151,7 +163,7 @@ def fabric_machine(fabric, out_dir: str | Path, *, progress: bool = True) -> Mac
 
     on_host = read_scenarios(packaged(FABRIC_CATALOG), backend="cpu")
     harness = Path(out_dir) / "harness.parquet"
-    grid = on_fabric(on_host, fabric, harness)  # profiles the fabric once per folder, registers its spec
+    grid, profiled = on_fabric(on_host, fabric, harness)  # profiles the fabric once per folder
     host_of = {s.scenario_id: h for s, h in zip(grid, on_host)}
 
     def measure_here(scenarios: list[Scenario]) -> pd.DataFrame:
@@ -162,10 +174,10 @@ def fabric_machine(fabric, out_dir: str | Path, *, progress: bool = True) -> Mac
 
     truth = None
     sweep, repeat = f"fabric_{fabric.rate}.parquet", f"fabric_{fabric.rate}_repeat.parquet"
-    if measured_path(sweep).is_file():  # read for its times: its profile must not replace this run's spec
-        truth = measured_sweep(sweep, repeat if measured_path(repeat).is_file() else None, register=False)
+    if measured_path(sweep).is_file():  # read for its times: the run believes its own spec
+        truth = measured_sweep(sweep, repeat if measured_path(repeat).is_file() else None)
         truth = truth[truth["scenario_id"].isin(host_of)]
-    return Machine(fabric.name, load_hardware(fabric.name), grid, measure_here, truth=truth)
+    return Machine(fabric.name, profiled, grid, measure_here, truth=truth)
 
 
 def cuda_machine(name: str, start: HardwareSpec, grid: Sequence[Scenario], out_dir: str | Path, *,

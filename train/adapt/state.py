@@ -86,7 +86,7 @@ def resume(out: Path | None, machine: str) -> tuple[pd.DataFrame, list[Round]]:
         raise ValueError(f"{out / 'rounds.json'}: field 'rounds' is malformed ({e}): not a state this version "
                          "wrote; choose another --out") from None
     # The run believes its own spec of the machine (``Machine.believe``), not the one a round wrote.
-    measured = (read_dataset(out / "measured.parquet", register=False) if (out / "measured.parquet").exists()
+    measured = (read_dataset(out / "measured.parquet") if (out / "measured.parquet").exists()
                 else pd.DataFrame())
     if len(measured):
         theirs = sorted(set(measured["hardware"]) - {machine})
