@@ -92,6 +92,8 @@ class ModelConfig:
     """Key/value heads (== heads without grouped-query attention)."""
     head_dim: int
     """Width of one attention head."""
+    layers: int = 0
+    """Transformer layers the model stacks (the config's ``num_hidden_layers``; GPT-3's paper table)."""
     experts: int = 0
     """Routed experts per MoE layer; 0 for dense models."""
     top_k: int = 0

@@ -8,6 +8,7 @@ holds the group, sets up logging once, and registers the commands of:
 - `ficco_select.cli.hardware_cmds`: hardware (list, show, from-profile), sim (validate, calibrate)
 - `ficco_select.cli.train_cmds`: evaluate, train, pipeline, export, report
 - `ficco_select.cli.select_cmds`: select
+- `ficco_select.cli.advise_cmds`: advise
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 
 import click
 
-from ficco_select.cli import data_cmds, hardware_cmds, select_cmds, train_cmds
+from ficco_select.cli import advise_cmds, data_cmds, hardware_cmds, select_cmds, train_cmds
 
 
 class _OneLineErrors(click.Group):
@@ -49,7 +50,7 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-for _module in (data_cmds, hardware_cmds, train_cmds, select_cmds):
+for _module in (data_cmds, hardware_cmds, train_cmds, select_cmds, advise_cmds):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 

@@ -333,6 +333,10 @@ class Selector:
         spec = self._spec(hardware)
         return None if spec is None else backend_for(spec)
 
+    def machine(self, hardware: str) -> HardwareSpec | None:
+        """The machine `hardware` names for this selector (``_spec``), None (warned once) if none."""
+        return self._spec(hardware)
+
     def _spec(self, value: str) -> HardwareSpec | None:
         """The machine a scenario's hardware names: the model's own specs first, then a
         preset, a machine the job knows (``hardware.machines``) or a spec file; None (warned once) if none."""
