@@ -10,6 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from ficco_select.cli.main import main
+from ficco_select.hardware import load_hardware
 from ficco_select.runtime.decision import Decision
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import candidates, parse
@@ -20,6 +21,8 @@ SCHEMA = json.loads((Path(__file__).parent / "golden" / "te_userbuffers_schema.j
 TransformerEngine's source (its ``source`` field: repository, file, commit, lines)."""
 TYPES = {"bool": bool, "int": int, "str": str}
 LLAMA_70B = A.Model.from_catalog("llama3-70b")
+TP8 = A.Layout(tp=8, seq=8192)
+H100 = load_hardware("h100-nvswitch")
 
 
 def te_problems(ub_cfgs: dict) -> list[str]:
@@ -58,23 +61,25 @@ def test_the_schema_check_finds_what_te_refuses():
         "qkv_fprop.num_splits: the ring_exchange method ignores it", "qkv_fprob: not a layer name (TE ignores it)"]
 
 
+@pytest.mark.parametrize("P", [2, 4])
 @pytest.mark.parametrize("op", ["ag_gemm", "gemm_rs"])
-def test_every_schedule_family_maps_to_a_te_method_and_back_where_te_runs_it(op):
-    s = Scenario(group="g", op=op, m=8192, n=8192, k=8192, dtype="bfloat16", world_size=4, hardware="h100-nvswitch")
+def test_every_schedule_family_maps_to_a_te_method_and_back_where_te_runs_it(op, P):
+    s = Scenario(group="g", op=op, m=8192, n=8192, k=8192, dtype="bfloat16", world_size=P, hardware="h100-nvswitch")
     seen = set()
     for schedule in candidates(s, "cuda"):
-        entry, lost = A.te_entry(op, schedule)
+        entry, lost = A.te_entry(op, schedule, P)
         layer = "qkv_fprop" if op == "ag_gemm" else "proj_fprop"
         if schedule.is_baseline:
             assert entry is None and lost == ""
             seen.add("none")
             continue
         assert te_problems({layer: entry}) == [], schedule.name
-        ran = A.schedule_of_te(op, entry)
+        ran = A.schedule_of_te(op, entry, P)
+        assert ran in candidates(s, "cuda")  # what TE runs is a schedule ficco scores
         if schedule.granularity == "shard":  # TE runs the shard ring itself, on SMs or copy engines
             assert entry["method"] == "ring_exchange" and entry["use_ce"] == (schedule.engine == "dma")
             assert ran == schedule and lost == ""
-        elif op == "gemm_rs" and schedule.pattern == "a2a":  # chunks along m, each reduce-scattered
+        elif op == "gemm_rs" and (schedule.pattern == "a2a" or P == 2):  # chunks along m, each reduce-scattered
             assert entry == {"method": "pipeline", "num_sm": A.PIPELINE_NUM_SM, "cga_size": 2,
                              "num_splits": schedule.degree, "set_sm_margin": True}
             assert (ran == schedule) == (lost == "")  # what TE cannot run is said
@@ -94,19 +99,28 @@ def decisions(plan: dict) -> dict:
 def test_a_layer_left_without_overlap_says_so_in_megatron_s_switches():
     on = {"qkv_fprop": "shard.ring.dma", "proj_fprop": "ficco.d4.a2a.gemm_per_piece.m.sm", "fc1_fprop": "none.sm",
           "fc2_fprop": "shard.ring.sm", "proj_dgrad": "shard.ring.dma", "fc2_dgrad": "none.sm"}
-    te = A.te_advice(decisions(on), LLAMA_70B)
+    te = A.te_advice(decisions(on), LLAMA_70B, TP8, "h100-nvswitch")
     assert te_problems(te["ub_cfgs"]) == []
     assert te["model_parallel_config"] == {"tp_comm_overlap_disable_fc1": True}  # fc1's all-gather ring off
     assert "fc1_fprop" not in te["ub_cfgs"] and "--disable-tp-comm-overlap-ag" not in te["megatron_flags"]
-    assert any(n.startswith("fc2_dgrad: no overlap decided") for n in te["notes"])  # no switch of its own
+    assert any(n.startswith("fc2_dgrad: none.sm: no overlap decided") for n in te["notes"])  # no switch of its own
+    assert te["ub_cfgs"]["fc2_dgrad"] == {"method": "ring_exchange"}  # so TE's default ring runs it
     assert te["ub_cfgs"]["proj_fprop"]["method"] == "pipeline" and te["ub_cfgs"]["fc2_fprop"]["use_ce"] is False
     assert set(A.TE_BULK) <= set(te["ub_cfgs"])
+    # With the cost model: what TE cannot run as decided runs the fastest of what TE runs.
+    finer = {**on, "qkv_fprop": "ficco.d4.ring.gemm_per_step.m.dma"}
+    te = A.te_advice(decisions(finer), LLAMA_70B, TP8, "h100-nvswitch", pick=A.cost_model_pick(H100))
+    assert te_problems(te["ub_cfgs"]) == []
+    for name in ("qkv_fprop", "fc2_dgrad"):  # a finer ring; no switch of its own
+        s = A.scenario_of(next(g for g in A.layer_gemms(LLAMA_70B) if g.name == name), LLAMA_70B, TP8, "h100-nvswitch")
+        runs = A.schedule_of_te(s.op, te["ub_cfgs"][name], 8)
+        assert runs in A.te_choices(s) and any(n.startswith(name) and runs.name in n for n in te["notes"])
     # every all-gather off: the one switch; both reduce-scatters off: the other; nothing on: no overlap at all
     gathers_off = {**on, "qkv_fprop": "none.sm", "proj_dgrad": "none.dma"}
-    te = A.te_advice(decisions(gathers_off), LLAMA_70B)
+    te = A.te_advice(decisions(gathers_off), LLAMA_70B, TP8, "h100-nvswitch")
     assert "--disable-tp-comm-overlap-ag" in te["megatron_flags"] and te["model_parallel_config"] == {}
     nothing = dict.fromkeys(on, "none.sm")
-    te = A.te_advice(decisions(nothing), LLAMA_70B)
+    te = A.te_advice(decisions(nothing), LLAMA_70B, TP8, "h100-nvswitch")
     assert te["overlap"] is False and te["ub_cfgs"] == {} and te["megatron_flags"] == []
 
 

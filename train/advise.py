@@ -21,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+from ficco_select.hardware import HardwareSpec
 from ficco_select.runtime.decision import Decision
 from ficco_select.scenario import Scenario
-from ficco_select.schedule import Schedule, parse
+from ficco_select.schedule import Schedule, candidates, parse
 
 TE_SOURCE = {"repo": "NVIDIA/TransformerEngine", "path": "transformer_engine/pytorch/module/base.py",
              "commit": "d0067d0da6cb01811b8072a7d304f0e00344ce2b", "function": "initialize_ub"}
@@ -188,7 +189,8 @@ TE_MAPPING = (
     ("none.*", "no overlap: the layer's GEMM, then its collective (Megatron's switches below)"),
     ("shard.ring.sm", "ring_exchange, use_ce false (the ring's sends by SM kernels)"),
     ("shard.ring.dma", "ring_exchange, use_ce true (copy engines; TE's default)"),
-    ("ficco.d<d>.ring.*.<engine>", "ring_exchange as for shard.ring.<engine>: TE's ring moves whole shards"),
+    ("ficco.d<d>.ring.*.<engine>", "ring_exchange as for shard.ring.<engine>: TE's ring moves whole shards "
+                                   "(at two ranks a reduce-scatter's: pipeline, as below)"),
     ("ficco.d<d>.a2a.*.<engine> (all-gather)", "ring_exchange as for shard.ring.<engine>: TE pipelines only "
                                               "reduce-scatters"),
     ("ficco.d<d>.a2a.*.* (reduce-scatter)", "pipeline, num_splits d (d chunks along m, one GEMM each, each "
@@ -198,19 +200,18 @@ TE_MAPPING = (
 the left, TE's nearest setting on the right."""
 
 
-def te_entry(op: str, schedule: Schedule) -> tuple[dict | None, str]:
-    """TE's ``ub_cfgs`` entry for `schedule` on a GEMM of `op` (None: no overlap), and what
-    of the decision it cannot express ("" if nothing)."""
+def te_entry(op: str, schedule: Schedule, world_size: int) -> tuple[dict | None, str]:
+    """TE's ``ub_cfgs`` entry for `schedule` on a GEMM of `op` over `world_size` ranks (None:
+    no overlap), and what of the decision it cannot express ("" if nothing)."""
     if schedule.is_baseline:
         return None, ""
     ring = {"method": "ring_exchange", "num_sm": 1, "cga_size": 1, "set_sm_margin": False, "aggregate": False,
             "use_ce": schedule.engine == "dma"}
     if op == "ag_gemm":
-        lost = "" if schedule.granularity == "shard" else f"{schedule.name}: TE's ring moves whole shards"
-        return ring, lost
-    if schedule.granularity == "shard" or schedule.pattern == "ring":
-        lost = "" if schedule.granularity == "shard" else f"{schedule.name}: TE's ring moves whole shards"
-        return ring, lost
+        return ring, "" if schedule.granularity == "shard" else "TE's ring moves whole shards"
+    # At two ranks the pieces of a ring go to the one peer: TE's pipeline of chunks.
+    if schedule.granularity == "shard" or (schedule.pattern == "ring" and world_size > 2):
+        return ring, "" if schedule.granularity == "shard" else "TE's ring moves whole shards"
     lost = []
     if schedule.engine == "dma":
         lost.append("TE's pipeline reduce-scatters with SMs, not copy engines")
@@ -220,18 +221,19 @@ def te_entry(op: str, schedule: Schedule) -> tuple[dict | None, str]:
         lost.append("TE computes one GEMM per chunk")
     entry = {"method": "pipeline", "num_sm": PIPELINE_NUM_SM, "cga_size": 2, "num_splits": schedule.degree,
              "set_sm_margin": True}
-    return entry, f"{schedule.name}: {'; '.join(lost)}" if lost else ""
+    return entry, "; ".join(lost)
 
 
-def schedule_of_te(op: str, entry: dict | None) -> Schedule:
-    """The schedule TE runs for `entry` on a GEMM of `op` (None: no overlap): how a preset's
-    entry is scored on the simulator beside ficco's advice."""
+def schedule_of_te(op: str, entry: dict | None, world_size: int) -> Schedule:
+    """The schedule TE runs for `entry` on a GEMM of `op` over `world_size` ranks (None: no
+    overlap): how a preset's entry is scored on the simulator beside ficco's advice."""
     if entry is None:
         return parse("none.sm")
     if entry["method"] == "ring_exchange":
         return parse(f"shard.ring.{'dma' if entry.get('use_ce', True) else 'sm'}")
     if entry["method"] == "pipeline" and op == "gemm_rs":
-        return parse(f"ficco.d{entry.get('num_splits', 4)}.a2a.gemm_per_step.m.sm")
+        pattern = "a2a" if world_size > 2 else "ring"  # one peer: the same schedule
+        return parse(f"ficco.d{entry.get('num_splits', 4)}.{pattern}.gemm_per_step.m.sm")
     raise ValueError(f"method {entry['method']!r} on {op}: not a schedule ficco scores")
 
 
@@ -244,62 +246,100 @@ the all-gathers a copy-engine ring, the reduce-scatters a pipeline of 4 chunks."
 def te_runs(advice: dict, gemm: Gemm) -> Schedule:
     """The schedule TE runs for `gemm` under `advice` (``te_advice``'s, or a preset's in that
     form): its entry's, no overlap where Megatron's switches turn it off, else TE's default."""
+    P = advice["tp"]
     if not advice["overlap"]:
-        return schedule_of_te(gemm.op, None)
+        return schedule_of_te(gemm.op, None, P)
     off = set(advice["megatron_flags"])
     switched_off = (("--disable-tp-comm-overlap-ag" in off and gemm.name in TE_ALL_GATHER)
                     or ("--disable-tp-comm-overlap-rs" in off and gemm.name in TE_REDUCE_SCATTER)
                     or advice["model_parallel_config"].get(f"tp_comm_overlap_disable_{gemm.name.split('_')[0]}")
                     and gemm.name.endswith("_fprop") and gemm.name in TE_ALL_GATHER)
     if switched_off:
-        return schedule_of_te(gemm.op, None)
+        return schedule_of_te(gemm.op, None, P)
     entry = advice["ub_cfgs"].get(gemm.name)
     if entry is None:
         entry = TE_DEFAULTS["ring_exchange" if gemm.name in TE_ALL_GATHER else "pipeline"]
-    return schedule_of_te(gemm.op, entry)
+    return schedule_of_te(gemm.op, entry, P)
 
 
-def te_advice(decisions: dict[str, Decision], model: Model) -> dict:
+Pick = Callable[[Scenario, list[Schedule]], Schedule]
+"""Chooses among schedules TE runs for a scenario (``cost_model_pick``)."""
+
+
+def te_choices(scenario: Scenario) -> list[Schedule]:
+    """The overlapped schedules TE runs as they are (``te_entry`` loses nothing) for `scenario`."""
+    return [c for c in candidates(scenario, "sim")  # every backend's schedules, fp8 included
+            if not c.is_baseline and te_entry(scenario.op, c, scenario.world_size)[1] == ""]
+
+
+def cost_model_pick(spec: HardwareSpec) -> Pick:
+    """The calibrated cost model's fastest (noise-free, on `spec`) of the given schedules."""
+    from ficco_select.data.simulate import simulate_rows
+
+    def pick(scenario: Scenario, choices: list[Schedule]) -> Schedule:
+        rows = simulate_rows([scenario], spec)
+        time_of = dict(zip(rows["schedule"], rows["time_s"]))
+        return min(choices, key=lambda c: time_of[c.name])
+    return pick
+
+
+def te_advice(decisions: dict[str, Decision], model: Model, layout: Layout, hardware: str,
+              pick: Pick | None = None) -> dict:
     """The userbuffers config for ``--tp-comm-overlap-cfg`` (``ub_cfgs``: the bulk GEMMs at TE's
     defaults, each decided GEMM that overlaps with its method), Megatron's switches for the
-    GEMMs left without overlap, and what could not be said in TE's terms."""
-    ops = {g.name: g.op for g in layer_gemms(model)}
-    ub_cfgs: dict[str, dict] = dict(TE_BULK)
-    off, notes = [], []
-    for name, d in decisions.items():
-        entry, lost = te_entry(ops[name], d.schedule)
-        if entry is None:
-            off.append(name)
-        else:
-            ub_cfgs[name] = entry
-        if lost:
-            notes.append(f"{name}: {lost}")
-    ub_cfgs = {name: ub_cfgs[name] for name in TE_LAYERS if name in ub_cfgs}  # TE's order
-    flags, config = ["--tp-comm-overlap", "--tp-comm-overlap-cfg", "<this file>", "--sequence-parallel"], {}
+    GEMMs left without overlap, and what could not be said in TE's terms.
+
+    Two cases TE cannot run as decided: an overlapped schedule it has no method for (a finer
+    ring, copy engines on a pipeline), and a GEMM decided without overlap whose switch it
+    shares with one decided with (``proj_dgrad``, ``fc2_dgrad``, one of the reduce-scatters).
+    Both run an overlapped schedule TE has: `pick`'s among ``te_choices`` (the CLI's: the
+    calibrated cost model's fastest), else the nearest method (``te_entry``)."""
+    gemms = {g.name: g for g in layer_gemms(model)}
+    off = {name for name, d in decisions.items() if d.schedule.is_baseline}
     ag_off = [n for n in TE_ALL_GATHER if n in off]
     rs_off = [n for n in TE_REDUCE_SCATTER if n in off]
     if len(ag_off) == len(TE_ALL_GATHER) and len(rs_off) == len(TE_REDUCE_SCATTER):
-        return {"ub_cfgs": {}, "overlap": False, "megatron_flags": [], "model_parallel_config": {},
+        return {"ub_cfgs": {}, "overlap": False, "megatron_flags": [], "model_parallel_config": {}, "tp": layout.tp,
                 "notes": ["no GEMM gains from overlap here: leave --tp-comm-overlap off"]}
+    flags, config = ["--tp-comm-overlap", "--tp-comm-overlap-cfg", "<this file>", "--sequence-parallel"], {}
+    switched_off, forced_on = set(), set()
     if len(ag_off) == len(TE_ALL_GATHER):
         flags.append("--disable-tp-comm-overlap-ag")
+        switched_off |= set(ag_off)
     else:
         for name, field in (("qkv_fprop", "tp_comm_overlap_disable_qkv"), ("fc1_fprop", "tp_comm_overlap_disable_fc1")):
             if name in ag_off:
                 config[field] = True  # ModelParallelConfig fields without a command-line flag
-        for name in ag_off:
-            if name in ("proj_dgrad", "fc2_dgrad"):
-                notes.append(f"{name}: no overlap decided, but Megatron turns the all-gather overlap of the "
-                             "backward GEMMs on and off with the forward ones: its ring stays on")
+                switched_off.add(name)
+        forced_on |= {n for n in ag_off if n in ("proj_dgrad", "fc2_dgrad")}
     if len(rs_off) == len(TE_REDUCE_SCATTER):
         flags.append("--disable-tp-comm-overlap-rs")
+        switched_off |= set(rs_off)
     else:
-        for name in rs_off:
-            notes.append(f"{name}: no overlap decided, but Megatron turns every reduce-scatter overlap on and off "
-                         "together: it stays on with TE's default")
-            ub_cfgs.pop(name, None)
+        forced_on |= set(rs_off)
+    ub_cfgs: dict[str, dict] = dict(TE_BULK)
+    notes = []
+    for name, d in decisions.items():
+        if name in switched_off:
+            continue
+        scenario = scenario_of(gemms[name], model, layout, hardware)
+        entry, lost = te_entry(gemms[name].op, d.schedule, layout.tp)
+        if name in forced_on:
+            lost = ("no overlap decided, but Megatron switches its overlap with another GEMM's, decided with: "
+                    "it stays on")
+        if lost:
+            if pick is not None:
+                chosen = pick(scenario, te_choices(scenario))
+                entry = te_entry(gemms[name].op, chosen, layout.tp)[0]
+                lost += f"; the cost model's fastest of what TE runs: {chosen.name}"
+            elif entry is None:
+                entry = TE_DEFAULTS["ring_exchange" if name in TE_ALL_GATHER else "pipeline"]
+                lost += " with TE's default"
+            notes.append(f"{name}: {d.schedule.name}: {lost}")
+        ub_cfgs[name] = entry
+    ub_cfgs = {name: ub_cfgs[name] for name in TE_LAYERS if name in ub_cfgs}  # TE's order
     return {"ub_cfgs": ub_cfgs, "overlap": True, "megatron_flags": flags, "model_parallel_config": config,
-            "notes": notes}
+            "tp": layout.tp, "notes": notes}
 
 
 def te_yaml(advice: dict, header: Sequence[str]) -> str:

@@ -53,14 +53,15 @@ def advise(model_name, hidden, ffn, heads, kv_heads, layers, gated, tp, seq, mic
             raise ValueError(f"--format {fmt}: its tensor-parallel overlap runs on sequence-parallel activations "
                              "(Megatron asserts --sequence-parallel; torchtitan's async TP gathers sequence shards)")
     selector = Selector.load(selector_path)
-    if selector.machine(hardware) is None:
+    spec = selector.machine(hardware)
+    if spec is None:
         raise click.ClickException(f"--hardware {hardware}: not a preset, a data-sheet machine, a spec file or a "
                                    "machine the selector carries")
     decisions = A.decide(selector.select, model, layout, hardware)
     result = {"model": dataclasses.asdict(model), "layout": dataclasses.asdict(layout) | {"tokens": layout.tokens},
               "hardware": hardware, "selector": str(selector_path or "default"), "decisions": A.provenance(decisions)}
     if fmt == "te":
-        result["te"] = A.te_advice(decisions, model)
+        result["te"] = A.te_advice(decisions, model, layout, hardware, pick=A.cost_model_pick(spec))
         text = A.te_yaml(result["te"], _te_header(result))
         if out:
             from pathlib import Path
@@ -125,7 +126,8 @@ def _torchtitan_lines(t: dict) -> list[str]:
 def _source_lines(decisions: dict) -> list[str]:
     by = ", ".join(f"{k} {v}" for k, v in sorted(decisions["by_source"].items()))
     lines = [f"decided by: {by}" + (f" (the GPU rule vetoed {decisions['gpu_rule']})" if decisions["gpu_rule"] else "")]
-    return lines + [f"  {name}: {d['schedule']} ({d['source']}: {d['reason']})" for name, d in decisions["per_gemm"].items()]
+    return lines + [f"  {name}: {d['schedule']} ({d['source']}{': ' + d['reason'] if d['reason'] else ''})"
+                    for name, d in decisions["per_gemm"].items()]
 
 
 def _quoted(text: str) -> str:
