@@ -114,7 +114,7 @@ def test_a_layer_left_without_overlap_says_so_in_megatron_s_switches():
     for name in ("qkv_fprop", "fc2_dgrad"):  # a finer ring; no switch of its own
         s = A.scenario_of(next(g for g in A.layer_gemms(LLAMA_70B) if g.name == name), LLAMA_70B, TP8, "h100-nvswitch")
         runs = A.schedule_of_te(s.op, te["ub_cfgs"][name], 8)
-        assert runs in A.te_choices(s) and any(n.startswith(name) and runs.name in n for n in te["notes"])
+        assert runs in A.te_choices(s, H100) and any(n.startswith(name) and runs.name in n for n in te["notes"])
     # every all-gather off: the one switch; both reduce-scatters off: the other; nothing on: no overlap at all
     gathers_off = {**on, "qkv_fprop": "none.sm", "proj_dgrad": "none.dma"}
     te = A.te_advice(decisions(gathers_off), LLAMA_70B, TP8, "h100-nvswitch")
@@ -150,12 +150,52 @@ def test_ficco_advise_writes_each_format_from_the_selector(tmp_path):
     assert ("--compile.enable_async_tensor_parallel" in titan.output) == ("async TP: on" in titan.output)
 
 
+def test_the_machine_may_be_one_the_exported_selector_carries(tmp_path):
+    from helpers.exports import FULL_RANGES, spec_dict, write_selector
+
+    folder = write_selector(tmp_path / "sel", hardware_specs={"node-x": spec_dict("node-x")},
+                            training_ranges={**FULL_RANGES, "hardware": ["node-x"]})
+    args = ["advise", "--model", "llama3-8b", "--tp", "4", "--seq", "4096", "--hardware", "node-x",
+            "--selector", str(folder), "--format", "te", "--json"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    assert got["decisions"]["by_source"].get("model", 0) >= 1 and got["measured_machine"] is False
+    res = CliRunner().invoke(main, [*args[:-5], "--selector", str(tmp_path / "none"), "--format", "te"])
+    assert res.exit_code != 0 and "--hardware node-x: not a preset" in res.output  # only that selector knows it
+
+
+def test_an_existing_out_is_refused_and_left_as_it_was(tmp_path):
+    out = tmp_path / "ub.yaml"
+    out.write_text("mine")
+    res = CliRunner().invoke(main, ["advise", "--model", "llama3-70b", "--tp", "8", "--seq", "8192", "--hardware",
+                                    "h100-nvswitch", "--format", "te", "--out", str(out)])
+    assert res.exit_code != 0 and "exists; nothing is overwritten" in res.output and out.read_text() == "mine"
+
+
+def test_a_machine_without_copy_engines_is_advised_only_what_its_sms_run(tmp_path):
+    # A GPU spec with zero copy engines: every decision, and so every ring, drives its sends
+    # with SMs (use_ce false); nothing asks for copy engines it does not have.
+    spec = yaml.safe_load((Path(__file__).parents[1] / "ficco_select" / "presets" / "h100-nvswitch.yaml").read_text())
+    spec.update(name="h100-no-ce", copy_engines=0)
+    path = tmp_path / "no-ce.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    res = CliRunner().invoke(main, ["advise", "--model", "llama3-70b", "--tp", "8", "--seq", "8192", "--hardware",
+                                    str(path), "--format", "te", "--selector", str(tmp_path / "none"), "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.output)
+    assert not any(d["schedule"].endswith(".dma") for d in got["decisions"]["per_gemm"].values())
+    rings = [c for c in got["te"]["ub_cfgs"].values() if c["method"] == "ring_exchange"]
+    assert all(c["use_ce"] is False for c in rings) and te_problems(got["te"]["ub_cfgs"]) == []
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--model", "nope"], "--model 'nope': not a catalog model"),
     (["--model", "llama3-70b", "--tp", "3"], "--tp 3 does not divide the model's heads"),
     (["--hidden", "4096", "--ffn", "11008"], "give --model NAME, or all of --hidden, --ffn, --heads and --layers"),
     (["--model", "llama3-70b", "--hardware", "not-a-machine"], "--hardware not-a-machine: not a preset"),
     (["--model", "llama3-70b", "--no-sequence-parallel"], "runs on sequence-parallel activations"),
+    (["--model", "llama3-70b", "--format", "vllm", "--out", "x.yaml"], "--out writes the userbuffers YAML"),
 ])
 def test_ficco_advise_refuses_in_one_line_naming_the_option(args, needle):
     base = {"--tp": "8", "--seq": "8192", "--hardware": "h100-nvswitch", "--format": "te"}

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from ficco_select.hardware import HardwareSpec
 from ficco_select.runtime.decision import Decision
 from ficco_select.scenario import Scenario
-from ficco_select.schedule import Schedule, candidates, parse
+from ficco_select.schedule import Schedule, candidates, engines_on, parse
 
 TE_SOURCE = {"repo": "NVIDIA/TransformerEngine", "path": "transformer_engine/pytorch/module/base.py",
              "commit": "d0067d0da6cb01811b8072a7d304f0e00344ce2b", "function": "initialize_ub"}
@@ -262,24 +262,27 @@ def te_runs(advice: dict, gemm: Gemm) -> Schedule:
     return schedule_of_te(gemm.op, entry, P)
 
 
-Pick = Callable[[Scenario, list[Schedule]], Schedule]
-"""Chooses among schedules TE runs for a scenario (``cost_model_pick``)."""
+Pick = Callable[[Scenario], Schedule]
+"""Chooses among the schedules TE runs for a scenario (``cost_model_pick``)."""
 
 
-def te_choices(scenario: Scenario) -> list[Schedule]:
-    """The overlapped schedules TE runs as they are (``te_entry`` loses nothing) for `scenario`."""
+def te_choices(scenario: Scenario, spec: HardwareSpec) -> list[Schedule]:
+    """The overlapped schedules TE runs as they are (``te_entry`` loses nothing) for `scenario`
+    on `spec` (copy-engine ones only on a machine that has copy engines)."""
+    engines = engines_on("sim", spec)
     return [c for c in candidates(scenario, "sim")  # every backend's schedules, fp8 included
-            if not c.is_baseline and te_entry(scenario.op, c, scenario.world_size)[1] == ""]
+            if not c.is_baseline and c.engine in engines and te_entry(scenario.op, c, scenario.world_size)[1] == ""]
 
 
 def cost_model_pick(spec: HardwareSpec) -> Pick:
-    """The calibrated cost model's fastest (noise-free, on `spec`) of the given schedules."""
+    """The calibrated cost model's fastest (noise-free, on `spec`) of what TE runs
+    (``te_choices``)."""
     from ficco_select.data.simulate import simulate_rows
 
-    def pick(scenario: Scenario, choices: list[Schedule]) -> Schedule:
+    def pick(scenario: Scenario) -> Schedule:
         rows = simulate_rows([scenario], spec)
         time_of = dict(zip(rows["schedule"], rows["time_s"]))
-        return min(choices, key=lambda c: time_of[c.name])
+        return min(te_choices(scenario, spec), key=lambda c: time_of[c.name])
     return pick
 
 
@@ -292,8 +295,8 @@ def te_advice(decisions: dict[str, Decision], model: Model, layout: Layout, hard
     Two cases TE cannot run as decided: an overlapped schedule it has no method for (a finer
     ring, copy engines on a pipeline), and a GEMM decided without overlap whose switch it
     shares with one decided with (``proj_dgrad``, ``fc2_dgrad``, one of the reduce-scatters).
-    Both run an overlapped schedule TE has: `pick`'s among ``te_choices`` (the CLI's: the
-    calibrated cost model's fastest), else the nearest method (``te_entry``)."""
+    Both run an overlapped schedule TE has: `pick`'s (the CLI's: the calibrated cost
+    model's fastest of ``te_choices``), else the nearest method (``te_entry``)."""
     gemms = {g.name: g for g in layer_gemms(model)}
     off = {name for name, d in decisions.items() if d.schedule.is_baseline}
     ag_off = [n for n in TE_ALL_GATHER if n in off]
@@ -329,7 +332,7 @@ def te_advice(decisions: dict[str, Decision], model: Model, layout: Layout, hard
                     "it stays on")
         if lost:
             if pick is not None:
-                chosen = pick(scenario, te_choices(scenario))
+                chosen = pick(scenario)
                 entry = te_entry(gemms[name].op, chosen, layout.tp)[0]
                 lost += f"; the cost model's fastest of what TE runs: {chosen.name}"
             elif entry is None:

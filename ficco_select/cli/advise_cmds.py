@@ -7,7 +7,7 @@ import dataclasses
 
 import click
 
-from ficco_select.cli.output import json_option, reported, show
+from ficco_select.cli.output import json_option, refuse_existing_out, reported, show
 
 FORMATS = ("te", "vllm", "torchtitan")
 
@@ -36,7 +36,7 @@ FORMATS = ("te", "vllm", "torchtitan")
               help="te: a userbuffers YAML for Megatron's --tp-comm-overlap-cfg and its flags; vllm: the token "
                    "count below which overlap does not pay, with the flags; torchtitan: async TP on or off.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="With --format te: write the YAML here (default: print it).")
+              help="With --format te: write the YAML here (default: print it); an existing file is refused.")
 @json_option("Print the advice and where each decision came from as JSON.")
 def advise(model_name, hidden, ffn, heads, kv_heads, layers, gated, tp, seq, micro_batch, context_parallel, dtype,
            sequence_parallel, hardware, selector_path, fmt, out, as_json) -> None:
@@ -44,6 +44,10 @@ def advise(model_name, hidden, ffn, heads, kv_heads, layers, gated, tp, seq, mic
     from ficco_select.runtime.selector import Selector
     from ficco_select.train import advise as A
 
+    if out is not None:
+        if fmt != "te":
+            raise click.UsageError("--out writes the userbuffers YAML of --format te")
+        refuse_existing_out(out, {"--hardware": [hardware], "--selector": [selector_path]})
     with reported(ValueError):
         model = _model(model_name, hidden, ffn, heads, kv_heads, layers, gated)
         layout = A.Layout(tp=tp, seq=seq, micro_batch=micro_batch, dtype=dtype, sequence_parallel=sequence_parallel,
@@ -59,14 +63,14 @@ def advise(model_name, hidden, ffn, heads, kv_heads, layers, gated, tp, seq, mic
                                    "machine the selector carries")
     decisions = A.decide(selector.select, model, layout, hardware)
     result = {"model": dataclasses.asdict(model), "layout": dataclasses.asdict(layout) | {"tokens": layout.tokens},
-              "hardware": hardware, "selector": str(selector_path or "default"), "decisions": A.provenance(decisions)}
+              "hardware": hardware, "selector": str(selector_path or "default"), "decisions": A.provenance(decisions),
+              "measured_machine": selector.measured(hardware)}
     if fmt == "te":
         result["te"] = A.te_advice(decisions, model, layout, hardware, pick=A.cost_model_pick(spec))
         text = A.te_yaml(result["te"], _te_header(result))
         if out:
-            from pathlib import Path
-
-            Path(out).write_text(text)
+            with open(out, "x") as f:  # refused above if it exists; "x": nor if it appeared since
+                f.write(text)
         lines = ([] if out else [text.rstrip()]) + _flag_lines(result["te"], out)
     elif fmt == "vllm":
         result["vllm"] = (A.vllm_advice(selector.select, model, layout, hardware) if sequence_parallel else
@@ -76,7 +80,9 @@ def advise(model_name, hidden, ffn, heads, kv_heads, layers, gated, tp, seq, mic
     else:
         result["torchtitan"] = A.torchtitan_advice(selector.select, model, layout, hardware)
         lines = _torchtitan_lines(result["torchtitan"])
-    show(as_json, result, lambda: [*lines, *_source_lines(result["decisions"])])
+    measured = (["the model learned this machine's own measured rows: the GPU rule steps aside"]
+                if result["measured_machine"] else [])
+    show(as_json, result, lambda: [*lines, *_source_lines(result["decisions"]), *measured])
 
 
 def _model(name, hidden, ffn, heads, kv_heads, layers, gated):

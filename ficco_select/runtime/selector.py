@@ -337,6 +337,13 @@ class Selector:
         """The machine `hardware` names for this selector (``_spec``), None (warned once) if none."""
         return self._spec(hardware)
 
+    def measured(self, hardware: str) -> bool:
+        """Whether the model learned `hardware`'s own measured rows (a GPU's): there the GPU
+        do-no-harm rule steps aside."""
+        spec = self._spec(hardware)
+        rule = self._scope.gpu_no_harm
+        return spec is not None and rule is not None and spec.name in rule.measured
+
     def _spec(self, value: str) -> HardwareSpec | None:
         """The machine a scenario's hardware names: the model's own specs first, then a
         preset, a machine the job knows (``hardware.machines``) or a spec file; None (warned once) if none."""
