@@ -334,3 +334,25 @@ def test_a_recalibrated_spec_is_kept_only_where_the_adapted_model_picks_better_w
         start = machine.spec
         got = A.checked_spec(machine, start, base, measured)
     assert got in (start, recalibrate(start, measured)) and machine.spec == start  # the machine believes the start again
+
+
+def test_a_run_believes_its_own_spec_of_a_machine_the_training_data_names():
+    # `ficco adapt --fabric RATE`: the training data names cpu-<rate> by its committed sweep's
+    # profile; the run profiles the fabric afresh and believes that, refined round by round,
+    # and a measurement inside a round writes the fabric's profile: none refuses another.
+    from ficco_select.hardware import machines
+    from ficco_select.train.training_data import training_machines
+
+    with machines(training_machines(sampled_per_preset=1)):
+        committed = load_hardware("cpu-500mbit")
+        fresh = dataclasses.replace(committed, link_bw_gbps=committed.link_bw_gbps * 1.05, description="a fresh profile")
+        machine = A.Machine("cpu-500mbit", fresh, [], measure=lambda scenarios: pd.DataFrame())
+        with machine.known():
+            assert load_hardware("cpu-500mbit") == fresh
+            refined = dataclasses.replace(fresh, link_bw_gbps=fresh.link_bw_gbps * 2)
+            machine.believe(refined)
+            assert load_hardware("cpu-500mbit") == refined
+            with machines([fresh], "the harness's profile", replace=True):  # a round's measurement
+                assert load_hardware("cpu-500mbit") == fresh
+            assert load_hardware("cpu-500mbit") == refined
+        assert load_hardware("cpu-500mbit") == committed  # the run's belief ends with it
