@@ -21,8 +21,8 @@ import functools
 import logging
 import math
 import os
-from importlib import resources
 from collections.abc import Iterable, Iterator, Mapping
+from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any

@@ -126,8 +126,6 @@ class Gemm:
     op: str
     k: int
     n: int
-    layer: str
-    """The catalog's layer it is (``data.catalog``) or mirrors (a backward GEMM)."""
 
 
 def layer_gemms(model: Model) -> list[Gemm]:
@@ -139,12 +137,12 @@ def layer_gemms(model: Model) -> list[Gemm]:
     qkv = (model.heads + 2 * model.kv_heads) * model.head_dim
     attn = model.heads * model.head_dim
     fc1 = (2 if model.gated else 1) * model.ffn
-    return [Gemm("qkv_fprop", "ag_gemm", model.hidden, qkv, "qkv"),
-            Gemm("proj_fprop", "gemm_rs", attn, model.hidden, "attn_out"),
-            Gemm("fc1_fprop", "ag_gemm", model.hidden, fc1, "mlp_up"),
-            Gemm("fc2_fprop", "gemm_rs", model.ffn, model.hidden, "mlp_down"),
-            Gemm("proj_dgrad", "ag_gemm", model.hidden, attn, "attn_out"),
-            Gemm("fc2_dgrad", "ag_gemm", model.hidden, model.ffn, "mlp_down")]
+    return [Gemm("qkv_fprop", "ag_gemm", model.hidden, qkv),  # the catalog's layers (data.catalog)
+            Gemm("proj_fprop", "gemm_rs", attn, model.hidden),
+            Gemm("fc1_fprop", "ag_gemm", model.hidden, fc1),
+            Gemm("fc2_fprop", "gemm_rs", model.ffn, model.hidden),
+            Gemm("proj_dgrad", "ag_gemm", model.hidden, attn),  # dY gathered, times proj's weight
+            Gemm("fc2_dgrad", "ag_gemm", model.hidden, model.ffn)]
 
 
 def scenario_of(gemm: Gemm, model: Model, layout: Layout, hardware: str, m: int | None = None) -> Scenario:
