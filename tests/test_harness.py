@@ -71,10 +71,12 @@ def test_best_and_near_ties_are_marked(sweep):
 
 def test_noisy_schedules_are_remeasured_then_flagged():
     s = [Scenario(group="n", op="ag_gemm", m=48, n=16, k=32, dtype="float32", world_size=2, hardware="cpu")]
-    always = measure(s, config=MeasureConfig(warmup=0, reps=5, noisy_spread=0.0, max_remeasure=2), progress=False)
+    # One run per repetition (min_rep_s 0): what is checked is how repetitions pool, not their length.
+    always = measure(s, config=MeasureConfig(warmup=0, reps=5, noisy_spread=0.0, max_remeasure=2, min_rep_s=0.0),
+                     progress=False)
     assert (always["attempts"] == 3).all() and (always["times_s"].map(len) == 15).all()  # pooled
     assert always["noisy"].sum() == (always["time_spread"] > 0).sum()
-    never = measure(s, config=MeasureConfig(warmup=0, reps=5, noisy_spread=1e9), progress=False)
+    never = measure(s, config=MeasureConfig(warmup=0, reps=5, noisy_spread=1e9, min_rep_s=0.0), progress=False)
     assert (never["attempts"] == 1).all() and not never["noisy"].any()
 
 

@@ -86,11 +86,14 @@ def test_min_rep_s_times_several_runs_per_repetition(tmp_path):
 def test_two_measure_runs_into_one_out_never_lose_a_scenario(tmp_path):
     # The second writer refuses at once, naming the first, which finishes untouched; run again
     # afterwards, the second table's scenarios are added beside the first's.
-    first = scenario_file(tmp_path, ["mlp,ag_gemm,96,32,48,float32,2,cpu,", "mlp,gemm_rs,64,16,32,float32,2,cpu,"])
+    # Four scenarios, one run per repetition: the first run holds the lock for seconds, well
+    # past the second's start.
+    first = scenario_file(tmp_path, ["mlp,ag_gemm,96,32,48,float32,2,cpu,", "mlp,gemm_rs,64,16,32,float32,2,cpu,",
+                                     "mlp,ag_gemm,128,32,48,float32,2,cpu,", "mlp,gemm_rs,128,16,32,float32,2,cpu,"])
     second = tmp_path / "second.csv"
     second.write_text("group,op,m,n,k,dtype,world_size,hardware,imbalance\nout,ag_gemm,64,32,32,float32,2,cpu,\n")
     out = tmp_path / "m.parquet"
-    cmd = FICCO + ["measure", "--out", str(out), "--no-progress", "--warmup", "1", "--scenarios"]
+    cmd = FICCO + ["measure", "--out", str(out), "--no-progress", "--warmup", "1", "--min-rep-s", "0", "--scenarios"]
     a = subprocess.Popen(cmd + [str(first)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lock = tmp_path / ".m.parquet.lock"
     for _ in range(600):  # until the first run holds the lock
@@ -102,10 +105,10 @@ def test_two_measure_runs_into_one_out_never_lose_a_scenario(tmp_path):
     assert b.returncode == 1 and "ficco measure (pid" in b.stderr and "is writing it" in b.stderr, b.stderr
     assert len(b.stderr.strip().splitlines()) == 1  # one line, no traceback
     assert a.wait(timeout=600) == 0, a.stderr.read()[-2000:]
-    assert pd.read_parquet(out)["scenario_id"].nunique() == 2
+    assert pd.read_parquet(out)["scenario_id"].nunique() == 4
     again = subprocess.run(cmd + [str(second)], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
-    assert pd.read_parquet(out)["scenario_id"].nunique() == 3
+    assert pd.read_parquet(out)["scenario_id"].nunique() == 5
 
 
 # -- measure: options it cannot time with ------------------------------------------------------
