@@ -31,7 +31,8 @@ to redo while a later step's result, made from its old one, is there. A full dis
 command in one line naming the step (``No space left on device``); the steps finished stay.
 
 ``rehearse``: the same steps with the CPU as the device, tiny profile shapes, the ``cpu``
-preset as the base, the cuda path's CPU stand-in, the pipeline's debug slice, an MLflow
+preset as the base, the cuda path's CPU stand-in, the pipeline's debug slice (adapt's
+training data too), an MLflow
 store of its own in DIR and the export into ``DIR/selector``: it checks that the steps fit
 together, and its numbers mean nothing.
 """
@@ -359,7 +360,7 @@ def _adapt(c: dict) -> dict:
     try:
         summary = run_adapt(hardware=str(c["out"] / "spec.yaml"), backend="cuda", budget=c["budget"],
                             rounds=c["rounds"], out_dir=folder, ranks=c["ranks"],
-                            device="cpu" if c["rehearse"] else None, track=True)
+                            device="cpu" if c["rehearse"] else None, track=True, debug=c["rehearse"])
     except ValueError as e:
         return {"status": "failed", "error": str(e)}
     return {"status": "done", "output": str(folder), "measured": summary["rounds"][-1]["measured"],

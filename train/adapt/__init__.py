@@ -137,7 +137,8 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
               rounds: int = 4, strategy: str = "active", perturb: float = 1.0, seed: int = 0,
               out_dir: str | Path = "out/adapt", track: bool = True, register: bool = False,
               export_to: str | Path | None = None, on_round: Callable[[Round], None] | None = None,
-              ranks: str = "loopback", device: str | None = None, fabric: str | None = None) -> dict:
+              ranks: str = "loopback", device: str | None = None, fabric: str | None = None,
+              debug: bool = False) -> dict:
     """``ficco adapt``: adapt to `hardware` (a preset or a spec file) within `budget` (a
     fraction of its full-scale grid) in `rounds` equal steps, starting from `start`'s spec
     (default: the hardware's own) and a model trained on the default training data without
@@ -153,9 +154,12 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
     and, with `track`, logs the run and its learning curve to MLflow. With `register`, the
     measured rows then join the training data and the pipeline trains, registers and
     promotes by its usual rules (``register_adapted``), exporting a new champion to
-    `export_to`. Returns the summary."""
+    `export_to`. `debug`: the model learns from the pipeline's debug slice of the default
+    training data (a few scenarios per machine: a rehearsal's, whose numbers mean nothing).
+    Returns the summary."""
     from ficco_select.data.calibrate import write_spec
-    from ficco_select.train.training_data import default_training_data, training_machines
+    from ficco_select.train.pipeline import DEBUG_SCENARIOS_PER_MACHINE, debug_slice
+    from ficco_select.train.training_data import SAMPLED_PER_PRESET, default_training_data, training_machines
 
     if backend not in ("sim", "cpu", "cuda"):
         raise ValueError(f"--backend {backend}: sim, cpu or cuda")
@@ -171,15 +175,22 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
         options.update(ranks=ranks, device=device or "cuda")
     if fabric is not None:  # another network: another machine
         options.update(fabric=fabric)
+    if debug:  # another training slice: another start
+        options.update(debug=True)
+    sampled = 1 if debug else SAMPLED_PER_PRESET
     # A second run into the same folder refuses, naming this one. The job knows the training
     # data's machines and the spec file it was given, the machine as the run believes it.
-    with output_lock(out, "ficco adapt"), knowing(training_machines()), knowing([spec], hardware):
+    with output_lock(out, "ficco adapt"), knowing(training_machines(sampled_per_preset=sampled)), \
+            knowing([spec], hardware):
         check_state(out, options)
         machine = adapted_machine(spec, name, out, options)
         with machine.known():
             # Without the machine's rows: a fabric's own committed sweeps (the host and the other
             # fabrics stay), else the hardware's preset family.
-            base = with_features(usable_base(default_training_data(), machine.name if fabric else spec.name))
+            training = default_training_data(sampled_per_preset=sampled)
+            if debug:
+                training = debug_slice(training, DEBUG_SCENARIOS_PER_MACHINE)
+            base = with_features(usable_base(training, machine.name if fabric else spec.name))
             checkpoints = [0.0] + [budget * (i + 1) / rounds for i in range(rounds)]
             done = adapt(machine, base, checkpoints=checkpoints, strategy=strategy, out_dir=out, seed=seed,
                          progress=on_round)
