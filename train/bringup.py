@@ -32,9 +32,8 @@ command in one line naming the step (``No space left on device``); the steps fin
 
 ``rehearse``: the same steps with the CPU as the device, tiny profile shapes, the ``cpu``
 preset as the base, the cuda path's CPU stand-in, the pipeline's debug slice (adapt's
-training data too), an MLflow
-store of its own in DIR and the export into ``DIR/selector``: it checks that the steps fit
-together, and its numbers mean nothing.
+training data too), an MLflow store of its own in DIR and the export into ``DIR/selector``:
+it checks that the steps fit together, and its numbers mean nothing.
 """
 
 from __future__ import annotations
