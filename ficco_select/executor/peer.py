@@ -340,7 +340,9 @@ class HostPeerMemory(PeerMemory):
         yield self._lanes[key]
 
     def join(self, done: threading.Event) -> None:
-        deadline = time.monotonic() + self.timeout_s
+        # A lane's own timeout names the lane and the channel it waited for and ends `done`
+        # first; this one is the backstop for a lane that never reports, a moment later.
+        deadline = time.monotonic() + self.timeout_s + 1.0
         while not done.wait(0.05):
             self.check()
             if time.monotonic() > deadline:
