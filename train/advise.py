@@ -19,6 +19,7 @@ Sources (each format's keys and flags are read from these files):
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Sequence
 
 from ficco_select.hardware import HardwareSpec
@@ -386,8 +387,6 @@ def vllm_advice(select: Callable[[Scenario], Decision], model: Model, layout: La
                           "TP off"]}
     sp_min = max(paying)
     config = {"pass_config": {"enable_sp": True, "fuse_gemm_comms": True, "sp_min_token_num": sp_min}}
-    import json
-
     notes = [f"{kind}: overlap pays at no token count here; the pass turns it on with the others"
              for kind, t in kinds.items() if t is None]
     return {"thresholds": kinds, "sp_min_token_num": sp_min,
