@@ -17,6 +17,16 @@ rank raises at the group's timeout (the one case here that waits on it, with a 5
 With the debug mode on (PyTorch's ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` or ``FICCO_CHECK_CALLS``),
 the same calls are refused on every rank before any transfer, naming the op, the ranks and the
 shapes (the last tests here).
+
+One wait is gloo's, not ficco's, and ends at the group's timeout: a send written at the moment
+its peer dies. gloo's asynchronous write takes EPIPE/ECONNRESET as "try later" and queues the
+send, and closing the pair fails the queued sends of bound buffers only (``Pair::signalException``
+in gloo/transport/tcp/pair.cc skips ``op.ubuf``), while ``ProcessGroupGloo::send`` posts
+unbound ones: that send's wait ends with gloo's "Timed out waiting ... for send operation". It
+was seen about once in a hundred runs of a ring case beside busy processes; PyTorch's own
+``isend`` takes the same path. Each case's group timeout is therefore short, and a rank whose
+peer died first may raise that timeout; any other wait past 10 s, and any rank still waiting
+when the launcher gives up, fails the test.
 """
 
 from __future__ import annotations
@@ -35,8 +45,11 @@ from ficco_select.runtime import torch_ops
 from ficco_select.runtime.selector import Selector
 from helpers.ranks import rand, spawn
 
-TIMEOUT_S = 120
-"""The group's timeout: a rank waiting on it would show as a case that takes this long."""
+TIMEOUT_S = 20
+"""The group's timeout: a rank waiting on it shows as a case that takes this long (it raises
+before the launcher's watch, at twice this, gives up on it)."""
+GLOO_SEND_TIMEOUT = "for send operation to complete"
+"""gloo's error for a send queued as its peer died (the module's docstring)."""
 WARM_TIMEOUT_S = 5
 """The group's timeout of the case that waits on it (a rank meeting a new layer alone)."""
 BASE, ODD = 8, 12
@@ -109,7 +122,7 @@ def _run_case(case: dict) -> list[dict]:
     """Every rank's outcome: ok, raised (with what it saw first), died (gloo aborts a process
     that meets a collective of another size) or hung (waited far longer than any error takes)."""
     seen = {}
-    outcomes = ranks.launch(_rank, case["P"], (case,), timeout_s=TIMEOUT_S / 2, group=None, stop_on_error=False,
+    outcomes = ranks.launch(_rank, case["P"], (case,), timeout_s=2 * TIMEOUT_S, group=None, stop_on_error=False,
                             start_method="forkserver", on_report=lambda kind, result: seen.update({result["rank"]: result}))
     results = []
     for o in outcomes:
@@ -118,7 +131,8 @@ def _run_case(case: dict) -> list[dict]:
         elif o.exitcode is None:
             res = {"rank": o.rank, "outcome": "hung"}
         elif o.exitcode == 1 and o.rank in seen:
-            res = {**seen[o.rank], "outcome": "raised", "error": o.error.splitlines()[0][:200]}
+            res = {**seen[o.rank], "outcome": "raised", "error": o.error.splitlines()[0][:200],
+                   "gloo_send_timeout": GLOO_SEND_TIMEOUT in o.error}
         else:
             res = {"rank": o.rank, "outcome": "died", "exitcode": o.exitcode}
         results.append({**res, "seconds": round(o.seconds, 1)})
@@ -149,7 +163,9 @@ def test_ranks_passing_different_shapes_never_return_a_wrong_result_nor_hang():
             wrong = res["outcome"] == "ok" and not res["right"]  # past the barrier with a wrong result
             if wrong or res["outcome"] == "hung" or res["seconds"] >= case.get("timeout", TIMEOUT_S) + 10:
                 bad.append((case, res))
-            if "timeout" not in case and res["seconds"] >= 10:  # an error reaches every rank at once
+            peer_died = any(other["outcome"] == "died" for other in results if other is not res)
+            gloo_wait = res.get("gloo_send_timeout") and peer_died  # gloo's queued send (docstring)
+            if "timeout" not in case and res["seconds"] >= 10 and not gloo_wait:  # an error reaches every rank at once
                 bad.append((case, res))
         if _expected(case["op"], case["dim"], 0, case["P"]) is None:
             # No result is right: every rank must end in an error.
