@@ -19,7 +19,8 @@ from ficco_select.heuristic import HeuristicParams, choose, estimates
 from ficco_select.train.evaluate import SPLITS, evaluate, folds, tables
 from ficco_select.train.metrics import score, usable_rows
 from ficco_select.train.selector_sets import all_selectors
-from ficco_select.train.selectors import AlwaysBaseline, Heuristic, Oracle, SimulatorSelector, XGBRanker, XGBTimeRegressor
+from ficco_select.train.selectors import (AlwaysBaseline, Heuristic, Oracle, SimulatorSelector, XGBRanker, XGBTimeRegressor,
+                                         reference_picks, with_features, with_reference_picks)
 from ficco_select.runtime.selector import Selector as RuntimeSelector
 import ficco_select.train.shipped as shipped_module
 from ficco_select.train.shipped import SLOWDOWN_CAP, ShippedPolicy, fit_abstention, fit_unseen_hardware
@@ -320,6 +321,54 @@ def test_the_unseen_hardware_rule_holds_machines_out_of_the_fit_and_bounds_the_t
     widened = gpu["widened_by"]["link_bw_gbps"]
     assert widened == pytest.approx(links[1] / links[0])
     assert gpu["spec_ranges"]["link_bw_gbps"] == pytest.approx([links[0] / widened, links[1] * widened])
+
+
+def test_the_fallbacks_picked_once_per_scenario_are_their_own_picks_and_change_no_rule(small):
+    framed = with_reference_picks(with_features(small))
+    assert reference_picks(framed, "heuristic") == Heuristic(tune=False).predict(small)
+    assert reference_picks(framed, "cost_model") == SimulatorSelector().predict(small)
+    assert reference_picks(small, "heuristic") is None  # a frame without them: decided as before
+    make = lambda: XGBTimeRegressor(n_estimators=20)  # noqa: E731
+    assert fit_abstention(make, framed) == fit_abstention(make, usable_rows(small))
+    assert SimulatorSelector().fit(framed).predict(framed) == SimulatorSelector().predict(small)
+
+
+def test_the_unseen_machine_rule_is_fitted_for_the_kinds_asked_only(small):
+    rows = usable_rows(small)
+    fitted_on = []
+
+    class Spy(XGBTimeRegressor):
+        def fit(self, df):
+            fitted_on.append(set(df["hardware"]))
+            return super().fit(df)
+
+    abstention = {"min_margin": 0.0, "fallback": "heuristic"}
+    every = fit_unseen_hardware(lambda: Spy(n_estimators=20), rows, abstention)
+    assert len(fitted_on) == 2
+    assert fit_unseen_hardware(lambda: Spy(n_estimators=20), rows, abstention, kinds={"gpu"}) == every
+    fitted_on.clear()
+    rule = fit_unseen_hardware(lambda: Spy(n_estimators=20), rows, abstention, kinds={"cpu"})  # no cpu machine here
+    assert fitted_on == [] and rule == {"decide": "heuristic", "validation": {}}
+
+
+def test_two_splits_holding_out_the_same_rows_share_one_fit(small):
+    # mi300x-8 is the only fully connected machine here and h100 the only switched one: the
+    # topology folds hold out what the hardware folds do.
+    fits = []
+
+    class Counted(XGBTimeRegressor):
+        def fit(self, df):
+            fits.append(len(df))
+            return super().fit(df)
+
+    make = lambda: [Counted(n_estimators=20), Heuristic(tune=False), Oracle()]  # noqa: E731
+    res = evaluate(small, splits=("hardware", "topology"), make_selectors=make, progress=False)
+    assert len(fits) == 2
+    by_machine = {"mi300x-8": load_hardware("mi300x-8").topology, "h100-nvswitch": load_hardware("h100-nvswitch").topology}
+    for hw, topology in by_machine.items():
+        assert res["splits"]["topology"]["folds"][f"topology={topology}"] == res["splits"]["hardware"]["folds"][f"hardware={hw}"]
+    alone = evaluate(small, splits=("topology",), make_selectors=make, progress=False)
+    assert alone["splits"]["topology"]["folds"] == res["splits"]["topology"]["folds"]
 
 
 def test_mixed_backends_get_a_table_of_their_own(small):

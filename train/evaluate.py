@@ -27,7 +27,7 @@ from ficco_select.hardware import known_machines, load_hardware, machines
 from ficco_select.train.metrics import (METRICS, Truths, ceiling_choices, comparison_table, require_every_candidate,
                                        true_times, usable_rows)
 from ficco_select.train.selector_sets import shipping_selectors
-from ficco_select.train.selectors import BaseSelector, with_features
+from ficco_select.train.selectors import BaseSelector, with_features, with_reference_picks
 
 Fold = tuple[str, pd.Series, pd.Series]
 SPLITS = ("random", "family", "hardware", "topology", "world_size")
@@ -76,12 +76,13 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
     and every fit is seeded: the results do not depend on it).
     """
     require_every_candidate(df)
-    df = with_features(df)  # once: every fold's selectors slice them
+    df = with_reference_picks(with_features(df))  # once: every fold's selectors slice them
     truth = Truths.of(df)  # once: the pooled tables read it
     plan = [(split, fold) for split in splits for fold in folds(df, split)]
+    unique, slots, order = _distinct_folds(plan)
     per_fold_fits = len(make_selectors())
     bar = tqdm(total=len(plan) * per_fold_fits, desc="evaluate", unit="fit", disable=not progress)
-    if workers > 1 and len(plan) > 1:
+    if workers > 1 and len(unique) > 1:
         from joblib import Parallel, delayed
 
         # Each fold's process reads the frame once from a file (pickling it per fold costs
@@ -91,13 +92,12 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
             path = str(Path(tmp) / "frame.parquet")
             df.to_parquet(path)
             machines = known_machines()
-            outcomes = Parallel(n_jobs=min(workers, len(plan)), return_as="generator")(
-                delayed(_fold_in_worker)(machines, path, np.flatnonzero(train_mask), np.flatnonzero(test_mask),
-                                         make_selectors) for _, (_, train_mask, test_mask) in plan)
-            results = _gathered(plan, outcomes, bar, per_fold_fits)
+            outcomes = Parallel(n_jobs=min(workers, len(unique)), return_as="generator")(
+                delayed(_fold_in_worker)(machines, path, *unique[i], make_selectors) for i in order)
+            results = _gathered(plan, _by_slot(zip(order, outcomes), slots), bar, per_fold_fits)
     else:
-        outcomes = (_fold(df[train_mask], df[test_mask], make_selectors) for _, (_, train_mask, test_mask) in plan)
-        results = _gathered(plan, outcomes, bar, per_fold_fits)
+        outcomes = (_fold(df.iloc[unique[i][0]], df.iloc[unique[i][1]], make_selectors) for i in order)
+        results = _gathered(plan, _by_slot(zip(order, outcomes), slots), bar, per_fold_fits)
     bar.close()
     for split, block in results["splits"].items():
         block["mean"] = _mean_over_folds(block["folds"])
@@ -108,13 +108,38 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
     return results
 
 
+def _distinct_folds(plan: list) -> tuple[list, list[int], list[int]]:
+    """The plan's distinct folds as (training rows, test rows) positions; each plan entry's
+    distinct fold (`slots`); and the order to fit them in. Two splits may hold out the same
+    rows (a topology only one machine has): that fold is fitted once. Largest training
+    sides first, so that the last folds to finish are small and the workers end together."""
+    sides = [(np.flatnonzero(train_mask), np.flatnonzero(test_mask)) for _, (_, train_mask, test_mask) in plan]
+    first: dict[tuple[bytes, bytes], int] = {}
+    slots = [first.setdefault((train_at.tobytes(), test_at.tobytes()), len(first)) for train_at, test_at in sides]
+    unique = [sides[slots.index(slot)] for slot in range(len(first))]
+    return unique, slots, sorted(range(len(unique)), key=lambda i: -len(unique[i][0]))
+
+
+def _by_slot(arrivals, slots: list[int]):
+    """The outcome of each plan entry (its distinct fold's: `slots`), in plan order, from
+    `arrivals`: (distinct fold, outcome) in the order they were fitted."""
+    got: dict = {}
+    for slot in slots:
+        while slot not in got:
+            fold, outcome = next(arrivals)
+            got[fold] = outcome
+        yield got[slot]
+
+
 def _gathered(plan: list, outcomes, bar, per_fold_fits: int) -> dict:
     """The folds' outcomes (``_fold``), in plan order, as ``evaluate``'s results."""
     results: dict = {"splits": {}, "fit_seconds": {}, "choices": {}}
+    timed = set()  # a fold two splits share was fitted once: its seconds count once
     for (split, (fold_name, _, _)), outcome in zip(plan, outcomes):
         results["splits"].setdefault(split, {"folds": {}})["folds"][fold_name] = outcome["scores"]
-        for name, seconds in outcome["seconds"].items():
+        for name, seconds in outcome["seconds"].items() if id(outcome) not in timed else ():
             results["fit_seconds"][name] = results["fit_seconds"].get(name, 0.0) + seconds
+        timed.add(id(outcome))
         for name, chosen in outcome["choices"].items():
             results["choices"].setdefault(split, {}).setdefault(name, {}).update(chosen)
         if outcome["decisions"]:

@@ -37,7 +37,7 @@ from ficco_select.train.evaluate import abstention_table, choices_table, evaluat
 from ficco_select.train.measured_holdout import holdout_tables, holdout_text
 from ficco_select.train.metrics import format_table
 from ficco_select.train.report import write_report
-from ficco_select.train.selectors import BaseSelector, XGBRanker, XGBTimeRegressor, clone, with_features
+from ficco_select.train.selectors import BaseSelector, XGBRanker, XGBTimeRegressor, clone, with_features, with_reference_picks
 from ficco_select.train.shipped import (ShippedPolicy, fit_abstention, fit_unseen_hardware, rules_and_evidence,
                                        runtime_meta, with_machine_fallbacks)
 
@@ -219,7 +219,7 @@ def _register(data: TrainingData, scores: Scores, config: TrainConfig, run_id: s
     index = by_split[grouped[0]].index
     row = next((r for r in ("shipped-unguarded", "shipped") if r in index), candidate.name)
     chosen = candidate.name
-    features = with_features(data.fit_df)
+    features = with_reference_picks(with_features(data.fit_df))
     model = clone(candidate).fit(features)
     version = _log_model(model, candidate, features, data.digest, by_split, grouped, row, run_id)
     return Registered(chosen=chosen, row=row, model=model, version=version)

@@ -218,11 +218,15 @@ class SimulatorSelector(BaseSelector):
         ok = usable_rows(df)
         legal = legal_schedules(ok)
         out = {}
+        specs = getattr(self, "specs_", {})
         for hw, rows in ok.groupby("hardware"):
+            if hw not in specs and (given := reference_picks(rows, "cost_model")) is not None:
+                out.update(given)  # the spec as given: decided once per scenario (with_reference_picks)
+                continue
             records = scenario_records(rows)
             ids = [r.pop("scenario_id") for r in records]
             scenarios = [Scenario.from_record(r) for r in records]
-            model = simulate_rows(scenarios, getattr(self, "specs_", {}).get(hw) or load_hardware(hw))
+            model = simulate_rows(scenarios, specs.get(hw) or load_hardware(hw))
             sid_of = {s.scenario_id: sid for s, sid in zip(scenarios, ids)}
             sids = [sid_of[s] for s in model["scenario_id"].tolist()]
             model = model.assign(scenario_id=sids)[[name in legal[sid] for sid, name in
@@ -247,6 +251,31 @@ def with_features(df: pd.DataFrame) -> pd.DataFrame:
     X = _feature_matrix(ok)
     return pd.concat([ok.drop(columns=[c for c in FEATURE_COLUMNS if c in ok.columns]),
                       pd.DataFrame(X, columns=list(FEATURE_COLUMNS))], axis=1)
+
+
+REFERENCE_PICKS = {"heuristic": "pick.heuristic", "cost_model": "pick.cost_model"}
+"""Where ``with_reference_picks`` keeps each scenario's pick by the runtime's untuned
+heuristic and by the cost model on its machine's spec as given (in every row of it)."""
+
+
+def with_reference_picks(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with the picks of ``REFERENCE_PICKS`` as columns. Both depend on the scenario and
+    its machine only, not on a fold: the validation folds of every shipped-policy fit, and
+    the simulator's row on machines it does not calibrate, read them instead of deciding
+    each scenario again."""
+    picks = {"heuristic": Heuristic(tune=False).predict(df), "cost_model": SimulatorSelector().predict(df)}
+    sids = df["scenario_id"]
+    return df.assign(**{column: sids.map(picks[who]).to_numpy(object) for who, column in REFERENCE_PICKS.items()})
+
+
+def reference_picks(df: pd.DataFrame, who: str) -> dict[str, str] | None:
+    """{scenario_id: schedule} from ``with_reference_picks``'s column of `who`, or None
+    where `df` lacks it."""
+    column = REFERENCE_PICKS[who]
+    if column not in df.columns:
+        return None
+    first = df.drop_duplicates("scenario_id")
+    return dict(zip(first["scenario_id"].tolist(), first[column].tolist()))
 
 
 def _feature_matrix(ok: pd.DataFrame) -> np.ndarray:

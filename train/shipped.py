@@ -49,6 +49,7 @@ from ficco_select.train.selectors import (
     clone,
     feature_pairs,
     legal_schedules,
+    reference_picks,
     scenario_records,
 )
 
@@ -406,7 +407,8 @@ def _apply_rule(v: pd.DataFrame, abstention: dict) -> np.ndarray:
     return out
 
 
-def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abstention: dict) -> dict:
+def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abstention: dict,
+                        kinds: Iterable[str] | None = None) -> dict:
     """The runtime's rule for machines the model never saw (selector.json's ``unseen_hardware``),
     fitted on `df`, the training side.
 
@@ -421,13 +423,18 @@ def fit_unseen_hardware(make: Callable[[], BaseSelector], df: pd.DataFrame, abst
     (``widened_by``): the extrapolation the validation tested, no more. Machines of a
     topology not trained on are let in (``any_topology``) only if a held-out machine's
     topology was new to its training half.
+
+    `kinds`: the kinds of machine to fit the rule for (default: every kind `df` has). A
+    kind's rule and fallback are read only for machines of that kind, so an evaluation
+    fits the kinds of its hold-out side's machines alone.
     """
     ok = usable_rows(df)
     specs = {h: load_hardware(h) for h in sorted(ok["hardware"].unique(), key=lambda h: zlib.crc32(h.encode()))}
     rule: dict = {"decide": "heuristic", "kinds": {}, "validation": {}}
     fixed = fixed_rule_schedules(ok)
     held_out = []  # every kind's validation outcomes on held-out machines
-    for kind in sorted({hw.kind for hw in specs.values()}):
+    present = {hw.kind for hw in specs.values()}
+    for kind in sorted(present if kinds is None else present & set(kinds)):
         mine = [h for h, hw in specs.items() if hw.kind == kind]
         # Halves of machines with the machines sampled around them (``ficco_select.data.machines``),
         # so that a held-out machine is not in training under another name.
@@ -503,8 +510,10 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame, fixed: Sequence
     # repeat oracle, whose slowdowns are what noise alone costs a perfect learner.
     labelled, _ = pick_with_margin(np.log(ok["time_s"].to_numpy(float)), names, sid)
     t_oracle = pd.Series(truth[labelled], index=sid[labelled])
-    heuristic = Heuristic(tune=False).predict(val)
-    cost_model = SimulatorSelector().predict(val)  # as the runtime's cost_model fallback: each machine's spec as given
+    # The runtime's fallbacks, as it runs them: the heuristic untuned, the cost model on each
+    # machine's spec as given (picked once per scenario where the frame carries them).
+    heuristic = reference_picks(val, "heuristic") or Heuristic(tune=False).predict(val)
+    cost_model = reference_picks(val, "cost_model") or SimulatorSelector().predict(val)
     baseline = AlwaysBaseline().predict(val)
     ids = first.index.tolist()  # plain strings: iterating an Arrow-backed index is slow
     t_baseline = [t_of[(sid, baseline[sid])] for sid in ids]
@@ -581,8 +590,9 @@ class ShippedPolicy(BaseSelector):
                                              expected_features=len(FEATURE_NAMES))
         self.meta_ = {**runtime_meta(inner.name, df), "abstention": self.abstention_}
         self.unseen_hardware_ = None
-        if set(unseen_machines) - set(usable_rows(df)["hardware"]):
-            self.unseen_hardware_ = fit_unseen_hardware(self._fresh, df, self.abstention_)
+        if unseen := set(unseen_machines) - set(usable_rows(df)["hardware"]):
+            self.unseen_hardware_ = fit_unseen_hardware(self._fresh, df, self.abstention_,
+                                                        kinds={load_hardware(h).kind for h in unseen})
             self.meta_ = {**self.meta_, "unseen_hardware": self.unseen_hardware_,
                           "abstention": with_machine_fallbacks(self.abstention_, self.unseen_hardware_)}
         self._runtimes()
