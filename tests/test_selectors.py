@@ -41,6 +41,16 @@ def small():
     return pd.concat(frames, ignore_index=True)
 
 
+def spying(base: type, seen: list, column: str = "hardware") -> type:
+    """`base` (a selector class) whose every fit adds the set of its frame's `column` to `seen`."""
+    class Spy(base):
+        def fit(self, df):
+            seen.append(set(df[column]))
+            return super().fit(df)
+
+    return Spy
+
+
 def test_features_are_the_same_for_one_row_and_a_batch(small):
     recs = small[["group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "imbalance"]].to_dict("records")
     hw = {h: load_hardware(h) for h in set(small["hardware"])}
@@ -234,10 +244,7 @@ def test_the_abstention_rule_is_fitted_on_validation_folds_of_the_training_side_
     train = rows[rows["scenario_id"].isin(ids[::2])]
     fitted_on = []
 
-    class Spy(XGBRanker):
-        def fit(self, df):
-            fitted_on.append(set(df["scenario_id"]))
-            return super().fit(df)
+    Spy = spying(XGBRanker, fitted_on, "scenario_id")
 
     rule = fit_abstention(lambda: Spy(n_estimators=30), train)
     assert len(fitted_on) == 2 and not fitted_on[0] & fitted_on[1]  # each validates on what the other fits
@@ -256,10 +263,7 @@ def test_the_shipped_policy_reuses_its_inner_fit_and_fits_the_unseen_hardware_ru
     mi300x, h100 = rows[rows["hardware"] == "mi300x-8"], rows[rows["hardware"] == "h100-nvswitch"]
     fits = []
 
-    class Spy(XGBRanker):
-        def fit(self, df):
-            fits.append(set(df["hardware"]))
-            return super().fit(df)
+    Spy = spying(XGBRanker, fits)
 
     inner = Spy(n_estimators=20).fit(rows)  # as evaluate does: the bare row first, same frame
     shipped = ShippedPolicy(inner).fit(rows)
@@ -283,10 +287,7 @@ def test_the_unseen_hardware_rule_holds_machines_out_of_the_fit_and_bounds_the_t
     rows = usable_rows(small)
     fitted_on = []
 
-    class Spy(XGBRanker):
-        def fit(self, df):
-            fitted_on.append(set(df["hardware"]))
-            return super().fit(df)
+    Spy = spying(XGBRanker, fitted_on)
 
     abstention = {"min_margin": 0.0, "fallback": "heuristic"}
     rule = fit_unseen_hardware(lambda: Spy(n_estimators=20), rows, abstention)
@@ -337,10 +338,7 @@ def test_the_unseen_machine_rule_is_fitted_for_the_kinds_asked_only(small):
     rows = usable_rows(small)
     fitted_on = []
 
-    class Spy(XGBTimeRegressor):
-        def fit(self, df):
-            fitted_on.append(set(df["hardware"]))
-            return super().fit(df)
+    Spy = spying(XGBTimeRegressor, fitted_on)
 
     abstention = {"min_margin": 0.0, "fallback": "heuristic"}
     every = fit_unseen_hardware(lambda: Spy(n_estimators=20), rows, abstention)
@@ -356,10 +354,7 @@ def test_two_splits_holding_out_the_same_rows_share_one_fit(small):
     # topology folds hold out what the hardware folds do.
     fits = []
 
-    class Counted(XGBTimeRegressor):
-        def fit(self, df):
-            fits.append(len(df))
-            return super().fit(df)
+    Counted = spying(XGBTimeRegressor, fits, "scenario_id")
 
     make = lambda: [Counted(n_estimators=20), Heuristic(tune=False), Oracle()]  # noqa: E731
     res = evaluate(small, splits=("hardware", "topology"), make_selectors=make, progress=False)
