@@ -96,8 +96,9 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
                 delayed(_fold_in_worker)(machines, path, *unique[i], make_selectors) for i in order)
             results = _gathered(plan, _by_slot(zip(order, outcomes), slots), bar, per_fold_fits)
     else:
-        outcomes = (_fold(df.iloc[unique[i][0]], df.iloc[unique[i][1]], make_selectors) for i in order)
-        results = _gathered(plan, _by_slot(zip(order, outcomes), slots), bar, per_fold_fits)
+        # One at a time: in the plan's order, so that each fold is reported as it ends.
+        outcomes = (_fold(df.iloc[train_at], df.iloc[test_at], make_selectors) for train_at, test_at in unique)
+        results = _gathered(plan, _by_slot(enumerate(outcomes), slots), bar, per_fold_fits)
     bar.close()
     for split, block in results["splits"].items():
         block["mean"] = _mean_over_folds(block["folds"])
@@ -110,13 +111,19 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
 
 def _distinct_folds(plan: list) -> tuple[list, list[int], list[int]]:
     """The plan's distinct folds as (training rows, test rows) positions; each plan entry's
-    distinct fold (`slots`); and the order to fit them in. Two splits may hold out the same
-    rows (a topology only one machine has): that fold is fitted once. Largest training
-    sides first, so that the last folds to finish are small and the workers end together."""
-    sides = [(np.flatnonzero(train_mask), np.flatnonzero(test_mask)) for _, (_, train_mask, test_mask) in plan]
+    distinct fold (`slots`); and the order in which workers fit them. Two splits may hold
+    out the same rows (a topology only one machine has): that fold is fitted once. Largest
+    training sides first, so that the last folds to finish are small and the workers end
+    together."""
     first: dict[tuple[bytes, bytes], int] = {}
-    slots = [first.setdefault((train_at.tobytes(), test_at.tobytes()), len(first)) for train_at, test_at in sides]
-    unique = [sides[slots.index(slot)] for slot in range(len(first))]
+    unique, slots = [], []
+    for _, (_, train_mask, test_mask) in plan:
+        train_at, test_at = np.flatnonzero(train_mask), np.flatnonzero(test_mask)
+        key = (train_at.tobytes(), test_at.tobytes())
+        if key not in first:
+            first[key] = len(unique)
+            unique.append((train_at, test_at))
+        slots.append(first[key])
     return unique, slots, sorted(range(len(unique)), key=lambda i: -len(unique[i][0]))
 
 
