@@ -32,9 +32,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-_DEAD_GRACE_S = 1.0
-"""How long a rank that exited without a word may still have its last message on the way;
-also how long a failed rank's peers get to show which of them died first."""
+_DEAD_GRACE_S = 0.2
+"""How long a rank seen exited without a word stays unjudged: one more read of the queue. A
+rank's messages are in the pipe before its process exits (``_rank_main`` flushes the queue
+before it leaves), so nothing it sent can arrive later than that read."""
+_PEER_GRACE_S = 0.5
+"""How long a failed rank's peers get to show which of them died first (a peer that gloo
+aborted is gone by the time its socket closes, so this is a margin for a loaded host)."""
 
 
 class RankError(RuntimeError):
@@ -231,7 +235,7 @@ def _watch(procs, events, t0: float, timeout_s: float, on_report, stop_on_error:
             outcomes[rank] = RankOutcome(rank, error=payload.strip(), seconds=last - t0)
             if stop_on_error:
                 # Peers of a dead rank fail with connection errors: name the dead one instead.
-                time.sleep(_DEAD_GRACE_S)
+                time.sleep(_PEER_GRACE_S)
                 raise RankError(_dead_rank(procs) or payload.strip())
     for rank, p in enumerate(procs):
         if outcomes[rank].exitcode is None and rank not in hung:
