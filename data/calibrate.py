@@ -27,7 +27,7 @@ import pandas as pd
 from scipy.optimize import least_squares, minimize
 from scipy.stats import kendalltau
 
-from ficco_select.data.simulate import build_rows, predict, simulate_rows
+from ficco_select.data.simulate import build_rows, predict_time, simulate_rows
 from ficco_select.costs import OP_CODES, rank_work
 from ficco_select.hardware import HardwareSpec, fields_of, load_hardware
 from ficco_select.scenario import DTYPES, SCENARIO_COLUMNS, Scenario
@@ -127,7 +127,7 @@ def _refine(spec: HardwareSpec, df: pd.DataFrame) -> HardwareSpec:
             gemm_launch_us=spec.gemm_launch_us * scale[3], sm_comm_units=float(np.clip(x[4], 0.0, 0.9)))
 
     def loss(y: np.ndarray) -> float:
-        t = predict(cols, adjusted(y))["time_s"]
+        t = predict_time(cols, adjusted(y))
         return float(np.median(np.abs(np.log(t[have] / measured[have]))))
 
     start = np.array([0.0, 0.0, 0.0, spec.sm_comm_units])
@@ -335,7 +335,7 @@ def _rescaled(spec: HardwareSpec, ok: pd.DataFrame, start: dict[str, float] | No
 
     def residuals(x: np.ndarray) -> np.ndarray:
         s = scaled(x)  # the rows hold each scenario's peak: rescaled with the spec's
-        t = predict({**cols, "_peak": cols["_peak"] * (s.peak_of("float32") / spec.peak_of("float32"))}, s)["time_s"]
+        t = predict_time({**cols, "_peak": cols["_peak"] * (s.peak_of("float32") / spec.peak_of("float32"))}, s)
         return np.concatenate([np.log(t[have] / measured[have]), np.sqrt(RECALIBRATE_PRIOR) * x])
 
     x0 = np.log([(start or {}).get(field, 1.0) for field in fields])

@@ -99,20 +99,31 @@ def simulate_rows(scenarios: Sequence[Scenario], hw: HardwareSpec) -> pd.DataFra
 
 def predict(cols: dict[str, np.ndarray], hw: HardwareSpec) -> dict[str, np.ndarray]:
     """The model on column arrays (one entry per (scenario, schedule)): time and signatures."""
+    t, share = _times(cols, hw)
+    g_whole, t_comm_whole = t["t_comp_s"], t["t_comm_s"]
+    sig = _signatures(hw, t["M"], t["N"], t["K"], t["shard_rows"], t["shard_cols"], cols["_bytes"], cols["_peak"],
+                      cols["world_size"].astype(float), g_whole, t_comm_whole)  # ratios: before the time-sharing
+    time, g_whole, t_comm_whole = t["time_s"] * share, g_whole * share, t_comm_whole * share
+    # The ratios stand (both times stretch alike); the times and their ideal speedup are shared ones.
+    return {"time_s": time, **sig, "t_comp_s": g_whole, "t_comm_s": t_comm_whole,
+            "ideal_speedup": (g_whole + t_comm_whole) / np.maximum(g_whole, t_comm_whole)}
+
+
+def predict_time(cols: dict[str, np.ndarray], hw: HardwareSpec) -> np.ndarray:
+    """``predict``'s ``time_s`` alone: what a calibration's loss reads, hundreds of times, without
+    the signatures (half of ``predict``'s work)."""
+    t, share = _times(cols, hw)
+    return t["time_s"] * share
+
+
+def _times(cols: dict[str, np.ndarray], hw: HardwareSpec) -> tuple[dict[str, np.ndarray], np.ndarray]:
     P = cols["world_size"].astype(float)
     t = schedule_times(hw, op=cols["_op"], m=cols["m"].astype(float), n=cols["n"].astype(float),
                        k=cols["k"].astype(float), P=P, imbalance=cols["imbalance"].astype(float),
                        dtype_bytes=cols["_bytes"], peak=cols["_peak"], gran=cols["_gran"], degree=cols["_d"], a2a=cols["_a2a"],
                        per_step=cols["_per_step"], split_n=cols["_split_n"], dma=cols["_dma"])
-    g_whole, t_comm_whole = t["t_comp_s"], t["t_comm_s"]
-    sig = _signatures(hw, t["M"], t["N"], t["K"], t["shard_rows"], t["shard_cols"], cols["_bytes"], cols["_peak"],
-                      P, g_whole, t_comm_whole)  # ratios: computed before the time-sharing factor below
     # More ranks than devices (the cpu backend's 4 ranks on 2 cores) time-share them.
-    share = np.maximum(1.0, P / hw.devices)
-    time, g_whole, t_comm_whole = t["time_s"] * share, g_whole * share, t_comm_whole * share
-    # The ratios stand (both times stretch alike); the times and their ideal speedup are shared ones.
-    return {"time_s": time, **sig, "t_comp_s": g_whole, "t_comm_s": t_comm_whole,
-            "ideal_speedup": (g_whole + t_comm_whole) / np.maximum(g_whole, t_comm_whole)}
+    return t, np.maximum(1.0, P / hw.devices)
 
 
 def _signatures(hw, M, N, K, shard_rows, shard_cols, b, peak, P, g_whole, t_comm):
