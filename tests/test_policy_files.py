@@ -85,3 +85,30 @@ def test_the_gpu_rule_steps_aside_on_a_gpu_machine_whose_own_measured_rows_train
     d = measured.select({**RECORD, "hardware": "h100-nvswitch"})
     assert d.source == "model" and not d.schedule.is_baseline
     assert measured.select({**RECORD, "hardware": "mi300x-8"}).abstained == "no_harm"
+
+
+
+
+def test_the_gpu_rule_stays_on_for_a_spec_file_under_a_measured_machines_name_with_other_numbers(tmp_path):
+    import yaml
+
+    # The export learned node-a's own measured rows (a GPU machine it carries), so the GPU rule
+    # steps aside there. A spec file naming node-a with its numbers is that machine; one naming
+    # it with other numbers is a machine the model never measured: decided as an unseen
+    # machine, and the rule judges the pick.
+    strict = {"split_us": 0.0, "small_margin": 0.0, "large_margin": 50.0, "measured": ["node-a"]}
+    ranges = {**FULL_RANGES, "hardware": ["mi300x-8", "node-a"]}
+    sel = Selector.load(write_selector(tmp_path / "sel", training_ranges=ranges,
+                                       hardware_specs={"node-a": spec_dict("node-a")},
+                                       abstention={"min_margin": 0.0, "fallback": "heuristic"}, gpu_no_harm=strict))
+    same, other = tmp_path / "same.yaml", tmp_path / "other.yaml"
+    same.write_text(yaml.safe_dump(spec_dict("node-a")))
+    other.write_text(yaml.safe_dump(spec_dict("node-a", link_bw_gbps=spec_dict("node-a")["link_bw_gbps"] * 2)))
+    by_name = sel.select({**RECORD, "hardware": "node-a"})
+    assert by_name.source == "model" and not by_name.schedule.is_baseline
+    assert sel.measured("node-a") and sel.measured(str(same)) and not sel.measured(str(other))
+    assert sel.select({**RECORD, "hardware": str(same)}) == by_name
+    # The heuristic decides the unseen machine (an overlap here); the rule sends it to the baseline.
+    d = sel.select({**RECORD, "hardware": str(other)})
+    assert d.abstained == "unseen_machine" and "differs from the one seen in training" in d.reason, d
+    assert d.schedule.is_baseline and d.source == "fallback" and "the baseline does no harm" in d.reason, d

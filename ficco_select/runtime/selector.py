@@ -301,7 +301,7 @@ class Selector:
         do-no-harm rule (``gpu_no_harm``) says its predicted gain is within the simulator's
         published error; one vectorized check for all of them (a layer table's grid)."""
         rule = self._scope.gpu_no_harm
-        if rule is None or hw.kind != "gpu" or hw.name in rule.measured:
+        if rule is None or hw.kind != "gpu" or self._measured(hw):
             return decisions
         at = [i for i, d in enumerate(decisions) if not d.schedule.is_baseline]
         if not at:
@@ -341,8 +341,13 @@ class Selector:
         """Whether the model learned `hardware`'s own measured rows (a GPU's): there the GPU
         do-no-harm rule steps aside."""
         spec = self._spec(hardware)
+        return spec is not None and self._measured(spec)
+
+    def _measured(self, hw: HardwareSpec) -> bool:
+        # By name and numbers: a spec file may take a measured machine's name with other
+        # numbers, and that machine the model never measured.
         rule = self._scope.gpu_no_harm
-        return spec is not None and rule is not None and spec.name in rule.measured
+        return rule is not None and hw.name in rule.measured and hw == self._spec(hw.name)
 
     def _spec(self, value: str) -> HardwareSpec | None:
         """The machine a scenario's hardware names: the model's own specs first, then a
