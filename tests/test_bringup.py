@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -86,6 +87,11 @@ def finished(tmp_path_factory) -> Path:
     """A finished rehearsal (its MLflow artifacts beside it, in the folder it ran in: one with a
     user's generic top-level names, which no step, nor any process a step starts, imports)."""
     base = decoy_folder(tmp_path_factory.mktemp("finished"))
+    # A learning curve where benchmarks/adapt_curve.py writes it: the registered model's report shows it.
+    (base / "out" / "adapt_curve").mkdir(parents=True)
+    (base / "out" / "adapt_curve" / "curve.csv").write_text(
+        "preset,strategy,fraction,near_opt_2\nmi300x-8,active,0.05,0.97\nmi300x-8,random,0.05,0.93\n"
+        "mi300x-8,full,0.8,0.99\n")
     res = bring_up(base / "node", base, "--json")
     assert res.returncode == 0, res.stderr[-3000:]
     assert DECOY not in res.stdout + res.stderr
@@ -116,6 +122,13 @@ def test_the_rehearsal_runs_every_step(finished):
     assert steps["spec"]["name"] == "cpu-profiled" and steps["spec"]["overrides"]
     assert steps["adapt"]["measured"] >= 1
     assert steps["register"]["version"] == "1" and (finished / "mlflow.db").exists()  # its own registry
+    assert "exported" not in steps["register"]  # registering exports nothing: the export step does
+    # The pipeline trained and scored on the measured machine's rows (they carry its adapted
+    # spec's name), and its report shows the learning curve.
+    pipeline = finished / "adapt" / "pipeline"
+    assert steps["spec"]["name"] in set(pd.read_parquet(pipeline / "choices.parquet")["hardware"])
+    assert "ficco adapt's learning curve" in (pipeline / "report.html").read_text()
+    assert (pipeline / "adapt_curve.png").exists()
     assert (finished / "selector" / "selector.json").exists()
     assert 0 < steps["benchmark"]["hooked_speedup"] < 10 and steps["benchmark"]["best_fixed"]
 

@@ -33,10 +33,14 @@ pytestmark = pytest.mark.gloo
 FAST = MeasureConfig(warmup=0, reps=5, max_remeasure=0, timeout_s=60, min_rep_s=0.0)  # correctness: one run a repetition
 
 
-@pytest.mark.parametrize("P, slots, slot_bytes", [(2, 1, 50), (3, 2, 24), (4, 1, 64)])
-def test_every_schedule_of_both_engines_equals_the_reference(P, slots, slot_bytes):
+@pytest.mark.parametrize("P, slots, slot_bytes, dtypes", [(2, 1, 50, ("float32", "bfloat16")),
+                                                          (3, 2, 24, ("float32",)), (4, 1, 64, ("bfloat16",))],
+                         ids=["P2-both-dtypes", "P3-float32", "P4-bfloat16"])
+def test_every_schedule_of_both_engines_equals_the_reference(P, slots, slot_bytes, dtypes):
     # slot_bytes 50: pieces split float32 and bfloat16 elements across slots (bytes move).
-    scenarios = correctness_set(P)
+    # The slots carry bytes, so a dtype changes only where pieces end: P=2 splits elements of
+    # both; P=3 (two slots a pair) and P=4 (one, reused) run one dtype each, half the time.
+    scenarios = correctness_set(P, dtypes)
     rows = []
     measure_spawned(scenarios, FAST, on_scenario=rows.extend,
                     node=NodeOptions(device="cpu", dma_slots=slots, dma_slot_bytes=slot_bytes))

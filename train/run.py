@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import tempfile
 import time
@@ -290,7 +291,8 @@ def _log_model(model: BaseSelector, candidate: BaseSelector, df: pd.DataFrame, d
         files[0].write_text(json.dumps(rules, indent=1))
         files[1].write_text(json.dumps(evidence, indent=1))
         info = mlflow.xgboost.log_model(model.model_, name="selector", registered_model_name=REGISTERED_MODEL,
-                                        model_format="ubj", extra_files=[str(f) for f in files])
+                                        model_format="ubj", extra_files=[str(f) for f in files],
+                                        pip_requirements=_model_requirements())
     version = str(info.registered_model_version)
     client = mlflow.MlflowClient()
     for split in grouped:
@@ -301,6 +303,15 @@ def _log_model(model: BaseSelector, candidate: BaseSelector, df: pd.DataFrame, d
                                      f"{table.loc['heuristic', 'oracle_capture']:.6f}")
     client.set_model_version_tag(REGISTERED_MODEL, version, "feature_schema_hash", FEATURE_SCHEMA_HASH)
     return version
+
+
+def _model_requirements() -> list[str]:
+    """What loading the logged model needs, pinned to this environment. Given, MLflow skips
+    inferring them, which loads the model in a Python process of its own (seconds per model)."""
+    import mlflow.xgboost
+
+    pinned = [f"{dist}=={importlib.metadata.version(dist)}" for dist in ("numpy", "pandas", "scikit-learn", "scipy")]
+    return mlflow.xgboost.get_default_pip_requirements() + pinned
 
 
 def _maybe_promote(client, version: str, by_split: dict, grouped: Sequence[str], name: str) -> bool:

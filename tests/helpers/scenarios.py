@@ -3,10 +3,10 @@
 from ficco_select import Scenario
 
 
-def correctness_set(P: int) -> list[Scenario]:
+def correctness_set(P: int, dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> list[Scenario]:
     """Odd shapes (pieces of unequal size), both dtypes, uneven and extreme MoE routing."""
     out = []
-    for dtype in ("float32", "bfloat16"):
+    for dtype in dtypes:
         common = dict(group="test", dtype=dtype, world_size=P, hardware="cpu")
         out += [
             Scenario(op="ag_gemm", m=13 * P, n=3 * P, k=17, **common),
