@@ -106,3 +106,63 @@ def test_a_batch_of_rows_silences_its_own_thread_only(caplog):
     assert [d["source"] for d in decided] == ["fallback", "fallback"], decided
     warned = [r.getMessage() for r in caplog.records if r.name == log.name]
     assert warned == ["another thread's warning"], warned
+
+
+def test_eight_threads_deciding_while_tables_are_built_and_evicted_see_whole_tables_only(monkeypatch):
+    from ficco_select.runtime.layers import m_grid
+
+    # Three layers' tables, built before the threads start, fill the three places kept. Half a
+    # second in, a ninth thread builds a fourth layer's: every table is evicted, and the eight
+    # deciding threads build them again, each from whatever m it meets (each thread that
+    # misses a table builds it: the documented race). At the grid every build lays
+    # (bisection points depend on a table's first m) a decision is the direct one; elsewhere
+    # it is legal; nothing raises.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)  # often enough for races, seldom enough for table builds to finish
+    for limit in ("_OBJECTS_LIMIT", "_CACHE_LIMIT"):
+        monkeypatch.setattr(selector_module, limit, 64)
+    monkeypatch.setattr(selector_module, "_TABLES_LIMIT", len(LAYERS))
+    direct, shared = Selector(layer_tables=False), Selector(layer_tables=True)
+    grid = {}
+    for i, layer in enumerate(LAYERS):
+        table = shared.layer_table(Scenario(**layer, m=8))
+        grid[i] = set(m_grid(table.grid[0], table.grid[-1], table.step)) & set(MS)
+        assert grid[i], layer
+    expected = {(i, m): direct.select(Scenario(**layer, m=m)).schedule for i, layer in enumerate(LAYERS) for m in MS}
+
+    wrong, illegal, errors, done = [], [], [], []
+    calls = [_calls(seed, 20_000) for seed in range(8)]
+    stop = time.monotonic() + 4.0
+
+    def decide(seed: int) -> None:
+        count = 0
+        try:
+            for i, m in calls[seed]:
+                if time.monotonic() >= stop:
+                    break
+                decision = shared.select(Scenario(**LAYERS[i], m=m))
+                if not is_legal(decision.schedule, Scenario(**LAYERS[i], m=m), "sim"):
+                    illegal.append((i, m, decision.schedule.name))
+                elif m in grid[i] and decision.schedule != expected[i, m]:
+                    wrong.append((i, m, decision.schedule.name, expected[i, m].name))
+                count += 1
+        except Exception as e:  # noqa: BLE001 - select never raises: any exception is the failure
+            errors.append(repr(e))
+        done.append(count)
+
+    def evict() -> None:
+        time.sleep(0.5)
+        shared.layer_table(Scenario(**{**LAYERS[0], "n": 2048}, m=8))
+        shared.clear_cache()
+
+    threads = [threading.Thread(target=decide, args=(seed,)) for seed in range(8)]
+    threads.append(threading.Thread(target=evict))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sys.setswitchinterval(interval)
+    assert not errors, errors[:3]
+    assert len(done) == 8 and min(done) > 0 and sum(done) > 1000
+    assert not illegal, illegal[:5]
+    assert not wrong, wrong[:5]
