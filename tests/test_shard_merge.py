@@ -91,6 +91,17 @@ def test_a_merge_refuses_other_machines_backends_and_disagreeing_duplicates(tmp_
         merge([])
 
 
+def measure_args(path: Path, out: Path, *extra: str) -> list[str]:
+    """`ficco measure` of the table at `path` into `out`: one run a repetition, JSON out."""
+    return ["measure", "--scenarios", str(path), "--out", str(out), "--no-progress", "--warmup", "0",
+            "--min-rep-s", "0", "--json", *extra]
+
+
+def measure(path: Path, out: Path, *extra: str):
+    """`ficco measure` run in this process (its ranks' server is started once): click's result."""
+    return CliRunner().invoke(main, measure_args(path, out, *extra))
+
+
 @pytest.mark.gloo
 def test_three_shards_measured_apart_merge_into_what_one_run_makes(tmp_path):
     # Run from a folder with a user's generic top-level names: the ranks, started by module
@@ -103,23 +114,22 @@ def test_three_shards_measured_apart_merge_into_what_one_run_makes(tmp_path):
     scenarios = read_scenarios(table, backend="cpu")
     assert all(shard_of(scenarios, i, 3) for i in range(3))  # one scenario per shard
 
-    def measure(out, *extra, in_decoy_folder=False):
-        args = ["measure", "--scenarios", str(table), "--out", str(out), "--no-progress", "--warmup", "0",
-                "--reps", "5", "--min-rep-s", "0", "--json", *extra]
-        if not in_decoy_folder:  # in this process: its ranks' server is started once
-            res = CliRunner().invoke(main, args)
+    def measured(out, *extra, in_decoy_folder=False) -> dict:
+        if not in_decoy_folder:
+            res = measure(table, out, "--reps", "5", *extra)
             assert res.exit_code == 0, res.output[-2000:]
             return json.loads(res.output)
-        res = subprocess.run(FICCO + args, capture_output=True, text=True, timeout=600, cwd=work)
+        res = subprocess.run(FICCO + measure_args(table, out, "--reps", "5", *extra), capture_output=True, text=True,
+                             timeout=600, cwd=work)
         assert res.returncode == 0, res.stderr[-2000:]
         assert DECOY not in res.stdout + res.stderr
         return json.loads(res.stdout)
 
     shards = [tmp_path / f"shard{i}.parquet" for i in range(3)]
     for i, out in enumerate(shards):
-        assert measure(out, "--shard", f"{i}/3", in_decoy_folder=i == 0)["scenarios"] == 1
-    assert measure(shards[0], "--shard", "0/3")["skipped"] == 1  # a shard resumes on its own
-    one = read_dataset(tmp_path / "one.parquet") if measure(tmp_path / "one.parquet") else None
+        assert measured(out, "--shard", f"{i}/3", in_decoy_folder=i == 0)["scenarios"] == 1
+    assert measured(shards[0], "--shard", "0/3")["skipped"] == 1  # a shard resumes on its own
+    one = read_dataset(tmp_path / "one.parquet") if measured(tmp_path / "one.parquet") else None
     res = subprocess.run(FICCO + ["dataset", "merge", *map(str, shards), "--out", str(tmp_path / "all.parquet"),
                                   "--json"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -134,12 +144,6 @@ def test_three_shards_measured_apart_merge_into_what_one_run_makes(tmp_path):
     assert res.returncode == 1 and "exists and is not one of the inputs" in res.stderr
 
 
-def measure(path: Path, out: Path, *extra: str) -> int:
-    """`ficco measure`'s exit code (run in this process)."""
-    return CliRunner().invoke(main, ["measure", "--scenarios", str(path), "--out", str(out), "--no-progress",
-                                     "--warmup", "0", "--min-rep-s", "0", "--json", *extra]).exit_code
-
-
 # -- merge: one sweep, measured alike --------------------------------------------------------
 @pytest.mark.gloo
 def test_merge_refuses_shards_measured_with_other_settings(tmp_path, shipped):
@@ -148,8 +152,8 @@ def test_merge_refuses_shards_measured_with_other_settings(tmp_path, shipped):
     scenarios = read_scenarios(path, backend="cpu")
     assert shard_of(scenarios, 0, 2) and shard_of(scenarios, 1, 2)
     s0, s1, s1_again = tmp_path / "s0.parquet", tmp_path / "s1.parquet", tmp_path / "s1_again.parquet"
-    assert measure(path, s0, "--shard", "0/2", "--reps", "5") == 0
-    assert measure(path, s1, "--shard", "1/2", "--reps", "6") == 0
+    assert measure(path, s0, "--shard", "0/2", "--reps", "5").exit_code == 0
+    assert measure(path, s1, "--shard", "1/2", "--reps", "6").exit_code == 0
     assert read_timing(s0)["reps"] == 5 and read_timing(s1)["reps"] == 6
     out = tmp_path / "all.parquet"
     line = refused(["dataset", "merge", s0, s1, "--out", out], "s0.parquet", "s1.parquet", "reps 6", "reps 5",
@@ -157,7 +161,7 @@ def test_merge_refuses_shards_measured_with_other_settings(tmp_path, shipped):
     assert "min_rep_s" not in line  # the setting that differs, not every setting
 
     # The same settings merge, and the merged file records them.
-    assert measure(path, s1_again, "--shard", "1/2", "--reps", "5") == 0
+    assert measure(path, s1_again, "--shard", "1/2", "--reps", "5").exit_code == 0
     # Nor does a resume mix settings in one file.
     refused(["measure", "--scenarios", path, "--out", s1_again, "--shard", "1/2", "--reps", "6", "--no-progress"],
             "s1_again.parquet", "reps 5", "reps 6")
