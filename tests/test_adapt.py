@@ -2,6 +2,7 @@
 the choice of scenarios, and the spec's recalibration from a few measured scenarios."""
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -241,6 +242,23 @@ def test_the_cli_says_in_one_line_that_cuda_is_missing(tmp_path):
                                     str(tmp_path / "a"), "--no-track"])
     assert res.exit_code == 1 and res.output.strip().count("\n") == 0
     assert "CUDA is not available here" in res.output and not (tmp_path / "a").exists()
+
+
+def test_a_run_that_ends_with_status_0_before_its_summary_exits_1(tmp_path, monkeypatch):
+    # Whatever ends the run early with status 0 (a library's sys.exit(), a handler), a script
+    # must not read it as done: the command says the summary was not written and exits 1.
+    import sys
+
+    from helpers.cli import refused
+
+    def ends_early(*, out_dir, **options):
+        Path(out_dir).mkdir(parents=True)  # a round measured and kept, then the process is told to leave
+        sys.exit()
+
+    monkeypatch.setattr(A, "run_adapt", ends_early)
+    out = tmp_path / "a"
+    refused(["adapt", "--hardware", "mi300x-8", "--out", out, "--no-track"],
+            f"before {out / 'summary.json'} was written", "rerun the same command", written=out / "summary.json")
 
 
 def test_register_refuses_a_folder_with_nothing_measured(tmp_path):

@@ -129,6 +129,16 @@ def test_a_measure_config_refuses_non_finite_seconds():
             MeasureConfig(**{field: value})
 
 
+def test_a_sweep_that_ends_with_status_0_before_its_file_exits_1(tmp_path, monkeypatch):
+    # A stray exit with status 0 inside the sweep is not success: the file was not written.
+    import ficco_select.data.measure.sweep as sweep
+
+    monkeypatch.setattr(sweep, "measure_table", lambda *args, **kwargs: sys.exit(0))
+    out = tmp_path / "m.parquet"
+    refused(["measure", "--scenarios", table(tmp_path, A_ROW), "--out", out, "--no-progress"],
+            f"before {out} was written", "rerun the same command", written=out)
+
+
 # -- measure never replaces what is at --out ---------------------------------------------------
 def test_measure_refuses_its_scenario_table_as_out(tmp_path):
     path = table(tmp_path, A_ROW)

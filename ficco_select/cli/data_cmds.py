@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from ficco_select.cli.output import (
+    finishing,
     json_option,
     naming,
     naming_rows_of,
@@ -67,7 +68,7 @@ def measure(scenarios_path, backend, ranks, out, reps, warmup, min_rep_s, timeou
     refuse_input_as_out(out, {"--scenarios": [path]})
     given = {"reps": reps, "min_rep_s": min_rep_s}  # None: MeasureConfig's default
     on = enter_fabric(fabric, backend) if fabric is not None else None  # re-executes inside it, once
-    with reported(ScenarioError, ValueError, MeasureError, message=naming_rows_of(path)):
+    with reported(ScenarioError, ValueError, MeasureError, message=naming_rows_of(path)), finishing(out):
         config = MeasureConfig(warmup=warmup, timeout_s=timeout_s, **{k: v for k, v in given.items() if v is not None})
         df = measure_table(path, backend=backend, ranks=ranks, config=config, out=out, progress=not no_progress,
                            shard=parse_shard(shard) if shard is not None else None, fabric=on)

@@ -3,6 +3,8 @@
 - `reported(*errors)`: inside the block, an expected stage error ends the command with
   click's one-line ``Error: <message>`` and exit status 1, with no traceback; any other
   error propagates (a bug should show its traceback).
+- `finishing(what)`: around a long command's work: an exit with status 0 from inside it
+  (before the command wrote `what`) becomes ``Error: ...`` and exit status 1.
 - `show(as_json, obj, text)`: print `obj` as indented JSON (``--json``), or the lines of
   `text()`; then exit with `exit_code` (1: the result records a failure a script must see).
 
@@ -32,6 +34,20 @@ def reported(*errors: type[Exception], message: Message = str) -> Iterator[None]
         yield
     except errors as e:
         raise click.ClickException(message(e)) from None
+
+
+@contextmanager
+def finishing(what: str) -> Iterator[None]:
+    """A long command exits 0 only once its work returned: a ``SystemExit`` with status 0 raised
+    inside the block (by a library, a handler, a stray ``sys.exit()``) ends it with exit 1 naming
+    `what` was not written, so a script or a bring-up never takes an unfinished run for done."""
+    try:
+        yield
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise
+        raise click.ClickException(f"the run ended before {what} was written (an exit with status 0 from inside "
+                                   "it); rerun the same command: it resumes from what was kept") from None
 
 
 def naming(path: str | Path) -> Message:

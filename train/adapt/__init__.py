@@ -42,13 +42,12 @@ importable from here.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from ficco_select.data.locks import output_lock
+from ficco_select.data.locks import output_lock, write_json_atomic
 from ficco_select.hardware import load_hardware
 from ficco_select.hardware import machines as knowing  # this package has a module named machines
 from ficco_select.train.adapt.machines import (
@@ -201,5 +200,5 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
             summary["mlflow_run_id"] = track_run(summary, out, {**options, "hardware": hardware})
         if register:
             summary["registered"] = register_adapted(out, export_to=export_to)
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_json_atomic(out / "summary.json", summary)  # whole or absent: a reader takes it as done
         return summary
