@@ -88,7 +88,6 @@ import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
 import torch.nn.functional as F
 from torch import nn
-from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from ficco_select.executor import ranks
 
@@ -315,18 +314,24 @@ def dtensor_ways(config: dict, P: int, rank: int) -> dict:
     return ways
 
 
-class _FusedCount(CustomGraphPass):
+def _fused_count():
     """A post-grad custom pass that counts the symmetric-memory fused ops that Inductor's
-    micro-pipeline pass (which runs before it) left in the graphs."""
+    micro-pipeline pass (which runs before it) left in the graphs. Made on use: importing
+    Inductor costs each rank (which imports this file) about a second of CPU."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
 
-    def __init__(self) -> None:
-        self.fused = 0
+    class FusedCount(CustomGraphPass):
+        def __init__(self) -> None:
+            self.fused = 0
 
-    def __call__(self, graph) -> None:
-        self.fused += sum(n.op == "call_function" and str(n.target).startswith("symm_mem.fused") for n in graph.nodes)
+        def __call__(self, graph) -> None:
+            self.fused += sum(n.op == "call_function" and str(n.target).startswith("symm_mem.fused")
+                              for n in graph.nodes)
 
-    def uuid(self) -> None:  # Inductor's FX graph cache bypassed: the count always runs
-        return None
+        def uuid(self) -> None:  # Inductor's FX graph cache bypassed: the count always runs
+            return None
+
+    return FusedCount()
 
 
 @contextlib.contextmanager
@@ -345,7 +350,7 @@ def compiling(way: str, group, notes: dict):
         notes[way] = (f"ficco's pass: {len(ficco_pass.rewrites)} matches, {len(done)} rewritten"
                       + "".join(f"\n    {r.line()}" for r in ficco_pass.rewrites))
     elif way == "dtensor-compiled+micro-pipeline":
-        counter = _FusedCount()
+        counter = _fused_count()
         nccl = dist.is_nccl_available()
         if nccl:  # what the pass wants of the group (on gloo it returns before asking)
             symm_mem.enable_symm_mem_for_group(group.group_name)
