@@ -17,16 +17,26 @@ os.environ["FICCO_SELECTOR"] = os.path.join(tempfile.mkdtemp(prefix="ficco-tests
 
 import numpy as np  # noqa: E402
 import pytest
+import torch
 
+from ficco_select.executor import ranks
 from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime.loading import RULES_VERSION
 from ficco_select.runtime.selector import Selector
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import candidates
+from helpers.ranks import PRELOAD
 
 # Ranks talk over loopback; set before any process group starts.
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+# The suite starts about a hundred short jobs of ranks in its own processes: each forked
+# from a server that imported torch once, not a fresh interpreter importing it again (about
+# 2 s of CPU a rank). The ``ficco`` commands the tests run, and their ranks, start as users'
+# do (``ficco_select.executor.ranks.START_METHOD``: spawn).
+ranks.START_METHOD = "forkserver"
+torch.multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
 
 
 # An exported selector of a real XGBoost model, trained on the features of catalog scenarios

@@ -85,9 +85,9 @@ def _entry(rank: int, P: int, fn) -> object:
         return f"{type(e).__name__}: {e}"
 
 
-def run_ranks(fn, P: int) -> dict[int, object]:
+def run_ranks(fn, P: int, **launch) -> dict[int, object]:
     """What `fn(rank, P)` returned, or raised (its type and message), on each of P gloo ranks."""
-    return dict(enumerate(ranks.run_ranks(_entry, P, (fn,), timeout_s=120)))
+    return dict(enumerate(ranks.run_ranks(_entry, P, (fn,), timeout_s=120, **launch)))
 
 
 def _sender_runs_ahead(rank: int, P: int, device: str = "cpu"):
@@ -249,7 +249,7 @@ def test_cuda_peer_copies_through_symmetric_memory_on_one_gpu(monkeypatch):
     # Two processes on GPU 0: symmetric memory allows it with this switch (NCCL would not),
     # so the dma protocol's CUDA side (slots, streams, signal kernels) runs on one GPU.
     monkeypatch.setenv("TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES", "1")
-    out = run_ranks(_sender_runs_ahead_cuda, 2)
+    out = run_ranks(_sender_runs_ahead_cuda, 2, start_method="spawn")  # fresh ranks: they read the switch
     assert isinstance(out[0], float), out[0]
     assert out[1] == [[float(i)] * 10 for i in range(5)]
 

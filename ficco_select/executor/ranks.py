@@ -41,6 +41,12 @@ _PEER_GRACE_S = 0.5
 aborted is gone by the time its socket closes, so this is a margin for a loaded host)."""
 
 
+START_METHOD = "spawn"
+"""How ``launch`` starts ranks unless its caller says: a fresh interpreter per rank (seconds
+of importing torch each), which dies with its launcher. A process that starts many short
+jobs (a test session) may make it ``forkserver``, with its preloads, once at its start."""
+
+
 class RankError(RuntimeError):
     """A job of ranks failed: the message names the rank and how."""
 
@@ -65,7 +71,7 @@ class RankOutcome:
 def launch(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *, timeout_s: float = 600.0,
            group: str | None = "gloo", group_timeout_s: float | None = None, threads: int | None = 1,
            pin_cores: bool = False, on_report: Callable[[str, Any], None] | None = None,
-           stop_on_error: bool = True, start_method: str = "spawn") -> list[RankOutcome]:
+           stop_on_error: bool = True, start_method: str | None = None) -> list[RankOutcome]:
     """Run ``fn(rank, world_size, *args)`` on `world_size` fresh processes; every rank's outcome.
 
     group: the backend of the process group each rank joins before `fn` (and leaves after a
@@ -74,8 +80,10 @@ def launch(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *,
     threads: torch's threads per rank (None: torch's default); pin_cores: each rank on its own
     `threads` cores, before its group starts its threads (``pin_rank_to_cores``). timeout_s: the longest the job
     may go without a rank reporting, returning or failing. start_method: ``spawn``, or
-    ``forkserver`` for callers that start many short jobs (its preloads are the caller's).
+    ``forkserver`` for callers that start many short jobs (its preloads are the caller's);
+    default: ``START_METHOD``.
     """
+    start_method = start_method or START_METHOD
     ctx = torch.multiprocessing.get_context(start_method)
     events = ctx.Queue()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # ranks talk over loopback only

@@ -24,7 +24,8 @@ from ficco_select.schedule import all_schedules
 
 
 PRELOAD = ["torch", "torch.distributed", "ficco_select.runtime.torch_ops", "ficco_select.runtime.selector",
-           "ficco_select.executor.ranks"]
+           "ficco_select.executor.ranks", "ficco_select.data.measure.gloo"]
+"""What the suite's forkserver imports once for every rank it forks (tests/conftest.py)."""
 
 
 def _entry(rank: int, P: int, fn, tmp: str) -> None:
@@ -39,8 +40,7 @@ def _entry(rank: int, P: int, fn, tmp: str) -> None:
 def spawn(fn, P: int, tmp: Path) -> None:
     """`fn(rank, P, tmp)` on P gloo ranks (``ficco_select.executor.ranks``); a rank's failure
     raises ``RankError`` with its message."""
-    torch.multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)  # read when the server starts
-    ranks.run_ranks(_entry, P, (fn, str(tmp)), timeout_s=600, start_method="forkserver")
+    ranks.run_ranks(_entry, P, (fn, str(tmp)), timeout_s=600)  # forked from the suite's server (conftest.py)
 
 
 def rand(gen, *shape, dtype=torch.float32):
