@@ -4,8 +4,9 @@ benchmarks and the tests share.
     outcomes = launch(fn, world_size, args)          # fn(rank, world_size, *args) on every rank
     values = run_ranks(fn, world_size, args)         # the same; RankError if any rank failed
 
-Each rank is a fresh spawned process. It joins a process group (gloo by default; ``group=None``
-leaves that to `fn`, which finds the rendezvous in ``rendezvous()``) over a TCPStore this
+Each rank is a fresh process (spawned unless told: ``START_METHOD``). It joins a process
+group (gloo by default; ``group=None`` leaves that to `fn`, which finds the rendezvous in
+``rendezvous()``) over a TCPStore this
 process hosts on loopback, so a job leaves nothing on disk however it ends. Ranks die with
 their launcher (Linux), even one killed while they were still starting. A rank talks to the
 launcher while it works with ``report(kind, payload)`` (``on_report`` receives it), and its
