@@ -6,9 +6,9 @@ benchmarks and the tests share.
 
 Each rank is a fresh process (spawned unless told: ``START_METHOD``). It joins a process
 group (gloo by default; ``group=None`` leaves that to `fn`, which finds the rendezvous in
-``rendezvous()``) over a TCPStore this
-process hosts on loopback, so a job leaves nothing on disk however it ends. Ranks die with
-their launcher (Linux), even one killed while they were still starting. A rank talks to the
+``rendezvous()``) over a TCPStore this process hosts on loopback, so a job leaves nothing
+on disk however it ends. Ranks die with their launcher (Linux), even one killed while they
+were still starting. A rank talks to the
 launcher while it works with ``report(kind, payload)`` (``on_report`` receives it), and its
 return value comes back in its ``RankOutcome``.
 
