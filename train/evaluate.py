@@ -12,6 +12,7 @@ No scenario of a fold's test side is in its training side (tested).
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 import zlib
@@ -27,6 +28,7 @@ from ficco_select.hardware import known_machines, load_hardware, machines
 from ficco_select.train.metrics import (METRICS, Truths, ceiling_choices, comparison_table, require_every_candidate,
                                        true_times, usable_rows)
 from ficco_select.train.selector_sets import shipping_selectors
+from ficco_select.train import selectors
 from ficco_select.train.selectors import BaseSelector, with_features, with_reference_picks
 
 Fold = tuple[str, pd.Series, pd.Series]
@@ -92,8 +94,10 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
             path = str(Path(tmp) / "frame.parquet")
             df.to_parquet(path)
             machines = known_machines()
-            outcomes = Parallel(n_jobs=min(workers, len(unique)), return_as="generator")(
-                delayed(_fold_in_worker)(machines, path, *unique[i], make_selectors) for i in order)
+            n_jobs = min(workers, len(unique))
+            threads = max(1, usable_cores() // n_jobs)
+            outcomes = Parallel(n_jobs=n_jobs, return_as="generator")(
+                delayed(_fold_in_worker)(machines, path, *unique[i], make_selectors, threads) for i in order)
             results = _gathered(plan, _by_slot(zip(order, outcomes), slots), bar, per_fold_fits)
     else:
         # One at a time: in the plan's order, so that each fold is reported as it ends.
@@ -107,6 +111,11 @@ def evaluate(df: pd.DataFrame, *, splits: Sequence[str] = SPLITS,
         per_op = _pooled_by(df, results["choices"][split], ["backend", "dtype", "op"], truth)
         block["by_op"] = {name: scores for name, scores in per_op.items() if name.startswith(PER_OP_SETTINGS)}
     return results
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _distinct_folds(plan: list) -> tuple[list, list[int], list[int]]:
@@ -180,7 +189,8 @@ _FRAME: list = [None, None]
 
 
 def _fold_in_worker(known: dict, path: str, train_at: np.ndarray, test_at: np.ndarray,
-                    make_selectors: Callable[[], list[BaseSelector]]) -> dict:
+                    make_selectors: Callable[[], list[BaseSelector]], threads: int) -> dict:
+    selectors.FIT_THREADS = threads  # this process's share of the cores
     if _FRAME[0] != path:
         _FRAME[:] = [path, pd.read_parquet(path)]
     df = _FRAME[1]

@@ -12,7 +12,6 @@ rules of ``ficco_select.train.run``.
 
 from __future__ import annotations
 
-import os
 import time
 import zlib
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ import pandas as pd
 
 from ficco_select.hardware import load_hardware, machines
 from ficco_select.train.config import TrainConfig
+from ficco_select.train.evaluate import usable_cores
 from ficco_select.train.run import train
 from ficco_select.train.training_data import (
     SAMPLED_PER_PRESET,
@@ -95,7 +95,7 @@ def run_pipeline(*, backend: str | None = None, hardware: str | None = None, dat
 def default_workers() -> int:
     """One process per CPU core this process may use, at most 4: the pipeline's folds are ~20,
     and each process holds its own copy of the training frame."""
-    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    return max(1, min(4, usable_cores()))
 
 
 def export_if_promoted(summary: dict, export_to: str | Path) -> dict:

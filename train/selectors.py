@@ -27,6 +27,10 @@ from ficco_select.schedule import BASELINE, SHARD
 from ficco_select.train.metrics import capture_scorer, ceiling_choices, oracle_choices, usable_rows
 
 SEED = 0
+FIT_THREADS = 2
+"""Threads per model fit (XGBoost, the forest). An evaluation's fold processes set it to
+their share of the cores: the trees do not depend on it (XGBoost's hist method sums in a
+fixed order), and threads beyond a core's share only wait on each other."""
 
 
 def hardware_of(df: pd.DataFrame) -> dict[str, HardwareSpec]:
@@ -318,7 +322,7 @@ class XGBTimeRegressor(BaseSelector):
 
         return xgb.XGBRegressor(n_estimators=self.n_estimators, max_depth=self.max_depth,
                                 learning_rate=self.learning_rate, tree_method="hist", random_state=SEED,
-                                n_jobs=2, subsample=0.9, colsample_bytree=0.9)
+                                n_jobs=FIT_THREADS, subsample=0.9, colsample_bytree=0.9)
 
     def fit(self, df):
         ok, X = feature_pairs(df)
@@ -353,7 +357,7 @@ class XGBRanker(BaseSelector):
         qid = pd.factorize(ok["scenario_id"])[0]
         self.model_ = xgb.XGBRanker(objective="rank:ndcg", n_estimators=self.n_estimators,
                                     max_depth=self.max_depth, learning_rate=self.learning_rate,
-                                    tree_method="hist", random_state=SEED, n_jobs=2)
+                                    tree_method="hist", random_state=SEED, n_jobs=FIT_THREADS)
         self.model_.fit(X, grade, qid=qid)
         self.fitted_on_ = weakref.ref(df)  # lets ShippedPolicy reuse this fit
         return self
@@ -376,7 +380,7 @@ class RandomForestTime(BaseSelector):
 
         ok, X = feature_pairs(df)
         self.model_ = RandomForestRegressor(n_estimators=self.n_estimators, min_samples_leaf=self.min_samples_leaf,
-                                            max_features=0.5, max_samples=self.max_samples, n_jobs=2,
+                                            max_features=0.5, max_samples=self.max_samples, n_jobs=FIT_THREADS,
                                             random_state=SEED)
         self.model_.fit(np.nan_to_num(X, nan=-1.0), _relative_log_time(ok))
         return self
