@@ -84,3 +84,16 @@ def model_selector(model_folder):
     assert sel.model is not None
     return sel
 
+
+
+def pytest_collection_modifyitems(items):
+    """Modules with end-to-end tests first, then those on real ranks, then the rest (each
+    module's tests in their order). A worker runs one module at a time (``--dist loadscope``):
+    a long module dealt out last would leave the other worker idle at the end."""
+    def tier(item) -> int:
+        return 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("gloo") else 2
+
+    module_tier: dict = {}
+    for item in items:
+        module_tier[item.module] = min(module_tier.get(item.module, 2), tier(item))
+    items.sort(key=lambda item: module_tier[item.module])  # stable: a module's tests stay together, in order
