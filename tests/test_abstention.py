@@ -195,3 +195,37 @@ def test_the_model_is_ahead_of_the_heuristic_within_what_noise_costs_the_labels_
     assert got["ahead"]
     quiet = v.assign(t_oracle=1.0)  # simulated truth: the cap, 1%, and 6% slowdowns are too many
     assert _against_heuristic(quiet, rule)["tail_guard"] == SLOWDOWN_CAP and not _against_heuristic(quiet, rule)["ahead"]
+
+
+def test_the_validation_s_fallback_times_are_each_scenario_s_own_decisions():
+    # The validation times every fixed rule for a whole column of scenarios at once; each
+    # must be the time of what the runtime's rule (fixed_rule_pick) runs for that scenario.
+    from ficco_select.runtime.decision import GATED, fixed_rule_pick
+    from ficco_select.train.metrics import true_times, usable_rows
+    from ficco_select.train.selectors import AlwaysBaseline, XGBTimeRegressor, feature_pairs, with_features
+    from ficco_select.train.shipped import _validation_outcomes
+    from ficco_select.train.training_data import simulated
+
+    df = with_features(simulated("mi300x-8", world_sizes=(2, 4), share=0.2, seed=1))
+    train_ids = set(df["scenario_id"].unique()[::2])
+    train, val = df[df["scenario_id"].isin(train_ids)], df[~df["scenario_id"].isin(train_ids)]
+    model = XGBTimeRegressor(n_estimators=20).fit(train)
+    fixed = fixed_rule_schedules(usable_rows(train))
+    got = _validation_outcomes(model, val, fixed)
+
+    ok, X = feature_pairs(val)
+    scores, truth = model.model_.predict(X), true_times(ok).to_numpy(float)
+    baseline = AlwaysBaseline().predict(val)
+    expected = {}
+    for sid, rows in ok.groupby("scenario_id").indices.items():
+        names = ok["schedule"].to_numpy(str)[rows].tolist()
+        t_of = dict(zip(names, truth[rows]))
+        expected[sid] = [t_of[baseline[sid]]] + [
+            t_of[fixed_rule_pick(rule, names, scores[rows], baseline[sid])]
+            for rule in (*fixed, *(f"{GATED}{name}" for name in fixed))]
+    want = pd.DataFrame(expected).T.sort_index().to_numpy()
+    columns = ["t_baseline", *(f"{FIXED_PREFIX}{rule}" for rule in (*fixed, *(f"{GATED}{n}" for n in fixed)))]
+    assert len(fixed) >= 2 and len(got) == len(expected)
+    np.testing.assert_array_equal(got[columns].to_numpy(), want)
+    gated = got[[f"{FIXED_PREFIX}{GATED}{n}" for n in fixed]].to_numpy()
+    assert (gated != got[[f"{FIXED_PREFIX}{n}" for n in fixed]].to_numpy()).any()  # the gate decided somewhere

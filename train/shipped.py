@@ -25,7 +25,7 @@ from ficco_select.data.dataset import user_specs
 from ficco_select.data.machines import SAMPLED_MARK, base_machine
 from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
 from ficco_select.hardware import HardwareSpec, load_hardware
-from ficco_select.runtime.decision import GATED, fixed_rule_pick, margin_rule, pick_with_margin
+from ficco_select.runtime.decision import GATED, margin_rule, pick_with_margin
 from ficco_select.runtime.loading import RULES_VERSION
 from ficco_select.runtime.scope import (
     ANY_KIND,
@@ -504,7 +504,8 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame, fixed: Sequence
     sid, names = ok["scenario_id"].to_numpy(object), ok["schedule"].to_numpy(str)
     at, margin = pick_with_margin(lower_is_better, names, sid)
     first = pd.DataFrame({"t": truth[at], "margin": margin}, index=pd.Index(sid[at], name="sid")).sort_index()
-    t_of = dict(zip(zip(sid, names), truth))
+    ids = first.index.tolist()  # plain strings: iterating an Arrow-backed index is slow
+    table = _CandidateTable(ids, sid, names, truth, lower_is_better)
     t_best = pd.Series(truth).groupby(sid).min()
     # The labels' own best, timed on the truth: on measured rows with a second sweep, the
     # repeat oracle, whose slowdowns are what noise alone costs a perfect learner.
@@ -514,12 +515,7 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame, fixed: Sequence
     # machine's spec as given (picked once per scenario where the frame carries them).
     heuristic = reference_picks(val, "heuristic") or Heuristic(tune=False).predict(val)
     cost_model = reference_picks(val, "cost_model") or SimulatorSelector().predict(val)
-    baseline = AlwaysBaseline().predict(val)
-    ids = first.index.tolist()  # plain strings: iterating an Arrow-backed index is slow
-    t_baseline = [t_of[(sid, baseline[sid])] for sid in ids]
-    by_sid = np.argsort(sid, kind="stable")  # each scenario's candidates: names and scores, for fixed_rule_pick
-    rows_of = np.split(by_sid, np.flatnonzero(sid[by_sid][1:] != sid[by_sid][:-1]) + 1)
-    scored = {sid[rows[0]]: (names[rows].tolist(), lower_is_better[rows]) for rows in rows_of if len(rows)}
+    baseline = table.column([AlwaysBaseline().predict(val)[s] for s in ids])
     kind_of = {h: load_hardware(h).kind for h in set(ok["hardware"].unique())}
     columns = ok.groupby("scenario_id", sort=False)[["hardware", "op", *SLACK_COLUMNS]].first().reindex(first.index)
     return pd.DataFrame({
@@ -528,16 +524,56 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame, fixed: Sequence
         **{c: columns[c].to_numpy(float) for c in SLACK_COLUMNS},
         "margin": first["margin"].to_numpy(float),
         "t_model": first["t"].to_numpy(float),
-        "t_heuristic": [t_of[(sid, heuristic[sid])] for sid in ids],
-        "t_cost_model": [t_of[(sid, cost_model[sid])] for sid in ids],
-        "t_baseline": t_baseline,
+        "t_heuristic": table.time(table.column([heuristic[s] for s in ids])),
+        "t_cost_model": table.time(table.column([cost_model[s] for s in ids])),
+        "t_baseline": table.time(baseline),
         "t_best": t_best.reindex(first.index).to_numpy(float),
         "t_oracle": t_oracle.reindex(first.index).to_numpy(float),
         # Each fixed rule: its schedule where the scenario has it, else the baseline; and
         # gated, the one of the two the model predicts faster.
-        **{f"{FIXED_PREFIX}{rule}": [t_of[(s, fixed_rule_pick(rule, *scored[s], baseline[s]))] for s in ids]
+        **{f"{FIXED_PREFIX}{rule}": table.time(table.fixed_rule(rule, baseline))
            for rule in (*fixed, *(f"{GATED}{name}" for name in fixed))},
     })
+
+
+class _CandidateTable:
+    """Every candidate's true time and model score as a (scenario x schedule) table, for the
+    validation's fallbacks: a whole column of scenarios per rule, as ``fixed_rule_pick``
+    decides each one."""
+
+    def __init__(self, ids: list[str], sid: np.ndarray, names: np.ndarray, truth: np.ndarray,
+                 scores: np.ndarray) -> None:
+        self.schedules = pd.Index(sorted(set(names)))
+        row, col = pd.Index(ids).get_indexer(sid), self.schedules.get_indexer(names)
+        shape = (len(ids), len(self.schedules))
+        self.has = np.zeros(shape, bool)
+        self.t, self.score = np.full(shape, np.nan), np.full(shape, np.nan)
+        self.has[row, col], self.t[row, col], self.score[row, col] = True, truth, scores
+        self.rows = np.arange(len(ids))
+
+    def column(self, picks: list[str]) -> np.ndarray:
+        """Each scenario's pick (in `ids` order) as a column of the table; KeyError where a pick
+        is not one of its scenario's candidates."""
+        col = self.schedules.get_indexer(picks)
+        if (col < 0).any() or not self.has[self.rows, col].all():
+            bad = int(np.flatnonzero((col < 0) | ~self.has[self.rows, np.maximum(col, 0)])[0])
+            raise KeyError(f"{picks[bad]!r} is not a candidate of scenario {bad} of the validation side")
+        return col
+
+    def time(self, col: np.ndarray) -> np.ndarray:
+        return self.t[self.rows, col]
+
+    def fixed_rule(self, fallback: str, baseline: np.ndarray) -> np.ndarray:
+        """``fixed_rule_pick`` for every scenario at once: the rule's schedule where the scenario
+        has it (gated: and the model scores it below the baseline), else the baseline."""
+        name = fallback.removeprefix(GATED)
+        if name not in self.schedules:
+            return baseline
+        j = self.schedules.get_loc(name)
+        runs = self.has[:, j]
+        if name != fallback:  # ties go to the baseline
+            runs = runs & (self.score[:, j] < self.score[self.rows, baseline])
+        return np.where(runs, j, baseline)
 
 
 FIXED_PREFIX = "t_fixed:"
