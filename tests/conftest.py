@@ -85,7 +85,6 @@ def model_selector(model_folder):
     return sel
 
 
-
 def pytest_collection_modifyitems(items):
     """Modules with end-to-end tests first, then those on real ranks, then the rest (each
     module's tests in their order). A worker runs one module at a time (``--dist loadscope``):

@@ -27,8 +27,8 @@ from ficco_select.data.machines import base_machine, is_sampled
 from ficco_select.hardware import known_machines, load_hardware, machines
 from ficco_select.train.metrics import (METRICS, Truths, ceiling_choices, comparison_table, require_every_candidate,
                                        true_times, usable_rows)
-from ficco_select.train.selector_sets import shipping_selectors
 from ficco_select.train import selectors
+from ficco_select.train.selector_sets import shipping_selectors
 from ficco_select.train.selectors import BaseSelector, with_features, with_reference_picks
 
 Fold = tuple[str, pd.Series, pd.Series]

@@ -515,7 +515,8 @@ def _validation_outcomes(model: BaseSelector, val: pd.DataFrame, fixed: Sequence
     # machine's spec as given (picked once per scenario where the frame carries them).
     heuristic = reference_picks(val, "heuristic") or Heuristic(tune=False).predict(val)
     cost_model = reference_picks(val, "cost_model") or SimulatorSelector().predict(val)
-    baseline = table.column([AlwaysBaseline().predict(val)[s] for s in ids])
+    baseline_of = AlwaysBaseline().predict(val)
+    baseline = table.column([baseline_of[s] for s in ids])
     kind_of = {h: load_hardware(h).kind for h in set(ok["hardware"].unique())}
     columns = ok.groupby("scenario_id", sort=False)[["hardware", "op", *SLACK_COLUMNS]].first().reindex(first.index)
     return pd.DataFrame({
