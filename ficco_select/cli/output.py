@@ -37,7 +37,7 @@ def reported(*errors: type[Exception], message: Message = str) -> Iterator[None]
 
 
 @contextmanager
-def finishing(what: str) -> Iterator[None]:
+def finishing(what: str | Path) -> Iterator[None]:
     """A long command exits 0 only once its work returned: a ``SystemExit`` with status 0 raised
     inside the block (by a library, a handler, a stray ``sys.exit()``) ends it with exit 1 naming
     `what` was not written, so a script or a bring-up never takes an unfinished run for done."""

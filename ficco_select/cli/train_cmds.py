@@ -251,7 +251,7 @@ def adapt_cmd(hardware, backend, ranks, fabric, start, budget, rounds, strategy,
                 f"{s['ceiling']['oracle_capture']:.3f})"
                 if s else "no truth to score against"))
 
-    with reported(ValueError), finishing(f"{Path(out_dir) / 'summary.json'}"):
+    with reported(ValueError), finishing(Path(out_dir) / "summary.json"):
         summary = run_adapt(hardware=hardware, backend=backend, start=start, budget=budget, rounds=rounds,
                             strategy=strategy, perturb=perturb, seed=seed, out_dir=out_dir, track=not no_track,
                             register=register, export_to=(export_to or DEFAULT_PATH) if register else None,
@@ -292,7 +292,7 @@ def bring_up_cmd(out_dir, base, budget, rounds, ranks, export_to, profile_s, reh
             detail = step.get("error") or step.get("reason") or step.get("output", "")
             click.echo(f"{step['step']:<10} {step['status']:<8} {step['seconds']:>7.1f} s  {detail}")
 
-    with reported(ValueError), finishing(f"{Path(out_dir) / 'bring_up.json'}"):
+    with reported(ValueError), finishing(Path(out_dir) / "bring_up.json"):
         summary = bring_up(out_dir, base=base, budget=budget, rounds=rounds, ranks=ranks, export_to=export_to,
                            profile_s=profile_s, rehearse=rehearse, on_step=line)
     bench = next((s for s in summary["steps"] if s["step"] == "benchmark" and "hooked_speedup" in s), None)
