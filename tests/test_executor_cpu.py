@@ -54,7 +54,7 @@ def test_a_dead_or_hung_rank_ends_with_an_error_and_no_process_left(fault, needl
     s = correctness_set(3)[0]
     t0 = time.monotonic()
     with pytest.raises(MeasureError, match=needle):
-        measure_spawned([s], MeasureConfig(warmup=0, reps=5, min_rep_s=0.0, timeout_s=8, fault=fault), on_scenario=lambda rows: None)
+        measure_spawned([s], MeasureConfig(warmup=0, reps=5, min_rep_s=0.0, timeout_s=4, fault=fault), on_scenario=lambda rows: None)
     assert time.monotonic() - t0 < 60
     assert no_rank_left()
 
