@@ -5,6 +5,7 @@ import csv
 import dataclasses
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from ficco_select.cli.main import main as cli
 from ficco_select.costs import OP_CODES, US, collective_time, gemm_time
 from ficco_select.hardware import load_hardware
 
+ROOT = Path(__file__).resolve().parents[1]
 URL = "https://example.org/benchmark"
 AG_POINT = {"source": URL, "hardware": "H100 (SXM assumed)", "gpus": "8", "interconnect": "NVSwitch", "op": "ag_gemm",
             "m": "4096.0", "n": "53248.0", "k": "8192.0", "dtype": "bf16", "world_size": "8",
@@ -92,14 +94,14 @@ def test_a_collective_without_its_message_or_a_table_without_a_column_is_refused
 
 def test_the_committed_table_reads_whole_with_a_url_on_every_row():
     points = read_published(packaged())
-    assert len(points) == 113 and all(p.source.startswith("https://") for p in points)
+    assert len(points) == 124 and all(p.source.startswith("https://") for p in points)
     assert sum(p.kind == "overlap" for p in points) == 9
 
 
 @pytest.mark.parametrize(("preset", "fields", "kinds", "held"), [
     ("b200-nvswitch", ("gemm_efficiency", "gemm_launch_us", "gemm_mem_efficiency"), ("gemm",), {}),
-    ("b200-nvswitch", ("coll_bw_gbps", "coll_latency_us"), ("bandwidth",), {}),
-    ("gb200-nvl72", ("coll_bw_gbps",), ("bandwidth", "collective"), {"coll_latency_us": 8.27}),
+    ("b200-nvswitch", ("coll_bw_gbps", "coll_latency_us"), ("bandwidth", "collective"), {}),
+    ("gb200-nvl72", ("coll_bw_gbps",), ("bandwidth", "collective"), {"coll_latency_us": 8.15}),
     ("b300-nvswitch", ("coll_bw_gbps", "coll_latency_us"), ("bandwidth",), {}),
 ])
 def test_the_blackwell_presets_hold_what_their_published_rows_fit(preset, fields, kinds, held):
@@ -252,3 +254,15 @@ def test_magnitudes_no_gpu_measures_are_refused_naming_file_row_and_column(tmp_p
     for command in (["sim", "validate", "--published", path],
                     ["sim", "fit", "--published", path, "--hardware", "h100-nvswitch"]):
         refused(command, str(path), "row 2", f"column '{column}'")
+
+
+def test_the_fixed_costs_of_a_call_are_what_call_costs_takes_out(tmp_path):
+    # scripts/call_costs.py: a GEMM's difference is its launch, an all-gather's its library's
+    # per-call latency (one phase), on hand-made points.
+    path = write(tmp_path, [GEMM | {"m": "1", "n": "1280", "k": "8192"}, COLLECTIVE])
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "call_costs.py"), str(path), "--json"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    gemm, gather = json.loads(res.stdout)["rows"]
+    mi300x, h100 = load_hardware("mi300x-8"), load_hardware("h100-nvswitch")
+    assert gemm["with_call_costs"] - gemm["without"] == pytest.approx(mi300x.gemm_launch_us - 0.001, abs=0.02)
+    assert gather["with_call_costs"] - gather["without"] == pytest.approx(h100.coll_latency_us - 0.001, abs=0.02)
