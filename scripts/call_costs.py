@@ -40,7 +40,8 @@ def effect(path: str) -> dict:
         rows.append({"row": full["row"], "kind": full["kind"], "hardware": full["hardware"], "op": full["op"],
                      "m": full["m"], "n": full["n"], "k": full["k"], "world_size": full["world_size"],
                      "measured": full.get("measured_gbps", full.get("measured_us")),
-                     "with_call_costs": full[value], "without": cut[value], "ape": full["ape"], "ape_without": cut["ape"]})
+                     "with_call_costs": full[value], "without": cut[value],
+                     "ape": full["ape"], "ape_without": cut["ape"]})
     for name in presets:
         mine = [r for r in rows if r["hardware"] == name]
         medians[name] = {"points": len(mine), "ape": round(statistics.median(r["ape"] for r in mine), 4),

@@ -4,7 +4,8 @@ and every rank has it; no rank gets past its next collective with a wrong result
 waits on the group's timeout.
 
 Each case is a fresh job: one process per rank (forked from a server that has imported torch
-once; a few cases at a time, as each mostly waits on its ranks' sockets), check off, one op called once with the last rank's M, N or K differing, then a barrier
+once; a few cases at a time, as each mostly waits on its ranks' sockets), check off, one op
+called once with the last rank's M, N or K differing, then a barrier
 (the job's next collective). A rank that raises exits at once, as a job's rank does: gloo
 then fails its peers' waits on it ("Connection closed by peer"). What gloo sees: a message
 longer than the buffer posted for it aborts the receiving process; a shorter one is taken

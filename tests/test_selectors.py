@@ -135,6 +135,7 @@ def test_folds_never_leak_a_test_scenario_into_training(small, split):
 
 def test_every_selector_fits_predicts_legal_schedules_deterministically(small):
     train, test = small[small["hardware"] == "mi300x-8"], small[small["hardware"] == "h100-nvswitch"]
+    train = train[train["scenario_id"].isin(sorted(set(train["scenario_id"]))[::2])]  # legality needs no more
     legal = usable_rows(test).groupby("scenario_id")["schedule"].agg(set)
     for make in [type(s) for s in all_selectors()]:
         first = make().fit(train).predict(test)
