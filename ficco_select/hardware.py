@@ -253,9 +253,10 @@ def preset_names() -> list[str]:
 
 
 def datasheet_names() -> list[str]:
-    """Data-sheet machines (``presets/datasheet/``): GPUs with published rows but no fit of
-    their own (H800, Blackwell), loaded by name like a preset but never trained on: the
-    simulator's zero-shot check on machines it was not fitted to."""
+    """Data-sheet machines (``presets/datasheet/``): GPUs with published rows (H800, A800,
+    Blackwell), loaded by name like a preset but never trained on: the simulator's zero-shot
+    check. Their terms are the data sheet's except where their own rows fit them (each
+    field's comment says which)."""
     return sorted(p.stem for p in (presets_dir() / "datasheet").glob("*.yaml"))
 
 
