@@ -32,7 +32,7 @@ def test_the_grid_holds_valid_m_between_the_ends_at_most_an_eighth_octave_apart(
 
 
 DIRECT_STRIDE = 5
-"""Grid points a direct decision is compared at: every fifth (about 500 points a layer)."""
+"""Grid points a direct decision is compared at: every fifth of a layer's (about 500 a layer)."""
 
 
 def check_table(sel: Selector, layer: Scenario) -> None:

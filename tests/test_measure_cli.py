@@ -104,10 +104,10 @@ def test_two_measure_runs_into_one_out_never_lose_a_scenario(tmp_path):
         import time
         time.sleep(0.05)
     # The second writer and the rerun: this test's own process (a writer apart from the first).
-    refused(cmd[3:] + [str(second)], "ficco measure (pid", "is writing it")
+    refused(cmd[len(FICCO):] + [str(second)], "ficco measure (pid", "is writing it")
     assert a.wait(timeout=600) == 0, a.stderr.read()[-2000:]
     assert pd.read_parquet(out)["scenario_id"].nunique() == 4
-    again = CliRunner().invoke(main, cmd[3:] + [str(second)])
+    again = CliRunner().invoke(main, cmd[len(FICCO):] + [str(second)])
     assert again.exit_code == 0, again.output[-2000:]
     assert pd.read_parquet(out)["scenario_id"].nunique() == 5
 
