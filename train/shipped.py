@@ -550,7 +550,7 @@ class _CandidateTable:
         self.has = np.zeros(shape, bool)
         self.t, self.score = np.full(shape, np.nan), np.full(shape, np.nan)
         self.has[row, col], self.t[row, col], self.score[row, col] = True, truth, scores
-        self.rows = np.arange(len(ids))
+        self.ids, self.rows = ids, np.arange(len(ids))
 
     def column(self, picks: list[str]) -> np.ndarray:
         """Each scenario's pick (in `ids` order) as a column of the table; KeyError where a pick
@@ -558,7 +558,7 @@ class _CandidateTable:
         col = self.schedules.get_indexer(picks)
         if (col < 0).any() or not self.has[self.rows, col].all():
             bad = int(np.flatnonzero((col < 0) | ~self.has[self.rows, np.maximum(col, 0)])[0])
-            raise KeyError(f"{picks[bad]!r} is not a candidate of scenario {bad} of the validation side")
+            raise KeyError(f"{picks[bad]!r} is not a candidate of scenario {self.ids[bad]} of the validation side")
         return col
 
     def time(self, col: np.ndarray) -> np.ndarray:
