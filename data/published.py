@@ -12,6 +12,9 @@ Kinds of point (``Point.kind``):
 - ``baseline``: a collective + GEMM whose method is not one of ours (a fused kernel): its
   baseline's time only (the serial baseline is what ``none.*`` runs).
 - ``collective``: a plain collective of a stated message size: its time.
+- ``sm_collective``: an all-reduce run by SM loads and stores on symmetric memory, not by the
+  collective library (``SM_ALL_REDUCES``): its time, predicted with the ``sm`` transfers a
+  schedule's steps use (``sm_all_reduce_time``), not the library's terms.
 - ``gemm``: one device's matmul: its time.
 - ``bandwidth``: a reported bus or copy-engine bandwidth, no time: compared in GB/s.
 Errors name the file, the row (1-based, header excluded) and the column; a number past its
@@ -29,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ficco_select.costs import GB, OP_CODES, US, collective_time, gemm_time, transfer_time
+from ficco_select.costs import GB, OP_CODES, US, collective_time, gemm_time, sm_all_reduce_time, transfer_time
 from ficco_select.hardware import HardwareSpec, load_hardware, preset_for_device, spec_field
 from ficco_select.scenario import DTYPE_ALIASES, DTYPES, Scenario
 
@@ -43,9 +46,16 @@ multiplies it as it lands; its fused matmul reduce-scatter multiplies one shard'
 step and sends them with copy engines."""
 BASELINE_SCHEDULE = "none.sm"
 """The serial baseline: the library's collective, then one GEMM."""
-COLLECTIVES = {"all_gather": "ag_gemm", "reduce_scatter": "gemm_rs", "all_reduce": None, "all_to_all": "a2a_gemm"}
-"""Plain collectives, with the operator whose collective they are (all-reduce: none; all-to-all:
-``a2a_gemm``'s, each rank sending one shard to each of its P - 1 peers)."""
+COLLECTIVES = {"all_gather": "ag_gemm", "reduce_scatter": "gemm_rs", "all_reduce": "gemm_ar", "all_to_all": "a2a_gemm"}
+"""Plain collectives, with the operator whose collective they are (all-to-all: ``a2a_gemm``'s,
+each rank sending one shard to each of its P - 1 peers)."""
+SM_ALL_REDUCES = {"torch.ops.symm_mem.two_shot_all_reduce_": 2, "symm_mem_two_shot": 2, "ca_2stage": 2,
+                  "torch.ops.symm_mem.one_shot_all_reduce": 1, "ca_1stage": 1}
+"""All-reduces that SM loads and stores run on symmetric memory (named in the ``baseline`` cell, as
+the op or as vLLM's ``benchmark_device_communicators.py`` names its column), with their steps:
+two shots (reduce-scatter, then all-gather: PyTorch's ``two_shot_all_reduce_``, vLLM's custom
+all-reduce in 2 stages) or one (every rank reads every peer's buffer). Kernels that reduce in the
+switch (``multimem``, NVLS) or pick their algorithm by size are not among them."""
 PEAK_MESSAGE_BYTES = 1 << 30
 """Message size at which a bandwidth reported without one ("peak busbw") is predicted."""
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -73,7 +83,7 @@ class Point:
     """1-based row of the table, header excluded."""
     source: str
     kind: str
-    """overlap, baseline, collective, gemm or bandwidth (the module's docstring)."""
+    """overlap, baseline, collective, sm_collective, gemm or bandwidth (the module's docstring)."""
     hardware: str
     """The preset of the published device (``preset_for_device``); "" where no preset is that
     device (an export variant with other links, say): such a point is read, not compared."""
@@ -99,6 +109,8 @@ class Point:
     """The collective's message (the gathered buffer, or the reduce-scatter's input)."""
     bandwidth_gbps: float = math.nan
     """A reported bandwidth (``bandwidth``): bus bandwidth, or one copy's."""
+    shots: int = 0
+    """An ``sm_collective``'s steps (``SM_ALL_REDUCES``): 1 or 2."""
 
     @property
     def speedup(self) -> float:
@@ -173,7 +185,11 @@ def _point(row: int, r: dict[str, str]) -> Point:
         size = re.search(r"message = [^0-9]*(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|B)\b", r["notes"])
         if size is None:
             raise PublishedError("column 'notes': a timed collective states its message (message = ... MiB)")
-        return Point(**common, kind="collective", op=what, world_size=P, dtype=_dtype(r),
+        shots = next((n for name, n in SM_ALL_REDUCES.items() if name in r["baseline"]), 0)
+        if shots and what != "all_reduce":
+            raise PublishedError(f"column 'baseline': {r['baseline']!r} is an all-reduce, the op says {what}")
+        return Point(**common, kind="sm_collective" if shots else "collective", op=what, world_size=P,
+                     dtype=_dtype(r), shots=shots,
                      message_bytes=_noted(float(size.group(1)) * _UNITS[size.group(2)], "message", size.group(0)),
                      baseline_us=_number(r, "baseline_time_us"))
     rate = (re.search(r"busbw[^\d]{0,12}(\d+(?:\.\d+)?)\s*GB/s", r["notes"])
@@ -251,6 +267,8 @@ def predict(point: Point, hw: HardwareSpec) -> dict[str, float]:
     shard = point.message_bytes / P
     if point.kind == "collective":
         return {"time_us": float(collective_time(hw, OP_CODES[COLLECTIVES[point.op]], shard, P)) / US}
+    if point.kind == "sm_collective":
+        return {"time_us": float(sm_all_reduce_time(hw, point.message_bytes, P, point.shots)) / US}
     if point.op == "copy":  # one copy-engine copy between two devices
         return {"bandwidth_gbps": point.message_bytes / float(transfer_time(hw, point.message_bytes, 1, True, 2)) / GB}
     if point.op in ("all_gather", "all_to_all"):  # busbw: the (P - 1) shards a rank receives, over the time
@@ -284,8 +302,10 @@ def compare(points: list[Point], specs: dict[str, HardwareSpec] | None = None) -
         if "time_us" in p:
             row.update(measured_us=point.baseline_us, predicted_us=round(p["time_us"], 2),
                        ape=_ape(p["time_us"], point.baseline_us))
-        if point.kind == "collective":
+        if point.kind in ("collective", "sm_collective"):
             row["message_mib"] = point.message_bytes / (1 << 20)
+        if point.kind == "sm_collective":
+            row["shots"] = point.shots
         if point.kind == "overlap":
             predicted = p["time_us"] / p["method_us"]
             row.update(schedule=point.schedule, speedup=round(point.speedup, 3), predicted_speedup=round(predicted, 3),
@@ -316,6 +336,8 @@ def _summaries(rows: list[dict]) -> dict[str, dict]:
             "wins_as_measured": sum(r["agrees"] for r in overlap),
             "collectives": sum(r["kind"] == "collective" for r in mine),
             "collective_ape_median": median([r["ape"] for r in mine if r["kind"] == "collective"]),
+            "sm_collectives": sum(r["kind"] == "sm_collective" for r in mine),
+            "sm_collective_ape_median": median([r["ape"] for r in mine if r["kind"] == "sm_collective"]),
             "gemms": sum(r["kind"] == "gemm" for r in mine),
             "gemm_ape_median": median([r["ape"] for r in mine if r["kind"] == "gemm"]),
             "bandwidths": sum(r["kind"] == "bandwidth" for r in mine),
@@ -344,7 +366,7 @@ h100-nvswitch's rows the fused kernels' losses and async-TP's measured wins cann
 be met by one set of terms (``docs/published.md``). GEMM and bandwidth rows are checks there: the GEMM rows were measured in
 other setups (a best shape found by a sweep, the L2 not flushed). A preset without overlap
 points fits its GEMM efficiency and bus bandwidth to them (``kinds``)."""
-KINDS = ("overlap", "baseline", "collective", "gemm", "bandwidth", "fused")
+KINDS = ("overlap", "baseline", "collective", "sm_collective", "gemm", "bandwidth", "fused")
 NEGLIGIBLE = 1e-3
 """A fitted fraction or fixed cost below this is written as 0: the data say the term is absent."""
 
@@ -369,7 +391,8 @@ def fit(points: list[Point], spec: HardwareSpec, *, fields: tuple[str, ...] = FI
     rows, their sources, and the APE medians before and after."""
     from scipy.optimize import least_squares
 
-    extra = ("fp8_gemm_efficiency", "sm_comm_units", "gemm_launch_us", "dma_latency_us", "dma_bw_gbps")
+    extra = ("fp8_gemm_efficiency", "sm_comm_units", "gemm_launch_us", "dma_latency_us", "dma_bw_gbps",
+             "sm_comm_latency_us", "link_bw_gbps")
     unknown = [f for f in fields if f not in FITTED and f not in extra]
     if unknown:
         raise PublishedError(f"cannot fit field '{unknown[0]}' (fitted: {', '.join(FITTED + extra)})")

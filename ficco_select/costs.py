@@ -126,6 +126,18 @@ def collective_time(hw: HardwareSpec, op, shard_bytes, P):
     return phases * coll + reduction_time(hw, op, shard_bytes, P)
 
 
+def sm_all_reduce_time(hw: HardwareSpec, message_bytes, P, shots):
+    """Seconds for an all-reduce of `message_bytes` per rank run by SM loads and stores on
+    symmetric memory, no collective library (PyTorch's ``symm_mem`` all-reduces, vLLM's custom
+    one): ``shots`` 1 reads each peer's whole buffer at once and adds (one step of P - 1
+    concurrent ``sm`` transfers); 2 reduce-scatters slices of 1/P, then all-gathers them, each a
+    step of P - 1 concurrent transfers: the transfers of a ``gemm_ar`` a2a schedule's step. Its
+    fixed cost is ``sm_comm_latency_us`` per step, where a library pays ``coll_latency_us``."""
+    shots = np.asarray(shots, dtype=float)
+    shard = np.where(shots == 2, message_bytes / P, message_bytes)
+    return shots * transfer_time(hw, shard, P - 1, False, P) + reduction_time(hw, OP_CODES["gemm_ar"], shard, P)
+
+
 def reduction_time(hw: HardwareSpec, op, shard_bytes, P):
     """Seconds a reduce-scatter (``gemm_rs``, and the first half of ``gemm_ar``'s all-reduce)
     spends adding the P - 1 partial shards it receives (read two, write one, at memory

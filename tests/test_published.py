@@ -16,7 +16,7 @@ from helpers.cli import FICCO, refused
 import ficco_select.data.published as published
 from ficco_select.data.published import COLUMNS, PublishedError, compare, fit, packaged, predict, read_published
 from ficco_select.cli.main import main as cli
-from ficco_select.costs import OP_CODES, US, collective_time, gemm_time
+from ficco_select.costs import OP_CODES, US, collective_time, gemm_time, transfer_time
 from ficco_select.hardware import load_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,6 +154,49 @@ def test_a_plain_all_to_all_is_a2a_gemm_s_collective_and_compare_predicts_it(tmp
     assert report["points"][0]["predicted_gbps"] > 0 and report["points"][1]["predicted_us"] > 0
     summary = report["presets"]["h100-nvswitch"]
     assert (summary["bandwidths"], summary["collectives"]) == (1, 1)
+
+SM_ALL_REDUCE = {**{c: "" for c in COLUMNS}, "source": URL, "hardware": "B200", "gpus": "8",
+                 "op": "plain all_reduce (symmetric memory)", "dtype": "bf16", "world_size": "8",
+                 "baseline": "vLLM benchmark column symm_mem_two_shot (torch.ops.symm_mem.two_shot_all_reduce_)",
+                 "baseline_time_us": "20", "notes": "[grade B] message = tensor 1 MiB"}
+
+
+def test_an_sm_all_reduce_is_predicted_with_the_sm_transfers_of_a_schedule_s_steps(tmp_path):
+    one_shot = {**SM_ALL_REDUCE, "baseline": "vLLM benchmark column ca_1stage"}
+    nccl = {**SM_ALL_REDUCE, "baseline": "vLLM PyNcclCommunicator all_reduce (NCCL)"}
+    two, one, library = read_published(write(tmp_path, [SM_ALL_REDUCE, one_shot, nccl]))
+    assert [(p.kind, p.shots) for p in (two, one, library)] == [("sm_collective", 2), ("sm_collective", 1), ("collective", 0)]
+    b200, size = load_hardware("b200-nvswitch"), 1 << 20
+    # Two shots: a reduce-scatter step, then an all-gather step, of 1/8 of the tensor to each of 7
+    # peers at once, the reduce-scatter's adds; one shot: the whole tensor from each peer, its adds.
+    step = float(transfer_time(b200, size / 8, 7, False, 8))
+    adds = 7 * 3 * (size / 8) / (b200.mem_bw_gbps * 1e9)
+    assert predict(two, b200)["time_us"] == pytest.approx((2 * step + adds) / US)
+    whole = float(transfer_time(b200, size, 7, False, 8)) + 7 * 3 * size / (b200.mem_bw_gbps * 1e9)
+    assert predict(one, b200)["time_us"] == pytest.approx(whole / US)
+    # Its fixed cost is the sm transfer's (per step), not the library's; NCCL's is the library's.
+    cheaper = dataclasses.replace(b200, sm_comm_latency_us=b200.sm_comm_latency_us - 1.0, coll_latency_us=1.0)
+    assert predict(two, b200)["time_us"] - predict(two, cheaper)["time_us"] == pytest.approx(2.0)
+    assert predict(one, b200)["time_us"] - predict(one, cheaper)["time_us"] == pytest.approx(1.0)
+    assert predict(library, b200)["time_us"] == float(collective_time(b200, OP_CODES["gemm_ar"], size / 8, 8)) / US
+    summary = compare([two, one, library])["presets"]["b200-nvswitch"]
+    assert (summary["sm_collectives"], summary["collectives"]) == (2, 1)
+    with pytest.raises(PublishedError, match="row 1, column 'baseline'.*all-reduce, the op says all_gather"):
+        read_published(write(tmp_path, [{**SM_ALL_REDUCE, "op": "plain all_gather"}]))
+
+
+def test_a_fit_recovers_an_sm_transfer_s_fixed_cost_from_sm_all_reduces(tmp_path):
+    truth = dataclasses.replace(load_hardware("b300-nvswitch"), sm_comm_latency_us=4.5)
+    rows = []
+    for kib in (16, 256, 4096):
+        point = {**SM_ALL_REDUCE, "hardware": "B300", "notes": f"[grade A] message = tensor {kib} KiB"}
+        p, = read_published(write(tmp_path, [point], f"s{kib}.csv"))
+        rows.append({**point, "baseline_time_us": repr(predict(p, truth)["time_us"])})
+    fitted, report = fit(read_published(write(tmp_path, rows)), load_hardware("b300-nvswitch"),
+                         fields=("sm_comm_latency_us",), kinds=("sm_collective",))
+    assert fitted.sm_comm_latency_us == pytest.approx(4.5, rel=0.01)
+    assert report["after"]["sm_collective_ape_median"] < 0.01
+
 
 def test_a_fit_recovers_the_numbers_that_made_the_points(tmp_path):
     truth = dataclasses.replace(load_hardware("h100-nvswitch"), coll_latency_us=9.0, coll_bw_gbps=250.0)
