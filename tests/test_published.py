@@ -165,7 +165,8 @@ def test_an_sm_all_reduce_is_predicted_with_the_sm_transfers_of_a_schedule_s_ste
     one_shot = {**SM_ALL_REDUCE, "baseline": "vLLM benchmark column ca_1stage"}
     nccl = {**SM_ALL_REDUCE, "baseline": "vLLM PyNcclCommunicator all_reduce (NCCL)"}
     two, one, library = read_published(write(tmp_path, [SM_ALL_REDUCE, one_shot, nccl]))
-    assert [(p.kind, p.shots) for p in (two, one, library)] == [("sm_collective", 2), ("sm_collective", 1), ("collective", 0)]
+    assert [(p.kind, p.shots) for p in (two, one, library)] == [
+        ("sm_collective", 2), ("sm_collective", 1), ("collective", 0)]
     b200, size = load_hardware("b200-nvswitch"), 1 << 20
     # Two shots: a reduce-scatter step, then an all-gather step, of 1/8 of the tensor to each of 7
     # peers at once, the reduce-scatter's adds; one shot: the whole tensor from each peer, its adds.
