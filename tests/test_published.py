@@ -94,21 +94,25 @@ def test_a_collective_without_its_message_or_a_table_without_a_column_is_refused
 
 def test_the_committed_table_reads_whole_with_a_url_on_every_row():
     points = read_published(packaged())
-    assert len(points) == 124 and all(p.source.startswith("https://") for p in points)
+    assert len(points) == 169 and all(p.source.startswith("https://") for p in points)
+    assert sum(p.kind == "sm_collective" for p in points) == 45
     assert sum(p.kind == "overlap" for p in points) == 9
 
 
-@pytest.mark.parametrize(("preset", "fields", "kinds", "held"), [
-    ("b200-nvswitch", ("gemm_efficiency", "gemm_launch_us", "gemm_mem_efficiency"), ("gemm",), {}),
-    ("b200-nvswitch", ("coll_bw_gbps", "coll_latency_us"), ("bandwidth", "collective"), {}),
-    ("gb200-nvl72", ("coll_bw_gbps",), ("bandwidth", "collective"), {"coll_latency_us": 8.15}),
-    ("b300-nvswitch", ("coll_bw_gbps", "coll_latency_us"), ("bandwidth",), {}),
+@pytest.mark.parametrize(("preset", "fields", "kinds", "held", "rows"), [
+    ("b200-nvswitch", ("gemm_efficiency", "gemm_launch_us", "gemm_mem_efficiency"), ("gemm",), {}, None),
+    ("b200-nvswitch", ("coll_bw_gbps", "coll_latency_us"), ("bandwidth", "collective"), {}, None),
+    ("gb200-nvl72", ("coll_bw_gbps",), ("bandwidth", "collective"), {"coll_latency_us": 8.15}, None),
+    ("b300-nvswitch", ("coll_bw_gbps", "coll_latency_us"), ("bandwidth",), {}, None),
+    ("b200-nvswitch", ("sm_comm_latency_us",), ("sm_collective",), {}, None),
+    ("b300-nvswitch", ("sm_comm_latency_us",), ("sm_collective",), {}, (125, 145)),  # up to 1 MiB
 ])
-def test_the_blackwell_presets_hold_what_their_published_rows_fit(preset, fields, kinds, held):
+def test_the_blackwell_presets_hold_what_their_published_rows_fit(preset, fields, kinds, held, rows):
     # The committed terms are the fit to the committed rows (GEMM efficiency times H100's
     # in-job / best-shape ratio, 0.827): refitting reproduces them.
     spec = load_hardware(preset)
-    fitted, _ = fit(read_published(packaged()), dataclasses.replace(spec, **held), fields=fields, kinds=kinds)
+    points = [p for p in read_published(packaged()) if rows is None or rows[0] <= p.row <= rows[1]]
+    fitted, _ = fit(points, dataclasses.replace(spec, **held), fields=fields, kinds=kinds)
     for field in fields:
         committed = getattr(spec, field) / (0.827 if field == "gemm_efficiency" else 1.0)
         assert getattr(fitted, field) == pytest.approx(committed, rel=0.02), field
