@@ -94,7 +94,7 @@ def test_a_collective_without_its_message_or_a_table_without_a_column_is_refused
 
 def test_the_committed_table_reads_whole_with_a_url_on_every_row():
     points = read_published(packaged())
-    assert len(points) == 169 and all(p.source.startswith("https://") for p in points)
+    assert len(points) == 193 and all(p.source.startswith("https://") for p in points)
     assert sum(p.kind == "sm_collective" for p in points) == 45
     assert sum(p.kind == "overlap" for p in points) == 9
 
@@ -106,6 +106,7 @@ def test_the_committed_table_reads_whole_with_a_url_on_every_row():
     ("b300-nvswitch", ("coll_bw_gbps", "coll_latency_us"), ("bandwidth",), {}, None),
     ("b200-nvswitch", ("sm_comm_latency_us",), ("sm_collective",), {}, None),
     ("b300-nvswitch", ("sm_comm_latency_us",), ("sm_collective",), {}, (125, 145)),  # up to 1 MiB
+    ("b300-nvswitch", ("gemm_efficiency", "gemm_launch_us", "gemm_mem_efficiency"), ("gemm",), {}, None),
 ])
 def test_the_blackwell_presets_hold_what_their_published_rows_fit(preset, fields, kinds, held, rows):
     # The committed terms are the fit to the committed rows (GEMM efficiency times H100's
