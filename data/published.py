@@ -353,7 +353,8 @@ FITTED = ("gemm_efficiency", "gemm_mem_efficiency", "coll_latency_us", "coll_bw_
 operands reach (what bounds a piece with few rows), the collective library's latency and
 bus bandwidth, a decomposed schedule's per-step cost and the GEMM's slowdown beside
 copy-engine transfers, the realized fraction of ideal overlap and an overlapped call's
-fixed cost (``fp8_gemm_efficiency`` is fitted on its own, to fp8 ``gemm`` rows). The data-sheet numbers (peaks, memory and link bandwidth, units,
+fixed cost (on request: ``fp8_gemm_efficiency`` to fp8 ``gemm`` rows, ``sm_comm_latency_us`` to ``sm_collective``
+rows). The data-sheet numbers (peaks, memory and link bandwidth, units,
 tiles) stay as published; a fixed cost the times cannot tell from the others (a GEMM's
 launch, a copy's issue latency) stays as the preset says."""
 FIT_KINDS = ("overlap", "collective")
@@ -392,7 +393,7 @@ def fit(points: list[Point], spec: HardwareSpec, *, fields: tuple[str, ...] = FI
     from scipy.optimize import least_squares
 
     extra = ("fp8_gemm_efficiency", "sm_comm_units", "gemm_launch_us", "dma_latency_us", "dma_bw_gbps",
-             "sm_comm_latency_us", "link_bw_gbps")
+             "sm_comm_latency_us")
     unknown = [f for f in fields if f not in FITTED and f not in extra]
     if unknown:
         raise PublishedError(f"cannot fit field '{unknown[0]}' (fitted: {', '.join(FITTED + extra)})")
