@@ -6,8 +6,9 @@ Every point is predicted twice on its preset: as committed, and with every fixed
 call taken out (the spec fields whose role is ``latency``: a GEMM's launch, a collective
 library's per-call latency, per-transfer and per-step costs, an overlapped call's setup,
 each set to 0.001 us, which keeps the collective library's model in place). Printed: the
-rows where the two differ by more than 1% (the small calls), then each preset's median APE
-both ways.
+rows where the two differ by more than 1% (the small calls), each preset's median APE both
+ways, then at each collective + GEMM point the simulator's best overlap gain both ways beside
+the best gain measured there (what decides whether overlap is picked).
 """
 
 import dataclasses
@@ -15,6 +16,7 @@ import json
 import statistics
 import sys
 
+from ficco_select.data.no_harm import residuals
 from ficco_select.data.published import compare, read_published
 from ficco_select.hardware import HardwareSpec, load_hardware
 
@@ -46,7 +48,12 @@ def effect(path: str) -> dict:
         mine = [r for r in rows if r["hardware"] == name]
         medians[name] = {"points": len(mine), "ape": round(statistics.median(r["ape"] for r in mine), 4),
                          "ape_without": round(statistics.median(r["ape_without"] for r in mine), 4)}
-    return {"rows": rows, "presets": medians}
+    gains = [{"rows": full["rows"], "hardware": full["hardware"], "op": full["op"],
+              "with_call_costs": round(full["simulated_gain"], 3), "without": round(cut["simulated_gain"], 3),
+              "measured": round(full["measured_gain"], 3)}
+             for full, cut in zip(residuals(path), residuals(path, {name: without_call_costs(load_hardware(name))
+                                                                     for name in presets}))]
+    return {"rows": rows, "presets": medians, "best_gains": gains}
 
 
 def main(path: str, as_json: bool) -> None:
@@ -54,17 +61,22 @@ def main(path: str, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result, indent=1))
         return
-    print(f"{'row':>4} {'kind':10} {'preset':14} {'point':28} {'measured':>9} {'with':>9} {'without':>9}"
+    print(f"{'row':>4} {'kind':13} {'preset':14} {'point':28} {'measured':>9} {'with':>9} {'without':>9}"
           f" {'APE':>6} {'without':>7}")
     for r in result["rows"]:
         if abs(r["with_call_costs"] - r["without"]) <= 0.01 * abs(r["with_call_costs"]):
             continue
         point = f"{r['op']} {r['m'] or ''}x{r['n'] or ''}x{r['k'] or ''} P={r['world_size']}"
-        print(f"{r['row']:>4} {r['kind']:10} {r['hardware']:14} {point:28} {r['measured']:>9.1f}"
+        print(f"{r['row']:>4} {r['kind']:13} {r['hardware']:14} {point:28} {r['measured']:>9.1f}"
               f" {r['with_call_costs']:>9.1f} {r['without']:>9.1f} {r['ape']:>6.1%} {r['ape_without']:>7.1%}")
     print("\nmedian APE per preset, with the committed fixed costs / without them (points):")
     for name, m in result["presets"].items():
         print(f"  {name:14} {m['ape']:6.1%} / {m['ape_without']:6.1%}  ({m['points']})")
+    print("\nthe simulator's best overlap gain with the fixed costs / without them, and the best measured:")
+    for g in result["best_gains"]:
+        rows = ",".join(map(str, g["rows"]))
+        print(f"  rows {rows:<10} {g['hardware']:14} {g['op']:8} x{g['with_call_costs']:.3f} / x{g['without']:.3f}"
+              f"   measured x{g['measured']:.3f}")
 
 
 if __name__ == "__main__":

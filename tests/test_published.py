@@ -308,10 +308,17 @@ def test_magnitudes_no_gpu_measures_are_refused_naming_file_row_and_column(tmp_p
 def test_the_fixed_costs_of_a_call_are_what_call_costs_takes_out(tmp_path):
     # scripts/call_costs.py: a GEMM's difference is its launch, an all-gather's its library's
     # per-call latency (one phase), on hand-made points.
-    path = write(tmp_path, [GEMM | {"m": "1", "n": "1280", "k": "8192"}, COLLECTIVE])
+    # At a collective + GEMM point it prints the best overlap gain both ways beside the measured one.
+    fused = {**AG_POINT, "method": "a fused Triton kernel", "method_time_us": "750"}
+    path = write(tmp_path, [GEMM | {"m": "1", "n": "1280", "k": "8192"}, COLLECTIVE, fused])
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "call_costs.py"), str(path), "--json"],
                          capture_output=True, text=True, timeout=120, check=True)
-    gemm, gather = json.loads(res.stdout)["rows"]
+    out = json.loads(res.stdout)
+    gemm, gather = out["rows"][:2]
     mi300x, h100 = load_hardware("mi300x-8"), load_hardware("h100-nvswitch")
     assert gemm["with_call_costs"] - gemm["without"] == pytest.approx(mi300x.gemm_launch_us - 0.001, abs=0.02)
     assert gather["with_call_costs"] - gather["without"] == pytest.approx(h100.coll_latency_us - 0.001, abs=0.02)
+    gain, = out["best_gains"]
+    best = predict(read_published(path)[2], h100)
+    assert (gain["rows"], gain["measured"]) == ([3], round(900 / 750, 3))
+    assert gain["with_call_costs"] == round(best["time_us"] / best["best_us"], 3) and gain["without"] > 0
