@@ -32,8 +32,9 @@ def without_call_costs(spec: HardwareSpec) -> HardwareSpec:
 def effect(path: str) -> dict:
     points = read_published(path)
     presets = sorted({p.hardware for p in points if p.hardware})
+    bare_specs = {name: without_call_costs(load_hardware(name)) for name in presets}
     committed = compare(points)["points"]
-    bare = compare(points, {name: without_call_costs(load_hardware(name)) for name in presets})["points"]
+    bare = compare(points, bare_specs)["points"]
     rows, medians = [], {}
     for full, cut in zip(committed, bare):
         if full.get("ape") is None:
@@ -51,8 +52,7 @@ def effect(path: str) -> dict:
     gains = [{"rows": full["rows"], "hardware": full["hardware"], "op": full["op"],
               "with_call_costs": round(full["simulated_gain"], 3), "without": round(cut["simulated_gain"], 3),
               "measured": round(full["measured_gain"], 3)}
-             for full, cut in zip(residuals(path), residuals(path, {name: without_call_costs(load_hardware(name))
-                                                                     for name in presets}))]
+             for full, cut in zip(residuals(path), residuals(path, bare_specs))]
     return {"rows": rows, "presets": medians, "best_gains": gains}
 
 
