@@ -16,7 +16,9 @@ Kinds of point (``Point.kind``):
   collective library (``SM_ALL_REDUCES``): its time, predicted with the ``sm`` transfers a
   schedule's steps use (``sm_all_reduce_time``), not the library's terms.
 - ``gemm``: one device's matmul: its time.
-- ``bandwidth``: a reported bus or copy-engine bandwidth, no time: compared in GB/s.
+- ``bandwidth``: a reported bus or copy-engine bandwidth, no time: compared in GB/s. An
+  all-to-all that SM loads and stores move (``SM_ALL_TO_ALLS``, a MoE dispatch or combine) is
+  predicted with the ``sm`` transfers of one step to every peer, not the library's terms.
 Errors name the file, the row (1-based, header excluded) and the column; a number past its
 physical bound (``LIMITS``) is one, and a table of more than ``MAX_ROWS`` rows is refused whole.
 """
@@ -56,6 +58,9 @@ the op or as vLLM's ``benchmark_device_communicators.py`` names its column), wit
 two shots (reduce-scatter, then all-gather: PyTorch's ``two_shot_all_reduce_``, vLLM's custom
 all-reduce in 2 stages) or one (every rank reads every peer's buffer). Kernels that reduce in the
 switch (``multimem``, NVLS) or pick their algorithm by size are not among them."""
+SM_ALL_TO_ALLS = ("DeepEP", "HybridEP")
+"""All-to-alls that SM loads and stores run (named in the ``baseline`` cell): one step that sends
+each peer its shard at once, the transfers of an ``a2a`` schedule's step."""
 PEAK_MESSAGE_BYTES = 1 << 30
 """Message size at which a bandwidth reported without one ("peak busbw") is predicted."""
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -110,7 +115,8 @@ class Point:
     bandwidth_gbps: float = math.nan
     """A reported bandwidth (``bandwidth``): bus bandwidth, or one copy's."""
     shots: int = 0
-    """An ``sm_collective``'s steps (``SM_ALL_REDUCES``): 1 or 2."""
+    """The steps of a collective that SM loads and stores run (``SM_ALL_REDUCES``: 1 or 2;
+    ``SM_ALL_TO_ALLS``: 1); 0 for the collective library's."""
 
     @property
     def speedup(self) -> float:
@@ -198,7 +204,9 @@ def _point(row: int, r: dict[str, str]) -> Point:
     if rate is None:
         raise PublishedError("column 'notes': a collective or copy without a time states its bandwidth (GB/s)")
     size = re.search(r"(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB) payload", r["notes"])
+    sm_driven = what == "all_to_all" and any(name in r["baseline"] for name in SM_ALL_TO_ALLS)
     return Point(**common, kind="bandwidth", op="copy" if what == "p2p copy" else what, world_size=P,
+                 shots=int(sm_driven),
                  bandwidth_gbps=_noted(float(rate.group(1)), "bandwidth", rate.group(0)),
                  message_bytes=(_noted(float(size.group(1)) * _UNITS[size.group(2)], "message", size.group(0))
                                 if size else float(PEAK_MESSAGE_BYTES)))
@@ -271,6 +279,8 @@ def predict(point: Point, hw: HardwareSpec) -> dict[str, float]:
         return {"time_us": float(sm_all_reduce_time(hw, point.message_bytes, P, point.shots)) / US}
     if point.op == "copy":  # one copy-engine copy between two devices
         return {"bandwidth_gbps": point.message_bytes / float(transfer_time(hw, point.message_bytes, 1, True, 2)) / GB}
+    if point.op == "all_to_all" and point.shots:  # one step of P - 1 concurrent sm transfers
+        return {"bandwidth_gbps": (P - 1) * shard / float(transfer_time(hw, shard, P - 1, False, P)) / GB}
     if point.op in ("all_gather", "all_to_all"):  # busbw: the (P - 1) shards a rank receives, over the time
         moved = float(collective_time(hw, OP_CODES[COLLECTIVES[point.op]], shard, P))
         return {"bandwidth_gbps": (P - 1) * shard / moved / GB}
@@ -353,8 +363,8 @@ FITTED = ("gemm_efficiency", "gemm_mem_efficiency", "coll_latency_us", "coll_bw_
 operands reach (what bounds a piece with few rows), the collective library's latency and
 bus bandwidth, a decomposed schedule's per-step cost and the GEMM's slowdown beside
 copy-engine transfers, the realized fraction of ideal overlap and an overlapped call's
-fixed cost (on request: ``fp8_gemm_efficiency`` to fp8 ``gemm`` rows, ``sm_comm_latency_us`` to ``sm_collective``
-rows). The data-sheet numbers (peaks, memory and link bandwidth, units,
+fixed cost (on request: ``fp8_gemm_efficiency`` to fp8 ``gemm`` rows, ``sm_comm_latency_us`` and
+``sm_bw_gbps`` to ``sm_collective`` rows). The data-sheet numbers (peaks, memory and link bandwidth, units,
 tiles) stay as published; a fixed cost the times cannot tell from the others (a GEMM's
 launch, a copy's issue latency) stays as the preset says."""
 FIT_KINDS = ("overlap", "collective")
@@ -393,7 +403,7 @@ def fit(points: list[Point], spec: HardwareSpec, *, fields: tuple[str, ...] = FI
     from scipy.optimize import least_squares
 
     extra = ("fp8_gemm_efficiency", "sm_comm_units", "gemm_launch_us", "dma_latency_us", "dma_bw_gbps",
-             "sm_comm_latency_us")
+             "sm_comm_latency_us", "sm_bw_gbps")
     unknown = [f for f in fields if f not in FITTED and f not in extra]
     if unknown:
         raise PublishedError(f"cannot fit field '{unknown[0]}' (fitted: {', '.join(FITTED + extra)})")
@@ -422,7 +432,12 @@ def fit(points: list[Point], spec: HardwareSpec, *, fields: tuple[str, ...] = FI
                 out.append(min(np.log(predicted["best_us"] / p.method_us), 0.0))
         return np.array(out)
 
-    start = np.log([max(getattr(spec, f), 0.5 if f.endswith("_us") else 0.05) for f in fields])
+    def start_of(f: str) -> float:
+        if f == "sm_bw_gbps" and not 0 < spec.sm_bw_gbps < spec.link_bw_gbps:
+            return spec.link_bw_gbps / 2  # off (0) or at the link's rate, it moves nothing: a fit there cannot move
+        return max(getattr(spec, f), 0.5 if f.endswith("_us") else 0.05)
+
+    start = np.log([start_of(f) for f in fields])
     low = np.full(len(fields), -np.inf)
     high = np.array([0.0 if f in fractions else np.log(2.0) if f == "fp8_gemm_efficiency" else np.inf
                      for f in fields])

@@ -93,15 +93,18 @@ def transfer_time(hw: HardwareSpec, nbytes, concurrent, engine_dma, P):
         per_transfer_bw = link / concurrent  # one port into the switch, shared
     else:  # fully_connected: a link per peer. One hop (latency x 1 is the latency, bit for bit)
         per_transfer_bw = link
+    sm_bw = per_transfer_bw  # what SM loads and stores reach of it
+    if hw.sm_bw_gbps > 0:
+        sm_bw = np.minimum(per_transfer_bw, hw.sm_bw_gbps * GB / concurrent)
     dma = None if isinstance(engine_dma, bool) else np.asarray(engine_dma, dtype=bool)
     if engine_dma is True or (dma is not None and np.count_nonzero(dma)):  # any, for a bool array
         engines = max(hw.copy_engines, 1)
         dma_bw = np.minimum(per_transfer_bw, hw.dma_bw_gbps * GB)
         waves = np.ceil(concurrent / engines)  # more transfers than engines queue up
         t_dma = waves * (dma_latency + nbytes / dma_bw)
-        t_sm = sm_latency + nbytes / per_transfer_bw
+        t_sm = sm_latency + nbytes / sm_bw
         return np.where(nbytes > 0, np.where(True if dma is None else dma, t_dma, t_sm), 0.0)
-    return np.where(nbytes > 0, sm_latency + nbytes / per_transfer_bw, 0.0)
+    return np.where(nbytes > 0, sm_latency + nbytes / sm_bw, 0.0)
 
 
 def collective_time(hw: HardwareSpec, op, shard_bytes, P):

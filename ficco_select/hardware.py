@@ -47,7 +47,7 @@ def _field(unit: str, role: str, default: Any = dataclasses.MISSING, **bounds) -
     return dataclasses.field(default=default, metadata={"unit": unit, "role": role, **bounds})
 
 
-ROLES = ("label", "count", "peak", "topology", "rate", "latency", "fraction")
+ROLES = ("label", "count", "peak", "topology", "rate", "latency", "fraction", "ceiling")
 """What a spec field is. The lists that treat fields alike derive from the roles
 (``fields_of``): validation, machine sampling (``ficco_select.data.machines``), recalibration
 (``ficco_select.data.calibrate.RECALIBRATED``), perturbation (``ficco_select.train.adapt.PERTURBED``) and the
@@ -55,7 +55,10 @@ runtime's range check (``ficco_select.runtime.scope.SPEC_RANGE_FIELDS``).
 - ``label``: a non-empty string. ``count``: a positive integer (``copy_engines`` may be 0).
 - ``peak``: TFLOP/s per dtype. ``topology``: one of ``TOPOLOGIES``.
 - ``rate``: a bandwidth, GB/s. ``latency``: a fixed cost, us. ``fraction``: a number in its bounds.
-A rate or latency with a default of 0 is a model term a spec may leave out: 0 turns it off."""
+A rate or latency with a default of 0 is a model term a spec may leave out: 0 turns it off.
+- ``ceiling``: a bandwidth that caps a rate where measurements show it, GB/s; 0 (off) on every
+  trained machine. Machine sampling, perturbation and recalibration leave it as the spec
+  says; the runtime's range check reads it, so a machine with one is not one the model saw."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,6 +93,10 @@ class HardwareSpec:
     """Fixed cost per transfer moved by kernels on compute units (``sm`` engine), us."""
     sm_comm_units: float = _field("fraction", "fraction", low=0.0, high=1.0, low_open=False, sample=(1.0, 0.5))
     """Fraction of compute units an ``sm`` transfer occupies while it runs, in [0, 1)."""
+    sm_bw_gbps: float = _field("GB/s", "ceiling", 0.0)
+    """Bandwidth a device's ``sm`` transfers reach together, GB/s; concurrent transfers share
+    it. The few compute units a transfer occupies issue loads and stores, not bulk copies, and
+    may not fill the link. 0 (the default): the link's rate."""
     copy_engines: int = _field("engines", "count")
     """DMA copy engines per device usable for peer transfers (0: no ``dma`` engine)."""
     dma_latency_us: float = _field("us", "latency")
@@ -216,7 +223,7 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
     if spec["topology"] not in TOPOLOGIES:
         raise HardwareError(f"{where}: field 'topology' must be one of {', '.join(TOPOLOGIES)}, "
                             f"got {spec['topology']!r}")
-    for f in (*fields_of("rate"), *fields_of("latency")):
+    for f in fields_of("rate", "latency", "ceiling"):
         # Zero is allowed where the term may be off: a model term left out, or a copy-engine
         # number of a machine without copy engines (a dataset stores them all the same).
         may_be_off = _FIELDS[f].default == 0 or (f.startswith("dma_") and not spec["copy_engines"])

@@ -143,6 +143,10 @@ def test_every_list_of_spec_fields_derives_from_their_roles():
     for listed in (RECALIBRATED, _DRAWN, SPEC_RANGE_FIELDS, PERTURBED):
         assert rates_and_costs <= set(listed)
     assert set(fields_of("fraction")) <= set(_DRAWN) & set(PERTURBED)
+    # A ceiling (off on every trained machine) is read by the range check, never drawn.
+    ceilings = set(fields_of("ceiling"))
+    assert ceilings == {"sm_bw_gbps"} and ceilings <= set(SPEC_RANGE_FIELDS)
+    assert not ceilings & (set(RECALIBRATED) | set(_DRAWN) | set(PERTURBED))
 
 
 # -- the terms fitted against the wider published record ----------------------------------

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from helpers.cli import FICCO, refused
@@ -104,8 +105,8 @@ def test_the_committed_table_reads_whole_with_a_url_on_every_row():
     ("b200-nvswitch", ("coll_bw_gbps", "coll_latency_us"), ("bandwidth", "collective"), {}, None),
     ("gb200-nvl72", ("coll_bw_gbps",), ("bandwidth", "collective"), {"coll_latency_us": 8.15}, None),
     ("b300-nvswitch", ("coll_bw_gbps", "coll_latency_us"), ("bandwidth",), {}, None),
-    ("b200-nvswitch", ("sm_comm_latency_us",), ("sm_collective",), {}, None),
-    ("b300-nvswitch", ("sm_comm_latency_us",), ("sm_collective",), {}, (125, 145)),  # up to 1 MiB
+    ("b200-nvswitch", ("sm_comm_latency_us",), ("sm_collective",), {}, None),  # B300's sm_bw_gbps held
+    ("b300-nvswitch", ("sm_comm_latency_us", "sm_bw_gbps"), ("sm_collective",), {}, None),
     ("b300-nvswitch", ("gemm_efficiency", "gemm_launch_us", "gemm_mem_efficiency"), ("gemm",), {}, None),
 ])
 def test_the_blackwell_presets_hold_what_their_published_rows_fit(preset, fields, kinds, held, rows):
@@ -138,7 +139,7 @@ def test_compare_scores_speedups_and_wins(tmp_path):
 
 
 A2A_BUSBW = {**{c: "" for c in COLUMNS}, "source": URL, "hardware": "H100", "gpus": "8",
-             "op": "plain all_to_all (DeepEP intranode dispatch)", "world_size": "8",
+             "op": "plain all_to_all (nccl-tests alltoall_perf)", "world_size": "8",
              "notes": "[grade A] busbw 300 GB/s ((P - 1) shards / time); 64 MiB payload"}
 A2A_TIMED = {**A2A_BUSBW, "op": "plain all_to_all (nccl-tests alltoall_perf)", "dtype": "bf16", "baseline_time_us": "250",
              "notes": "[grade C] message = full send buffer 64 MiB"}
@@ -189,6 +190,56 @@ def test_an_sm_all_reduce_is_predicted_with_the_sm_transfers_of_a_schedule_s_ste
     assert (summary["sm_collectives"], summary["collectives"]) == (2, 1)
     with pytest.raises(PublishedError, match="row 1, column 'baseline'.*all-reduce, the op says all_gather"):
         read_published(write(tmp_path, [{**SM_ALL_REDUCE, "op": "plain all_gather"}]))
+
+
+def test_an_sm_transfer_s_bandwidth_caps_what_sm_steps_move_and_nothing_else():
+    b300 = load_hardware("b300-nvswitch")
+    off = dataclasses.replace(b300, sm_bw_gbps=0.0)
+    at_link = dataclasses.replace(b300, sm_bw_gbps=b300.link_bw_gbps)
+    sizes, link = np.array([0.0, 4096.0, 64 << 20]), b300.link_bw_gbps * 1e9
+    # Off, or at the link's rate: the link's transfers, bit for bit.
+    for concurrent in (1, 5):
+        assert np.array_equal(transfer_time(off, sizes, concurrent, False, 6),
+                              transfer_time(at_link, sizes, concurrent, False, 6))
+        assert np.array_equal(transfer_time(off, sizes, concurrent, False, 6)[1:],
+                              b300.sm_comm_latency_us * US + sizes[1:] / (link / concurrent))
+    # Set: concurrent transfers share it (a switch port shares the link the same way).
+    capped = dataclasses.replace(b300, sm_bw_gbps=300.0)
+    assert float(transfer_time(capped, 64 << 20, 5, False, 6)) == pytest.approx(
+        b300.sm_comm_latency_us * US + 5 * (64 << 20) / 300e9)
+    full_mesh = dataclasses.replace(capped, topology="fully_connected")  # a link per peer: only the cap binds
+    assert float(transfer_time(full_mesh, 64 << 20, 5, False, 6)) == pytest.approx(
+        b300.sm_comm_latency_us * US + 5 * (64 << 20) / 300e9)
+    # A copy engine's transfers are not SM loads and stores.
+    assert np.array_equal(transfer_time(capped, sizes, 5, True, 6), transfer_time(off, sizes, 5, True, 6))
+
+
+def test_an_sm_all_to_all_is_one_step_of_sm_transfers_to_every_peer(tmp_path):
+    deep_ep = {**A2A_BUSBW, "hardware": "B200", "op": "plain all_to_all (HybridEP dispatch)",
+               "baseline": "HybridEP dispatch (16 SMs)"}
+    sm_driven, library = read_published(write(tmp_path, [deep_ep, {**A2A_BUSBW, "hardware": "B200"}]))
+    assert (sm_driven.kind, sm_driven.shots, library.kind, library.shots) == ("bandwidth", 1, "bandwidth", 0)
+    b200, shard = load_hardware("b200-nvswitch"), (64 << 20) / 8
+    step = float(transfer_time(b200, shard, 7, False, 8))
+    assert predict(sm_driven, b200)["bandwidth_gbps"] == pytest.approx(7 * shard / step / 1e9)
+    moved = float(collective_time(b200, OP_CODES["a2a_gemm"], shard, 8))
+    assert predict(library, b200)["bandwidth_gbps"] == pytest.approx(7 * shard / moved / 1e9)
+    assert predict(sm_driven, b200)["bandwidth_gbps"] < predict(sm_driven, dataclasses.replace(
+        b200, sm_bw_gbps=0.0))["bandwidth_gbps"]
+
+
+def test_a_fit_recovers_an_sm_transfer_s_bandwidth_and_fixed_cost(tmp_path):
+    truth = dataclasses.replace(load_hardware("b300-nvswitch"), sm_comm_latency_us=4.5, sm_bw_gbps=300.0)
+    rows = []
+    for kib in (16, 256, 4096, 65536):
+        point = {**SM_ALL_REDUCE, "hardware": "B300", "notes": f"[grade A] message = tensor {kib} KiB"}
+        p, = read_published(write(tmp_path, [point], f"s{kib}.csv"))
+        rows.append({**point, "baseline_time_us": repr(predict(p, truth)["time_us"])})
+    start = dataclasses.replace(truth, sm_comm_latency_us=9.0, sm_bw_gbps=0.0)  # off: the fit starts below the link
+    fitted, report = fit(read_published(write(tmp_path, rows)), start,
+                         fields=("sm_comm_latency_us", "sm_bw_gbps"), kinds=("sm_collective",))
+    assert (fitted.sm_comm_latency_us, fitted.sm_bw_gbps) == (pytest.approx(4.5, rel=0.01), pytest.approx(300, rel=0.01))
+    assert report["after"]["sm_collective_ape_median"] < 0.01
 
 
 def test_a_fit_recovers_an_sm_transfer_s_fixed_cost_from_sm_all_reduces(tmp_path):

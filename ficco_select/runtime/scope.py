@@ -38,10 +38,10 @@ FALLBACKS = ("heuristic", "baseline", COST_MODEL)
 """Where a fitted abstention rule may send a decision it does not trust, besides a fixed rule (a
 schedule name: that schedule where it is legal, else the baseline) or a gated one (``GATED``
 + a schedule name: of that schedule and the baseline, the one the model predicts faster)."""
-SPEC_RANGE_FIELDS = ("compute_units", "copy_engines", *fields_of("rate", "latency"))
+SPEC_RANGE_FIELDS = ("compute_units", "copy_engines", *fields_of("rate", "latency", "ceiling"))
 """Spec fields (with ``peak_tflops.<dtype>``) whose trained ranges bound the machines an
-``unseen_hardware`` rule lets the model decide: every rate and latency the cost estimates
-read, and the counts the features read."""
+``unseen_hardware`` rule lets the model decide: every rate, latency and ceiling the cost
+estimates read, and the counts the features read."""
 MACHINE_KINDS = ("gpu", "cpu")
 """``unseen_hardware`` ranges are per kind of machine (``HardwareSpec.kind``)."""
 ANY_KIND = "any"
