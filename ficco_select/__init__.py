@@ -11,10 +11,12 @@ from pathlib import Path as _Path
 # The stages (data/, features/, train/) sit beside this package in a checkout, as the design
 # card lays it out, and inside it once installed (pyproject's package-dir): either way they
 # import as ficco_select.data, ficco_select.features and ficco_select.train, and nothing
-# generic lands on the user's import path.
+# generic lands on the user's import path. In a checkout only these three map in (_stages.py).
 _checkout = _Path(__file__).resolve().parent.parent
 if not (_Path(__file__).parent / "train").is_dir() and (_checkout / "train" / "bringup.py").is_file():
-    __path__.append(str(_checkout))
+    from ficco_select._stages import stage_entry as _stage_entry
+
+    __path__.append(_stage_entry(_checkout))
 
 from ficco_select.scenario import OPS, Scenario, ScenarioError
 from ficco_select.schedule import BACKENDS, BASELINE, SHARD, Schedule, ScheduleError, candidates, is_legal, parse

@@ -37,6 +37,36 @@ def test_the_package_list_holds_every_folder_of_the_package_and_the_stages():
     assert sorted(config["packages"]) == sorted(on_disk)
 
 
+def _modules_the_wheel_holds() -> set[str]:
+    """Every module and package the package list installs, from the files on disk."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    names = set()
+    for package in config["packages"]:
+        top = config["package-dir"].get(".".join(package.split(".")[:2]))
+        folder = ROOT.joinpath(top, *package.split(".")[2:]) if top else ROOT.joinpath(*package.split("."))
+        names.add(package)
+        names.update(f"{package}.{f.stem}" for f in folder.glob("*.py") if f.stem != "__init__")
+    return names - {"ficco_select"}
+
+
+_WALK = ("import pkgutil, ficco_select; "
+         "print('\\n'.join(sorted(m.name for m in pkgutil.walk_packages(ficco_select.__path__, 'ficco_select.'))))")
+
+
+def test_the_checkout_maps_only_the_stages_into_the_package(tmp_path):
+    # Not the checkout's root: the package, its tests, benchmarks or scripts are no submodules
+    # of it (a second copy of the package would hold a second table of the job's machines).
+    for name in ("ficco_select", "tests", "benchmarks", "examples", "scripts", "mlruns", "docs"):
+        done = subprocess.run([sys.executable, "-c", f"import ficco_select.{name}"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        assert "ModuleNotFoundError: No module named 'ficco_select." + name in done.stderr, (name, done.stderr[-500:])
+    # What doc tools and `pytest --doctest-modules` walk: the wheel's modules, once each, and no deeper.
+    walked = subprocess.run([sys.executable, "-c", _WALK], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, check=True).stdout.split()
+    assert len(walked) == len(set(walked))
+    assert set(walked) == _modules_the_wheel_holds()
+
+
 def _run(python: Path, ficco: Path, cwd: Path, *args: str, timeout: float = 120) -> str:
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{cwd / 'mlflow.db'}"}
     env.pop("PYTHONPATH", None)
@@ -81,6 +111,9 @@ def test_the_wheel_runs_beside_a_users_generic_folders(tmp_path):
     (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
     folder, ficco = decoy_folder(tmp_path / "work"), venv / "bin" / "ficco"
     _use_from_decoys(python, ficco, folder)
+    walked = subprocess.run([str(python), "-c", _WALK], cwd=folder, capture_output=True, text=True, timeout=120,
+                            check=True).stdout.split()
+    assert set(walked) == _modules_the_wheel_holds()  # the checkout's walk is held to the same list
     # The debug pipeline runs every stage on its slice from the installed files alone (the
     # packaged scenario tables, measurements and presets): the evaluation of the pipeline's
     # selector kinds on every split, MLflow, the registry, the report (it never exports).
