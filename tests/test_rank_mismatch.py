@@ -249,3 +249,68 @@ def test_the_per_call_check_is_a_debug_mode_off_by_default(monkeypatch, env, on)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert dispatch.Settings().check_calls is on
+
+
+# -- ranks that set the debug mode differently -----------------------------------------------
+SETTING_TIMEOUT_S = 20
+"""The group's timeout in the cases below: a rank waiting on it would take this long (the
+test asks for an error within 10 s)."""
+
+
+def _setting_on_one_rank(rank: int, P: int, case: dict) -> dict:
+    """One rank of a job where only the last rank turns the check on (by `case["how"]`), then
+    every rank calls `case["op"]`: what it raised and how long that took."""
+    import time
+
+    from torch import nn
+
+    from ficco_select.runtime import torch_ops
+    from ficco_select.runtime.selector import Selector
+    from ficco_select.runtime.tp import install, parallelize
+
+    odd = rank == P - 1
+    for name in ("FICCO_CHECK_CALLS", "TORCH_DISTRIBUTED_DEBUG"):
+        os.environ.pop(name, None)
+    if odd and case["how"] != "configure":
+        name, value = case["how"].split("=")
+        os.environ[name] = value
+    torch_ops.reset()  # the settings read the environment when they are made
+    torch_ops.configure(selector=Selector(), hardware="cpu", check_calls=True if odd and case["how"] == "configure"
+                        else None)
+    assert torch_ops.dispatch.checks_calls() is odd
+    g = dist.group.WORLD.group_name
+    gen = torch.Generator().manual_seed(0)
+    A, W = torch.rand(8, 8, generator=gen), torch.rand(8, 8, generator=gen)
+    t0 = time.monotonic()
+    try:
+        if case["op"] == "ag":
+            torch_ops.all_gather_matmul(A, [W], 0, g)
+        elif case["op"] == "rs":
+            torch_ops.matmul_reduce_scatter(A, W, "sum", 0, g)
+        elif case["op"] == "ar":
+            torch_ops.matmul_all_reduce(A, W, "sum", g)
+        else:  # the hook of a tensor-parallel MLP, which builds its layers' tables at install
+            mlp = parallelize(nn.Sequential(nn.Linear(8, 8 * P), nn.GELU(), nn.Linear(8 * P, 8)),
+                              {"0": "colwise", "2": "rowwise"}, dist.group.WORLD)
+            with install(mlp):
+                mlp(A.reshape(4, 2, 8)).sum().backward()
+    except Exception as e:  # noqa: BLE001 - what each rank raised is the result
+        return {"raised": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - t0}
+    finally:
+        torch_ops.reset()
+    return {"raised": None, "seconds": time.monotonic() - t0}
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize(("how", "op"), [("FICCO_CHECK_CALLS=1", "ag"), ("TORCH_DISTRIBUTED_DEBUG=DETAIL", "rs"),
+                                         ("configure", "ar"), ("FICCO_CHECK_CALLS=1", "install")])
+def test_ranks_setting_the_per_call_check_differently_all_raise_naming_it_not_hang(how, op):
+    outcomes = ranks.launch(_setting_on_one_rank, 2, ({"how": how, "op": op},), timeout_s=2 * SETTING_TIMEOUT_S,
+                            group_timeout_s=SETTING_TIMEOUT_S, stop_on_error=False, start_method="forkserver")
+    setting = "configure(check_calls=True)" if how == "configure" else how
+    for o in outcomes:
+        assert o.ok, o.error  # neither died nor hung
+        got = o.value
+        assert got["raised"] and got["seconds"] < 10, (o.rank, got)
+        for needle in ("per-call check", setting, "on at rank 1", "off at rank 0"):
+            assert needle in got["raised"], (o.rank, got["raised"])

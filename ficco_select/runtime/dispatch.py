@@ -59,7 +59,10 @@ class Settings:
     """A debug mode, off by default: each call first checks that every rank passes the same
     call (``ops``), one blocking host collective per call. On with PyTorch's own switch
     ($TORCH_DISTRIBUTED_DEBUG=DETAIL) or $FICCO_CHECK_CALLS=1 ($FICCO_CHECK_CALLS=0: off
-    whatever PyTorch's says). Off is PyTorch's own collectives' contract: nothing per call."""
+    whatever PyTorch's says). Off is PyTorch's own collectives' contract: nothing per call.
+    A group's ranks agree on it once (``ops.agree_on_the_check``)."""
+    check_source: str = dataclasses.field(default_factory=lambda: debug_check_source())
+    """What set ``check_calls``, as an error names it: ``FICCO_CHECK_CALLS=1``, ``configure(check_calls=True)``..."""
     cache_size: int = DECISION_CACHE_SIZE
     """Call shapes whose plan the process keeps (least recently used first out)."""
 
@@ -70,6 +73,16 @@ def debug_checks() -> bool:
     if ours:
         return ours != "0"
     return os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").strip().upper() == "DETAIL"
+
+
+def debug_check_source() -> str:
+    """What in the environment decides ``debug_checks()``, as an error names it."""
+    ours = os.environ.get("FICCO_CHECK_CALLS", "").strip()
+    if ours:
+        return f"FICCO_CHECK_CALLS={ours[:32]}"
+    if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").strip().upper() == "DETAIL":
+        return "TORCH_DISTRIBUTED_DEBUG=DETAIL"
+    return "the default"
 
 
 @dataclasses.dataclass(eq=False)
@@ -144,6 +157,8 @@ class _State:
     match on every rank because every rank runs the same schedules on the group."""
     last_decision: Decision | None = None
     """The decision of the latest call in this process (for logging and tests)."""
+    check_agreed: set[str] = dataclasses.field(default_factory=set)
+    """Names of the groups whose ranks agreed on ``Settings.check_calls`` (``ops.agree_on_the_check``)."""
 
 
 _state = _State()
@@ -174,6 +189,16 @@ def checks_calls() -> bool:
     return _state.settings.check_calls
 
 
+def check_agreed(group: dist.ProcessGroup) -> bool:
+    """Whether `group`'s ranks agreed on ``checks_calls()`` since the last ``reset`` or
+    ``configure(check_calls=...)`` (``ops.agree_on_the_check``)."""
+    return group.group_name in _state.check_agreed
+
+
+def note_check_agreed(group: dist.ProcessGroup) -> None:
+    _state.check_agreed.add(group.group_name)
+
+
 def plans() -> list[tuple[tuple, Plan]]:
     """(call shape key, group name) and the plan cached for it, least recently used first."""
     return _state.plans.items()
@@ -195,8 +220,9 @@ def configure(*, selector: Selector | str | os.PathLike | None = None, hardware:
     candidates, baseline first (``source="explore"``), so that telemetry times the
     alternatives ``ficco train`` needs on the job's own shapes; ``check_calls=False`` skips
     the per-call check that every rank passes the same shapes (``Settings.check_calls``: a
-    debug mode, off by default); ``cache_size``: call shapes whose plan the process keeps.
-    Clears the plans."""
+    debug mode, off by default; the group's ranks agree on it again at their next checked
+    call); ``cache_size``: call shapes whose plan the process keeps. Clears the plans: every
+    rank of a group configures alike, as it makes the same calls."""
     if selector is not None:
         _state.settings.selector = selector if isinstance(selector, Selector) else Selector.load(selector)
     if hardware is not None:
@@ -211,6 +237,8 @@ def configure(*, selector: Selector | str | os.PathLike | None = None, hardware:
         _state.settings.explore_every = max(0, int(explore_every))
     if check_calls is not None:
         _state.settings.check_calls = bool(check_calls)
+        _state.settings.check_source = f"configure(check_calls={bool(check_calls)})"
+        _state.check_agreed.clear()  # every rank configures alike, so every rank agrees again
     if cache_size is not None:
         _state.settings.cache_size = max(1, int(cache_size))
     _state.plans = PlanCache(_state.settings.cache_size)

@@ -7,8 +7,9 @@ the decision is the baseline, the executor's schedule otherwise.
 
 Per call, where the plan is cached: the call's key (its shapes), one lookup, and the run.
 Nothing collective, nothing built: the per-call check that every rank passes the same call
-is a debug mode (``dispatch.Settings.check_calls``), and an overlapped plan keeps its comm
-and operator template from its first run. The MoE ops are the exception: their decision
+is a debug mode (``dispatch.Settings.check_calls``), which a group's ranks agree on once, at
+its first checked call (``agree_on_the_check``), and an overlapped plan keeps its comm and
+operator template from its first run. The MoE ops are the exception: their decision
 depends on every rank's load, so each call exchanges the ranks' token counts (one small
 host all-gather), and that exchange checks them too.
 """
@@ -37,7 +38,7 @@ def all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_
     group = resolve_group(group_name)
     P = group.size()
     gather_dim = gather_dim % A_shard.ndim
-    if run_check and dispatch.checks_calls():
+    if run_check and _checks_calls(group):
         _same_call_on_every_rank("all_gather_matmul", group, f"A_shard {_tensor(A_shard)} gathered along dim "
                                  f"{gather_dim} @ Bs {', '.join(map(_tensor, Bs))}")
     if gather_dim == A_shard.ndim - 1 or not Bs:
@@ -102,7 +103,7 @@ def matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scat
     group = resolve_group(group_name)
     P = group.size()
     scatter_dim = scatter_dim % A.ndim
-    if run_check and dispatch.checks_calls():
+    if run_check and _checks_calls(group):
         _same_call_on_every_rank("matmul_reduce_scatter", group,
                                  f"A {_tensor(A)} @ B {_tensor(B)}, {reduce_op} scattered along dim {scatter_dim}")
     extent = B.shape[-1] if scatter_dim == A.ndim - 1 else A.shape[scatter_dim]
@@ -142,7 +143,7 @@ def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, reduce_op: str = "sum", 
     """all_reduce(A @ B) with ``sum`` or ``avg``: every rank gets the whole result."""
     group = resolve_group(group_name)
     P = group.size()
-    if run_check and dispatch.checks_calls():
+    if run_check and _checks_calls(group):
         _same_call_on_every_rank("matmul_all_reduce", group, f"A {_tensor(A)} @ B {_tensor(B)}, {reduce_op}")
     A2 = A if A.ndim == 2 else _rows(A)
     rows, n = A2.shape[0], B.shape[-1]
@@ -177,6 +178,45 @@ def _tensor(t: torch.Tensor) -> str:
     return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
 
 
+SETTING_BYTES = 64
+"""Room for one rank's check setting in the agreement on it (``agree_on_the_check``)."""
+_AGREEING = threading.Lock()
+
+
+def _checks_calls(group: dist.ProcessGroup) -> bool:
+    """Whether this call on `group` runs the per-call check (the debug mode); the group's
+    ranks agree on that at its first checked call (one host collective; none after)."""
+    if not dispatch.check_agreed(group):
+        agree_on_the_check(group)
+    return dispatch.checks_calls()
+
+
+def agree_on_the_check(group: dist.ProcessGroup) -> None:
+    """The ranks of `group` agree on the per-call check (``dispatch.Settings.check_calls``),
+    once until the next ``reset`` or ``configure(check_calls=...)``: one host all-gather of
+    every rank's setting. A rank with the check on would run a collective per call that
+    the others never join, and wait on them until the group's timeout; so where the ranks
+    differ, every rank raises ValueError naming the setting and the ranks on either side
+    (and agrees again at its next call)."""
+    with _AGREEING:  # the forward's and autograd's threads: one agreement per rank
+        if dispatch.check_agreed(group):
+            return
+        settings = dispatch.settings()
+        mine = f"{'on' if settings.check_calls else 'off'} ({settings.check_source})"
+        every = _texts(_host_all_gather(group, mine, SETTING_BYTES))
+        if len({text.split(" ", 1)[0] for text in every if text}) > 1:
+            sides: dict[str, list[int]] = {}
+            for r, text in enumerate(every):
+                sides.setdefault(text, []).append(dist.get_global_rank(group, r))
+            raise ValueError(
+                f"ficco's per-call check differs between the ranks of group {group.group_name!r}: "
+                + ", ".join(f"{text.split(' ', 1)[0]} at rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} "
+                            f"{text.split(' ', 1)[1]}" for text, rs in sorted(sides.items(), reverse=True))
+                + "; set it alike on every rank (FICCO_CHECK_CALLS, TORCH_DISTRIBUTED_DEBUG=DETAIL or "
+                "configure(check_calls=...))")
+        dispatch.note_check_agreed(group)
+
+
 def _same_call_on_every_rank(op: str, group: dist.ProcessGroup, call: str) -> None:
     """ValueError on every rank of `group` where a rank describes its call otherwise than
     rank 0 (the ranks' shapes must match for the collective to mean anything). The debug
@@ -197,6 +237,11 @@ def _gathered(group: dist.ProcessGroup, mine: str, size: int) -> torch.Tensor:
     one all-gather: a row is a flag (0: the text did not fit, so that every rank sees the
     same and raises alike), then the text's bytes, zero-padded. On the host
     (``_host_group``): no CUDA stream waits for it."""
+    return _host_all_gather(group, mine, size)
+
+
+def _host_all_gather(group: dist.ProcessGroup, mine: str, size: int) -> torch.Tensor:
+    """``_gathered`` (which counts as a call's check; this alone is also the agreement on it)."""
     data = mine.encode()
     row = b"\1" + data.ljust(size, b"\0") if len(data) <= size else bytes(1 + size)
     host = _host_group(group)
@@ -283,6 +328,8 @@ def prepare_all_gather_matmul(k: int, n_local: int, dtype: torch.dtype, device: 
     with no collective and no model, from its first step on. Every rank of the group calls
     it, in the same order (rank 0 builds the table and shares it). Whether a table was built."""
     group = resolve_group(group_name)
+    if not dispatch.check_agreed(group):  # now, so that no step does
+        agree_on_the_check(group)
     P = group.size()
     return dispatch.prepare_layer(_ag_layer(n_local, dtype, device.type, k), group, lambda: scenario_for(
         "ag_gemm", P * TABLE_ROWS, P * n_local, k, dtype, P, device)) is not None
@@ -293,6 +340,8 @@ def prepare_matmul_reduce_scatter(k_local: int, n: int, dtype: torch.dtype, devi
     """``prepare_all_gather_matmul`` for ``matmul_reduce_scatter`` calls of A (rows, k_local)
     @ B (k_local, n) scattered along dim 0."""
     group = resolve_group(group_name)
+    if not dispatch.check_agreed(group):  # now, so that no step does
+        agree_on_the_check(group)
     P = group.size()
     return dispatch.prepare_layer(_rs_layer(n, False, dtype, device.type, k_local), group, lambda: scenario_for(
         "gemm_rs", P * TABLE_ROWS, n, P * k_local, dtype, P, device)) is not None
@@ -301,6 +350,8 @@ def prepare_matmul_reduce_scatter(k_local: int, n: int, dtype: torch.dtype, devi
 def prepare_matmul_all_reduce(k_local: int, n: int, dtype: torch.dtype, device: torch.device, group_name) -> bool:
     """``prepare_all_gather_matmul`` for ``matmul_all_reduce`` calls of A (rows, k_local) @ B (k_local, n)."""
     group = resolve_group(group_name)
+    if not dispatch.check_agreed(group):  # now, so that no step does
+        agree_on_the_check(group)
     P = group.size()
     return dispatch.prepare_layer(_ar_layer(n, dtype, device.type, k_local), group, lambda: scenario_for(
         "gemm_ar", P * TABLE_ROWS, n, P * k_local, dtype, P, device)) is not None
