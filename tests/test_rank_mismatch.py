@@ -314,3 +314,65 @@ def test_ranks_setting_the_per_call_check_differently_all_raise_naming_it_not_ha
         assert got["raised"] and got["seconds"] < 10, (o.rank, got)
         for needle in ("per-call check", setting, "on at rank 1", "off at rank 0"):
             assert needle in got["raised"], (o.rank, got["raised"])
+
+
+def _run_check_on_one_rank(rank: int, P: int, op: str) -> dict:
+    """One rank of a job with the debug mode on everywhere, where only rank 0 vouches for its
+    call (``run_check=False``): what each rank raised and how long that took."""
+    import time
+
+    from ficco_select.runtime import torch_ops
+    from ficco_select.runtime.selector import Selector
+
+    torch_ops.reset()
+    torch_ops.configure(selector=Selector(), hardware="cpu", check_calls=True)
+    g = dist.group.WORLD.group_name
+    gen = torch.Generator().manual_seed(0)
+    A, W = torch.rand(8, 8, generator=gen), torch.rand(8, 8, generator=gen)
+    t0 = time.monotonic()
+    try:
+        if op == "ag":
+            torch_ops.all_gather_matmul(A, [W], 0, g, run_check=rank != 0)
+        else:
+            torch_ops.matmul_reduce_scatter(A, W, "sum", 0, g, run_check=rank != 0)
+        return {"raised": None, "seconds": time.monotonic() - t0}
+    except Exception as e:  # noqa: BLE001 - what each rank raised is the result
+        return {"raised": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - t0}
+    finally:
+        torch_ops.reset()
+
+
+@pytest.mark.gloo
+@pytest.mark.parametrize("op", ["ag", "rs"])
+def test_ranks_passing_run_check_differently_all_raise_naming_it_not_hang(op):
+    outcomes = ranks.launch(_run_check_on_one_rank, 2, (op,), timeout_s=2 * SETTING_TIMEOUT_S,
+                            group_timeout_s=SETTING_TIMEOUT_S, stop_on_error=False, start_method="forkserver")
+    for o in outcomes:
+        assert o.ok, o.error
+        got = o.value
+        assert got["raised"] and got["seconds"] < 10, (o.rank, got)
+        for needle in ("run_check differs", "True at ranks 1", "False at the others"):
+            assert needle in got["raised"], (o.rank, got["raised"])
+
+
+def _vouched_on_every_rank(rank: int, P: int) -> dict:
+    """The debug mode on, every rank vouching for its call (``run_check=False``): the ranks
+    join the check's exchange, find that they all vouch, and run the call."""
+    from ficco_select.runtime import torch_ops
+    from ficco_select.runtime.selector import Selector
+
+    torch_ops.reset()
+    torch_ops.configure(selector=Selector(), hardware="cpu", check_calls=True)
+    A, W = torch.ones(8, 8), torch.ones(8, 8)
+    try:
+        _, (y,) = torch_ops.all_gather_matmul(A, [W], 0, dist.group.WORLD.group_name, run_check=False)
+        return {"shape": tuple(y.shape)}
+    finally:
+        torch_ops.reset()
+
+
+@pytest.mark.gloo
+def test_calls_every_rank_vouches_for_run_under_the_debug_mode():
+    for o in ranks.launch(_vouched_on_every_rank, 2, (), timeout_s=60, start_method="forkserver"):
+        assert o.ok, o.error
+        assert o.value["shape"] == (16, 8)

@@ -38,9 +38,10 @@ def all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_
     group = resolve_group(group_name)
     P = group.size()
     gather_dim = gather_dim % A_shard.ndim
-    if run_check and _checks_calls(group):
-        _same_call_on_every_rank("all_gather_matmul", group, f"A_shard {_tensor(A_shard)} gathered along dim "
-                                 f"{gather_dim} @ Bs {', '.join(map(_tensor, Bs))}")
+    if _checks_calls(group):
+        _same_call_on_every_rank("all_gather_matmul", group, run_check,
+                                 f"A_shard {_tensor(A_shard)} gathered along dim {gather_dim} @ Bs "
+                                 f"{', '.join(map(_tensor, Bs))}")
     if gather_dim == A_shard.ndim - 1 or not Bs:
         fall_back("gather along the contraction dim: PyTorch's implementation")
         return symm_mem._fused_all_gather_matmul_fallback(A_shard, list(Bs), gather_dim, group.group_name,
@@ -103,8 +104,8 @@ def matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scat
     group = resolve_group(group_name)
     P = group.size()
     scatter_dim = scatter_dim % A.ndim
-    if run_check and _checks_calls(group):
-        _same_call_on_every_rank("matmul_reduce_scatter", group,
+    if _checks_calls(group):
+        _same_call_on_every_rank("matmul_reduce_scatter", group, run_check,
                                  f"A {_tensor(A)} @ B {_tensor(B)}, {reduce_op} scattered along dim {scatter_dim}")
     extent = B.shape[-1] if scatter_dim == A.ndim - 1 else A.shape[scatter_dim]
     if reduce_op not in ("sum", "avg") or extent % P:
@@ -143,8 +144,8 @@ def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, reduce_op: str = "sum", 
     """all_reduce(A @ B) with ``sum`` or ``avg``: every rank gets the whole result."""
     group = resolve_group(group_name)
     P = group.size()
-    if run_check and _checks_calls(group):
-        _same_call_on_every_rank("matmul_all_reduce", group, f"A {_tensor(A)} @ B {_tensor(B)}, {reduce_op}")
+    if _checks_calls(group):
+        _same_call_on_every_rank("matmul_all_reduce", group, run_check, f"A {_tensor(A)} @ B {_tensor(B)}, {reduce_op}")
     A2 = A if A.ndim == 2 else _rows(A)
     rows, n = A2.shape[0], B.shape[-1]
 
@@ -217,15 +218,24 @@ def agree_on_the_check(group: dist.ProcessGroup) -> None:
         dispatch.note_check_agreed(group)
 
 
-def _same_call_on_every_rank(op: str, group: dist.ProcessGroup, call: str) -> None:
+def _same_call_on_every_rank(op: str, group: dist.ProcessGroup, run_check: bool, call: str) -> None:
     """ValueError on every rank of `group` where a rank describes its call otherwise than
     rank 0 (the ranks' shapes must match for the collective to mean anything). The debug
-    mode's check (``dispatch.Settings.check_calls``); callers skip it where the caller of
-    the op vouches for the call (``run_check=False``)."""
-    every = _gathered(group, call, CALL_BYTES)
+    mode's check (``dispatch.Settings.check_calls``). Every rank joins it, also where its
+    caller vouches for the call (``run_check=False``: the shapes are then not compared), so
+    that ranks passing ``run_check`` differently raise instead of waiting on each other."""
+    every = _gathered(group, f"{int(run_check)}{call}", CALL_BYTES)
     if every[0, 0] and bool((every == every[0]).all()):  # the common case: one comparison, nothing decoded
         return
     calls = _texts(every)
+    checked = [c[:1] == "1" if c else None for c in calls]
+    if len(set(checked) - {None}) > 1:
+        on = [r for r, v in enumerate(checked) if v]
+        raise ValueError(f"{op}: run_check differs between the ranks of group {group.group_name!r}: True at ranks "
+                         f"{', '.join(map(str, on))}, False at the others; every rank must pass the same run_check")
+    if not any(checked):
+        return  # every rank's caller vouched for the call
+    calls = [c[1:] if c else None for c in calls]
     odd = next(r for r, c in enumerate(calls) if c != calls[0] or c is None)
     raise ValueError(f"{op}: rank {odd} passed {calls[odd] or 'a call too long to compare'}, rank 0 passed "
                      f"{calls[0] or 'a call too long to compare'}; every rank of the group must pass the same "

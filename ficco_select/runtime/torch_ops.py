@@ -36,8 +36,11 @@ Choices a caller should know:
   it (shapes, dtype, dims, reduce op; one blocking collective on the host: the group's CPU
   backend, or a gloo group of its ranks made at its first call; about 0.5 ms on this 2-core
   machine's gloo), and a call the ranks disagree on raises ValueError on every rank, naming
-  the op, the rank and both shapes; ``run_check=False`` skips it for one call and its
-  backward, where the caller vouches for its shapes (DTensor's styles, the compile pass).
+  the op, the rank and both shapes; ``run_check=False`` skips the comparison for one call
+  and its backward, where the caller vouches for its shapes (DTensor's styles, the compile
+  pass); every rank still joins the exchange, so ranks passing ``run_check`` differently
+  raise rather than wait on each other. A group's ranks agree on the debug mode itself
+  once, at its first checked call: ranks that set it differently raise, naming the setting.
   With the check off, what a mismatch does is the backend's (docs/runtime.md, "Ranks that
   disagree"). The MoE ops check in the exchange of token counts their decision needs
   anyway: the same k, n and dtype on every rank, and each rank's ``output_split_sizes``
