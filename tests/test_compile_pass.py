@@ -89,17 +89,20 @@ def check_pinned(rank: int, P: int, tmp: Path) -> None:
     # all-gather matmul (the down projection's input gradient) and matmul reduce-scatter
     # (the up projection's). The backward's all-reduce precedes its matmul: no ficco op.
     torch_ops.configure(schedule="shard.ring.sm")
-    for x_shape, seq_dim in (((8,), 0), ((2, 4), 1)):  # 2-D, and (batch, seq) gathered along seq
+    # 2-D; (batch, seq) gathered along seq; and batch 1, whose backward regroups the rows
+    # (mm, reshapes, reduce-scatter along dim 0)
+    for x_shape, seq_dim in (((8,), 0), ((2, 4), 1), ((1, 8), 1)):
         rewrites = _compiled_equals_eager(rank, P, *SMALL, x_shape, seq_dim)
         assert _summary(rewrites) == [
             ("all_gather_matmul", "backward", True), ("all_gather_matmul", "forward", True),
             ("matmul_all_reduce", "forward", True), ("matmul_reduce_scatter", "backward", True),
             ("matmul_reduce_scatter", "forward", True)], [r.line() for r in rewrites]
         layers = {(r.op, r.graph): (r.rows, r.n, r.k) for r in rewrites}
-        rows = P * 8 if seq_dim == 0 else 2 * P * 4
+        rows = P * 8 if seq_dim == 0 else x_shape[0] * P * x_shape[1]
         hidden, ffn = SMALL
         assert layers[("all_gather_matmul", "forward")] == (rows, ffn // P, hidden)
         assert layers[("matmul_reduce_scatter", "forward")] == (rows, hidden, ffn // P)
+        assert layers[("matmul_reduce_scatter", "backward")] == (rows, hidden, ffn // P)
         assert layers[("matmul_all_reduce", "forward")] == (rows // P, 8, hidden // P)
     # The compiled graphs ran ficco's ops: their pinned decisions are in the cache.
     ops = {key[0][0] for key in dispatch.decisions()}

@@ -21,7 +21,8 @@ What it matches and what it leaves:
   multiplied: DTensor's batch-1 sequence gather): one ``ficco::all_gather_matmul`` per
   all-gather, all its matmuls' weights together (the op concatenates them, one GEMM).
 - ``mm`` + reduce-scatter (any scatter dim), where the matmul's only user is the
-  reduce-scatter: ``ficco::matmul_reduce_scatter``.
+  reduce-scatter, or reshapes that regroup its rows for a dim-0 scatter (the gradient of a
+  batch-1 sequence gather): ``ficco::matmul_reduce_scatter``.
 - ``mm`` + all-reduce (``funcol.all_reduce``: ``all_reduce`` then ``wait_tensor`` in the
   graph), where the matmul's only user is the all-reduce: ``ficco::matmul_all_reduce``.
   An all-reduce *before* a matmul (the column-parallel input's gradient in some models)
@@ -212,7 +213,9 @@ class FiccoPass(CustomGraphPass):
         _raise_ancestors(graph, fused, [x for mm in matmuls for x in mm.arg_ancestor_nodes])
 
     def _matmul_reduce_scatter(self, graph, rs, kind: str) -> None:
-        mm = _find_producer_matmul(rs.input_node)
+        regrouped = _regrouped(rs)
+        source = regrouped[0].args[0] if regrouped else rs.input_node
+        mm = _find_producer_matmul(source)
         if mm is None or type(mm) is not _Matmul or rs.wait_tensor_node in mm.arg_ancestor_nodes:
             return
         matched = rs.match.nodes if hasattr(rs.match, "nodes") else rs.match
@@ -221,9 +224,11 @@ class FiccoPass(CustomGraphPass):
         A, B, P = _val(mm.A_node), _val(mm.B_node), _world(rs.group_name)
         k, n = A.shape[-1], B.shape[-1]
         rows = A.numel() // k if k else 0
-        dim = rs.scatter_dim % A.ndim
-        extent = n if dim == A.ndim - 1 else A.shape[dim]
-        if rs.reduce_op not in ("sum", "avg") or _concrete(extent) and extent % P:
+        dim = 0 if regrouped else rs.scatter_dim % A.ndim
+        extent = rows if regrouped else n if dim == A.ndim - 1 else A.shape[dim]
+        if regrouped and not all(map(_concrete, _val(rs.wait_tensor_node).shape)):
+            keep, reason = True, "a scatter of regrouped rows with a symbolic shape: left to PyTorch"
+        elif rs.reduce_op not in ("sum", "avg") or _concrete(extent) and extent % P:
             keep, reason = True, (f"reduce op {rs.reduce_op!r} / scatter extent {extent} over {P} ranks: "
                                   "ficco would run PyTorch's implementation")
         elif dim == A.ndim - 1:
@@ -235,10 +240,18 @@ class FiccoPass(CustomGraphPass):
         if keep:
             return
         with graph.inserting_before(rs.wait_tensor_node):
-            fused = _call(graph, torch.ops.ficco.matmul_reduce_scatter.default,
-                          (mm.A_node, mm.B_node, rs.reduce_op, rs.scatter_dim, rs.group_name, False))
-            rs.replace_with(fused)
+            if regrouped:  # the matmul's rows, scattered along dim 0, in the wait's shape
+                A_rows = _call(graph, aten.reshape.default, (mm.A_node, [-1, k]))
+                fused = _call(graph, torch.ops.ficco.matmul_reduce_scatter.default,
+                              (A_rows, mm.B_node, rs.reduce_op, 0, rs.group_name, False))
+                result = _call(graph, aten.reshape.default, (fused, list(_val(rs.wait_tensor_node).shape)))
+            else:
+                fused = result = _call(graph, torch.ops.ficco.matmul_reduce_scatter.default,
+                                       (mm.A_node, mm.B_node, rs.reduce_op, rs.scatter_dim, rs.group_name, False))
+            rs.replace_with(result)
             rs.erase()
+            for node in reversed(regrouped or []):
+                graph.erase_node(node)
             mm.erase()
         _raise_ancestors(graph, fused, mm.arg_ancestor_nodes)
 
@@ -338,6 +351,25 @@ def _flattened(ag) -> list[torch.fx.Node] | None:
         if _val(user).ndim == 2:
             return chain
         node = user
+    return None
+
+
+def _regrouped(rs) -> list[torch.fx.Node] | None:
+    """The reshapes between a matmul and a dim-0 reduce-scatter of its rows regrouped (last
+    dim kept), each the only user of the one before, or None. Autograd writes the gradient
+    of a batch-1 sequence gather so: mm, reshape to (1, seq, k), reshape to (P, seq / P, k),
+    reduce-scatter along dim 0. A row-major reshape keeps the rows' order, so that is the
+    matmul's rows scattered along dim 0."""
+    if rs.scatter_dim != 0:
+        return None
+    node, chain = rs.input_node, []
+    while (node.target is aten.reshape.default and len(node.users) == 1
+           and _val(node).shape[-1] == _val(node.args[0]).shape[-1]):
+        chain.insert(0, node)
+        source = node.args[0]
+        if _find_producer_matmul(source) is not None:
+            return chain if len(source.users) == 1 else None
+        node = source
     return None
 
 
