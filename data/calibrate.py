@@ -19,6 +19,7 @@ simulated and measured orderings, and how often the simulated best is the measur
 from __future__ import annotations
 
 import dataclasses
+import os
 import zlib
 from pathlib import Path
 
@@ -241,8 +242,15 @@ def _with_devices(spec: HardwareSpec, devices: int) -> HardwareSpec:
 
 
 def write_spec(spec: HardwareSpec, out, made_by: str) -> None:
-    """Write `spec` as the YAML file `out`, headed by the command that made it."""
-    Path(out).write_text(spec_yaml(spec, made_by))
+    """Write `spec` as the YAML file `out`, headed by the command that made it: through a file
+    beside it, renamed into place, so that a failed write leaves no half a spec."""
+    out = Path(out)
+    partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    try:
+        partial.write_text(spec_yaml(spec, made_by))
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 # -- adapting a spec to a machine from a few measured scenarios (``ficco adapt``) ----------

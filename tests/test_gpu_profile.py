@@ -412,3 +412,59 @@ def test_hardware_from_profile_refuses_an_existing_out_its_profile_and_its_base(
     refused([*command, profile], f"--out {profile}: is the PROFILE input")
     refused([*command, base], f"--out {base}: is the --base input")
     assert {p: p.read_bytes() for p in (profile, base, kept)} == before
+
+
+# -- what a user's profile may hold: refused before anything is written ------------------------
+REAL_PROFILE = ROOT / "data" / "profiles" / "h100-2026-12-05.json"
+
+
+def from_profile(tmp_path: Path, text: str, *extra: str) -> tuple[list, Path]:
+    """The `ficco hardware from-profile` command line for a profile of `text`, and its --out."""
+    path = tmp_path / "profile.json"
+    path.write_text(text)
+    out = tmp_path / "spec.yaml"
+    return ["hardware", "from-profile", path, "--out", out, *extra], out
+
+
+def test_a_dil_row_whose_size_overflows_is_refused_naming_the_row_and_nothing_is_written(tmp_path):
+    text = REAL_PROFILE.read_text().replace('"m": 1024,', '"m": 1e400,', 1)  # JSON reads 1e400 as inf
+    command, out = from_profile(tmp_path, text)
+    refused(command, "profile.json", "field 'measurements.dil[0].m'", written=out)
+    refused(command, "profile.json", "measurements.dil[0].m", written=out)  # a rerun says the same
+
+
+def test_a_gemm_throughput_past_any_gpu_is_refused_naming_the_dtype(tmp_path):
+    data = json.loads(REAL_PROFILE.read_text())
+    data["fitted"]["gemm_tflops"]["bfloat16"] = 1e308
+    command, out = from_profile(tmp_path, json.dumps(data))
+    refused(command, "profile.json", "field 'fitted.gemm_tflops.bfloat16'", written=out)
+
+
+def test_a_multiprocessor_count_past_any_gpu_is_refused(tmp_path):
+    data = json.loads(REAL_PROFILE.read_text())
+    data["device"]["multiprocessor_count"] = 10 ** 30
+    command, out = from_profile(tmp_path, json.dumps(data))
+    refused(command, "profile.json", "field 'device.multiprocessor_count'", written=out)
+
+
+def test_a_refused_name_leaves_no_spec_behind(tmp_path):
+    command, out = from_profile(tmp_path, REAL_PROFILE.read_text(), "--name", "h100-nvswitch")
+    refused(command, "profile.json", "--name h100-nvswitch", "name 'h100-nvswitch' is a preset's", written=out)
+    refused(command, "name 'h100-nvswitch' is a preset's", written=out)  # a rerun says the same, not "--out exists"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["profile.json"]  # no partial file either
+
+
+@pytest.mark.parametrize("field, value", [
+    ("fitted.dma_bw_gbps", 1e308), ("fitted.gemm_call_us", 1e300), ("fitted.cil_gemm_sm", 1e30),
+    ("fitted.gemm_shape.bfloat16", [2 ** 40, 1, 1]), ("measurements.dil[1].d", 0), ("measurements.dil[2].split", "k"),
+    ("measurements.dil[0].dil", "fast"), ("measurements.dil[0].dtype", "int4"),
+])
+def test_a_profile_number_past_any_gpu_is_refused_naming_the_field(tmp_path, field, value):
+    data = json.loads(REAL_PROFILE.read_text())
+    *parents, last = [int(key) if key.isdigit() else key for key in re.split(r"[.\[\]]+", field) if key]
+    node = data
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    command, out = from_profile(tmp_path, json.dumps(data))
+    refused(command, "profile.json", f"field '{field}", written=out)

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ficco_select.hardware import HardwareError, HardwareSpec, load_hardware, spec_as_dict, spec_from_dict
+from ficco_select.hardware import (HardwareError, HardwareSpec, load_hardware, refuse_shipped_name, spec_as_dict,
+                                   spec_from_dict)
 from ficco_select.scenario import DTYPES
 
 SCHEMA = "ficco-gpu-profile"
@@ -47,6 +48,21 @@ FITTED_FIELDS: dict[str, tuple[str, str]] = {
     "cil_copy_dma": ("slowdown", "dma copy slowdown while GEMMs run beside it"),
     "cil_copy_sm": ("slowdown", "SM copy slowdown while GEMMs run beside it"),
 }
+FITTED_CEILINGS: dict[str, float] = {
+    "gemm_tflops": 1e5, "gemm_efficiency": 100.0, "gemm_call_us": 1e6, "dma_latency_us": 1e6,
+    "dma_bw_gbps": 1e5, "sm_copy_latency_us": 1e6, "sm_copy_bw_gbps": 1e5, "h2d_latency_us": 1e6,
+    "h2d_bw_gbps": 1e5, "cil_gemm_dma": 1e3, "cil_gemm_sm": 1e3, "cil_copy_dma": 1e3, "cil_copy_sm": 1e3,
+}
+"""The largest number each fitted field may hold: ten times and more past any GPU (100 PFLOP/s
+dense, 100 TB/s, a second per call, a 1000x slowdown). Beyond it the number is not a
+measurement, and turning it into a spec overflows (a GEMM of no time)."""
+MAX_COMPUTE_UNITS = 10_000
+"""``device.multiprocessor_count`` at most: today's GPUs have 80 to 304."""
+MAX_DIM = 1 << 20
+"""A GEMM dimension of a profile (``gemm_shape``, ``measurements.dil``) at most: the profiler's
+shapes go to 16384."""
+DIL_DEGREES_MAX = 64
+"""A DIL row's ``d`` (pieces) at most: the profiler's are 2, 4 and 8."""
 
 
 class ProfileError(ValueError):
@@ -103,8 +119,9 @@ def validate_profile(data: Any, where: str = "<dict>") -> GpuProfile:
     if not isinstance(device.get("name"), str) or not device["name"]:
         raise ProfileError(f"{where}: field 'device.name' must be a non-empty string")
     sms = device.get("multiprocessor_count")
-    if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or sms <= 0):
-        raise ProfileError(f"{where}: field 'device.multiprocessor_count' must be a positive integer, got {sms!r}")
+    if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or not 0 < sms <= MAX_COMPUTE_UNITS):
+        raise ProfileError(f"{where}: field 'device.multiprocessor_count' must be a positive integer of at most "
+                           f"{MAX_COMPUTE_UNITS}, got {sms!r}")
     software = data.get("software")
     if not isinstance(software, dict) or not isinstance(software.get("torch"), str):
         raise ProfileError(f"{where}: field 'software.torch' must be the torch version string")
@@ -119,11 +136,40 @@ def validate_profile(data: Any, where: str = "<dict>") -> GpuProfile:
     for name in ("measurements", "sections", "loopback"):
         if name in data and not isinstance(data[name], dict):
             raise ProfileError(f"{where}: field '{name}' must be an object")
+    _check_dil((data.get("measurements") or {}).get("dil"), where)
     return GpuProfile(source=where, device_name=device["name"], preset=preset, fitted=dict(fitted), data=data)
 
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _dimension(value: Any, high: int = MAX_DIM) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= high
+
+
+def _check_dil(rows: Any, where: str) -> None:
+    """``measurements.dil``, the one measurement table ``from-profile`` reads (``dil_vs_model``):
+    each row a GEMM of positive sizes, its split and pieces, and its DIL (a number, or null)."""
+    if rows is None:
+        return
+    if not isinstance(rows, list):
+        raise ProfileError(f"{where}: field 'measurements.dil' must be a list of rows")
+    for i, row in enumerate(rows):
+        field = f"measurements.dil[{i}]"
+        if not isinstance(row, dict):
+            raise ProfileError(f"{where}: field '{field}' must be an object")
+        if row.get("dtype") not in DTYPES:
+            raise ProfileError(f"{where}: field '{field}.dtype' must be one of {', '.join(DTYPES)}, "
+                               f"got {row.get('dtype')!r}")
+        for key, high in (("m", MAX_DIM), ("n", MAX_DIM), ("k", MAX_DIM), ("d", DIL_DEGREES_MAX)):
+            if not _dimension(row.get(key), high):
+                raise ProfileError(f"{where}: field '{field}.{key}' must be a positive integer of at most {high}, "
+                                   f"got {row.get(key)!r}")
+        if row.get("split") not in ("m", "n"):
+            raise ProfileError(f"{where}: field '{field}.split' must be 'm' or 'n', got {row.get('split')!r}")
+        if row.get("dil") is not None and not _number(row["dil"]):
+            raise ProfileError(f"{where}: field '{field}.dil' must be a finite number or null, got {row['dil']!r}")
 
 
 def _check_fitted(name: str, value: Any, where: str) -> None:
@@ -137,14 +183,17 @@ def _check_fitted(name: str, value: Any, where: str) -> None:
         for dtype, v in value.items():
             if dtype not in DTYPES:
                 raise ProfileError(f"{where}: field '{field}.{dtype}': unknown dtype (known: {', '.join(DTYPES)})")
-            if kind == "dtype_map" and not (_number(v) and v > 0):
-                raise ProfileError(f"{where}: field '{field}.{dtype}' must be a positive number, got {v!r}")
-            if kind == "shape_map" and not (isinstance(v, list) and len(v) == 3 and all(
-                    isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)):
-                raise ProfileError(f"{where}: field '{field}.{dtype}' must be [m, n, k] positive integers, got {v!r}")
+            if kind == "dtype_map" and not (_number(v) and 0 < v <= FITTED_CEILINGS[name]):
+                raise ProfileError(f"{where}: field '{field}.{dtype}' must be a positive number of at most "
+                                   f"{FITTED_CEILINGS[name]:g}, got {v!r}")
+            if kind == "shape_map" and not (isinstance(v, list) and len(v) == 3 and all(map(_dimension, v))):
+                raise ProfileError(f"{where}: field '{field}.{dtype}' must be [m, n, k] positive integers of at "
+                                   f"most {MAX_DIM}, got {v!r}")
         return
     if not _number(value):
         raise ProfileError(f"{where}: field '{field}' must be a finite number, got {value!r}")
+    if value > FITTED_CEILINGS[name]:
+        raise ProfileError(f"{where}: field '{field}' must be at most {FITTED_CEILINGS[name]:g}, got {value!r}")
     if kind == "positive" and not value > 0:
         raise ProfileError(f"{where}: field '{field}' must be positive, got {value!r}")
     if kind == "nonneg" and not value >= 0:
@@ -341,8 +390,13 @@ def write_profiled_spec(profile_path, *, base: str | None, out, name: str | None
         raise ProfileError("--base is required: the profile names no preset")
     base_spec = load_hardware(base)
     spec, overrides = profiled_spec(profile, base_spec, name=name)
+    refuse_shipped_name(spec, f"{profile.source}: --name {spec.name}")  # before writing: nothing left behind
     write_spec(spec, out, f"ficco hardware from-profile {profile_path} --base {base}")
-    load_hardware(out)  # what the simulator will do with it
+    try:
+        load_hardware(out)  # what the simulator will do with it
+    except HardwareError:
+        Path(out).unlink(missing_ok=True)
+        raise
     before = spec_as_dict(base_spec)
     dil = [r for r in dil_vs_model(profile, spec) if isinstance(r["dil"], (int, float))]
     dil_err = sorted(abs(r["dil"] - r["dil_model"]) for r in dil)
