@@ -21,10 +21,10 @@ import functools
 import logging
 import math
 import os
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from importlib import resources
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -179,6 +179,13 @@ SPEC_SUFFIXES = (".yaml", ".yml")
 """A hardware value ending so (or holding a path separator) is a spec file; else a name."""
 
 
+LARGEST: dict[str, float] = {"devices": 4096, "compute_units": 10_000, "tile_m": 4096, "tile_n": 4096,
+                             "copy_engines": 64, "peak": 1e5, "rate": 1e6, "ceiling": 1e6, "latency": 1e7}
+"""The largest number a spec field may hold, by field (the counts) or by role (TFLOP/s, GB/s,
+us): ten times and more past any machine (72 devices, 304 compute units, 15 PFLOP/s, 8 TB/s).
+A larger one is a typo, and the simulator's arithmetic on it overflows."""
+
+
 def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
     """Check every field of a spec mapping; HardwareError naming `where` and the field."""
     if not isinstance(spec, dict):
@@ -210,7 +217,7 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
         raise HardwareError(f"{where}: field 'name' is {spec['name']!r}, which reads as a file path; "
                             "give the machine a plain name such as my-node")
     for f in fields_of("count"):
-        number(f, spec[f], integer=True, low_open=f != "copy_engines")
+        number(f, spec[f], integer=True, low_open=f != "copy_engines", high=LARGEST[f], high_open=False)
     if spec["devices"] < 2:  # every scenario has P >= 2 ranks on one node
         raise HardwareError(f"{where}: field 'devices' must be at least 2 (a spec describes a node whose devices "
                             f"are the ranks; one GPU is measured in loopback under its node's spec), got {spec['devices']}")
@@ -219,7 +226,7 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
     for dtype, value in spec["peak_tflops"].items():
         if dtype not in DTYPES:
             raise HardwareError(f"{where}: field 'peak_tflops.{dtype}': unknown dtype (known: {', '.join(DTYPES)})")
-        number(f"peak_tflops.{dtype}", value)
+        number(f"peak_tflops.{dtype}", value, high=LARGEST["peak"], high_open=False)
     if spec["topology"] not in TOPOLOGIES:
         raise HardwareError(f"{where}: field 'topology' must be one of {', '.join(TOPOLOGIES)}, "
                             f"got {spec['topology']!r}")
@@ -227,7 +234,7 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
         # Zero is allowed where the term may be off: a model term left out, or a copy-engine
         # number of a machine without copy engines (a dataset stores them all the same).
         may_be_off = _FIELDS[f].default == 0 or (f.startswith("dma_") and not spec["copy_engines"])
-        number(f, spec[f], low_open=not may_be_off)
+        number(f, spec[f], low_open=not may_be_off, high=LARGEST[_FIELDS[f].metadata["role"]], high_open=False)
     for f in fields_of("fraction"):
         meta = _FIELDS[f].metadata
         number(f, spec[f], low=meta.get("low", 0.0), high=meta.get("high", math.inf),
@@ -289,11 +296,56 @@ def is_spec_path(value: str | Path) -> bool:
 # The machines a job knows by name beyond the shipped ones (spec files, datasets' specs,
 # machines sampled around the presets, a fabric's profile), with where each came from.
 # Rows carry a machine's name, never a path (a path differs between machines and would
-# change the scenario id); this is where a name that is not a preset is found again. A
-# context variable, set only for a ``machines`` block: reading a file changes nothing, and
-# nothing a job names outlives it.
-_KNOWN: contextvars.ContextVar[Mapping[str, tuple[HardwareSpec, str]]] = contextvars.ContextVar(
-    "ficco_known_machines", default=MappingProxyType({}))
+# change the scenario id); this is where a name that is not a preset is found again. Known
+# only while a ``machines`` block is open: reading a file changes nothing, and nothing a job
+# names outlives it. A context finds its own innermost open block first (a context
+# variable: each thread's or task's own job); a context in no open block of its own (a
+# thread the job started) finds the machines of the blocks open in the process, where they
+# agree on what the name means.
+class _Job:
+    """One open ``machines`` block: the machines it knows (its parent's, and its own)."""
+
+    __slots__ = ("table", "parent", "open")
+
+    def __init__(self, table: dict[str, tuple["HardwareSpec", str]], parent: "_Job | None"):
+        self.table, self.parent, self.open = table, parent, True
+
+
+_KNOWN: contextvars.ContextVar["_Job | None"] = contextvars.ContextVar("ficco_known_machines", default=None)
+_OPEN: tuple[_Job, ...] = ()
+"""Every block open in the process, in the order opened (replaced whole, under _OPEN_LOCK)."""
+_OPEN_LOCK = threading.Lock()
+
+
+def _job() -> _Job | None:
+    """The current context's innermost open block, None if none: a context copied inside a
+    block that has since ended sees the block around it, not the ended one."""
+    job = _KNOWN.get()
+    while job is not None and not job.open:
+        job = job.parent
+    return job
+
+
+def _known(name: str) -> tuple["HardwareSpec", str] | None:
+    """What the current context knows `name` as (the spec and where it came from), None if
+    nothing; HardwareError where the context is in no block that names it and the blocks open
+    in the process mean different machines by it."""
+    job = _job()
+    if job is not None and (found := job.table.get(name)) is not None:
+        return found
+    found = []
+    for other in _OPEN:
+        entry = other.table.get(name)
+        if entry is not None and all(entry[0] != seen[0] for seen in found):
+            found.append(entry)
+    if len(found) > 1:
+        raise HardwareError(
+            f"machine {name!r} means different machines in the jobs open in this process "
+            f"({'; '.join(source for _, source in found)}), and this thread is in none of them: start its work "
+            "in its job's context, threading.Thread(target=contextvars.copy_context().run, args=(work,)), or "
+            "name the machine in it (with machines(...))")
+    return found[0] if found else None
+
 
 Known = Iterable["HardwareSpec | tuple[HardwareSpec, str]"]
 """Specs, each alone or with where it came from (``known_machines``' values)."""
@@ -315,24 +367,33 @@ class Scope:
 
 @contextlib.contextmanager
 def machines(specs: Known, where: str = "", *, replace: bool = False) -> Iterator[Scope]:
-    """Know `specs` by their names for the work inside the block (and the blocks it opens).
+    """Know `specs` by their names for the work inside the block (and the blocks it opens),
+    while it is open: threads started inside it find them too (``known_machine``).
 
     A name means one machine: a preset's name is refused for a spec with other numbers, and
     so is a name the job already knows with other numbers, naming where each came from.
     `replace`: inside the block `specs` win over what the job knew by their names (the
     measurement of a machine by its own profile; a run that refines its belief of one).
     """
-    table = dict(_KNOWN.get())
+    global _OPEN
+    parent = _job()
+    table = dict(parent.table) if parent is not None else {}
     own = set()
     for item in specs:
         spec, source = item if isinstance(item, tuple) else (item, where or "a spec")
         if _known_as(spec, source, table, replace) is None:
             table[spec.name] = (spec, source)
             own.add(spec.name)
-    token = _KNOWN.set(MappingProxyType(table))
+    job = _Job(table, parent)
+    token = _KNOWN.set(job)
+    with _OPEN_LOCK:
+        _OPEN = (*_OPEN, job)
     try:
         yield Scope(table, own)
     finally:
+        job.open = False  # before it leaves _OPEN: no context finds it from here on
+        with _OPEN_LOCK:
+            _OPEN = tuple(other for other in _OPEN if other is not job)
         _KNOWN.reset(token)
 
 
@@ -364,8 +425,33 @@ def refuse_shipped_name(spec: HardwareSpec, where: str) -> None:
 def known_machines() -> dict[str, tuple[HardwareSpec, str]]:
     """The machines the current job knows beyond the shipped ones, by name, with where each
     came from: what a worker process is handed to know them as this one does
-    (``with machines(known.values()):``)."""
-    return dict(_KNOWN.get())
+    (``with machines(known.values()):``). In a thread of no block of its own: those of the
+    blocks open in the process, but for a name they mean differently."""
+    job, known = _job(), {}
+    for other in _OPEN:
+        for name in other.table:
+            if name not in known:
+                try:
+                    if (found := _known(name)) is not None:
+                        known[name] = found
+                except HardwareError:
+                    pass  # the open jobs disagree: no machine by that name for this context
+    return {**known, **(job.table if job is not None else {})}
+
+
+def known_machine(name: str) -> HardwareSpec | None:
+    """The machine the current job knows by `name` (not a shipped one), None if none;
+    HardwareError where the jobs open in the process mean different machines by it and this
+    context is in none of them."""
+    found = _known(name)
+    return None if found is None else found[0]
+
+
+def refuse_known_name(spec: HardwareSpec, where: str) -> None:
+    """HardwareError naming `where` if `spec`'s name means another machine here: a shipped
+    one's, or one the current job knows."""
+    found = _known(spec.name)
+    _known_as(spec, where, {spec.name: found} if found is not None else {}, replace=False)
 
 
 def load_hardware(name_or_path: str | Path) -> HardwareSpec:
@@ -374,7 +460,7 @@ def load_hardware(name_or_path: str | Path) -> HardwareSpec:
     ``machines``)."""
     if not is_spec_path(name_or_path):
         name = str(name_or_path)
-        known = _KNOWN.get().get(name)
+        known = _known(name)
         if known is not None:
             return known[0]
         if _preset_path(name) is None:
@@ -383,7 +469,7 @@ def load_hardware(name_or_path: str | Path) -> HardwareSpec:
         return _preset(name)
     path = Path(name_or_path)
     spec = _read_spec(path)
-    _known_as(spec, str(path), _KNOWN.get(), replace=False)  # a preset's or a known machine's name: refused
+    refuse_known_name(spec, str(path))  # a preset's or a known machine's name: refused
     return spec
 
 
