@@ -140,3 +140,83 @@ def test_a_spec_file_may_not_rename_a_preset_nor_redefine_a_known_machine(tmp_pa
             load_hardware(write_spec(tmp_path, name="mine", link_bw_gbps=20.0))
     with pytest.raises(HardwareError, match="name 'mi300x-8' is a preset's, with other numbers"):
         load_hardware(write_spec(tmp_path, link_bw_gbps=20.0))
+
+
+def _in_a_thread(work):
+    """What `work()` returns, or the error it raises, in a thread of its own started here."""
+    import threading
+
+    out = []
+
+    def run():
+        try:
+            out.append(work())
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            out.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return out[0]
+
+
+def test_a_thread_started_inside_a_job_knows_the_job_s_machines_for_the_job_s_duration():
+    from helpers.exports import RECORD, spec_dict
+
+    from ficco_select.hardware import known_machines, machines, spec_from_dict
+    from ficco_select.runtime.selector import Selector
+
+    spec = spec_from_dict(spec_dict("node-t", link_bw_gbps=123.0), "a test")
+    record = {**RECORD, "hardware": "node-t"}
+    with machines([spec], "node-t.yaml"):
+        assert _in_a_thread(lambda: load_hardware("node-t")) == spec
+        assert _in_a_thread(lambda: known_machines()) == {"node-t": (spec, "node-t.yaml")}
+        decision = _in_a_thread(lambda: Selector().select(record))
+        assert decision.source == "heuristic" and decision == Selector().select(record)
+        with machines([]):  # a nested job of the thread's own: the outer job's machines too
+            assert _in_a_thread(lambda: load_hardware("node-t")) == spec
+    missing = _in_a_thread(lambda: load_hardware("node-t"))  # the job has ended
+    assert isinstance(missing, HardwareError) and "unknown hardware 'node-t'" in str(missing)
+
+
+def test_a_context_copied_inside_a_job_knows_its_machines_only_while_the_job_runs():
+    import contextvars
+
+    from helpers.exports import spec_dict
+
+    from ficco_select.hardware import machines, spec_from_dict
+
+    spec = spec_from_dict(spec_dict("node-c"), "a test")
+    with machines([spec]):
+        copied = contextvars.copy_context()
+        assert copied.run(load_hardware, "node-c") == spec
+    with pytest.raises(HardwareError, match="unknown hardware 'node-c'"):
+        copied.run(load_hardware, "node-c")
+
+
+def test_a_thread_of_no_job_asking_for_a_name_two_jobs_mean_differently_is_told_how_to_pass_its_job(tmp_path):
+    import threading
+
+    from helpers.exports import spec_dict
+
+    from ficco_select.hardware import machines, spec_from_dict
+
+    inside, done = threading.Barrier(3), threading.Event()
+
+    def job(link: float) -> None:
+        with machines([spec_from_dict(spec_dict("node-a", link_bw_gbps=link), f"job {link:g}")]):
+            inside.wait(timeout=10)
+            done.wait(timeout=10)
+
+    jobs = [threading.Thread(target=job, args=(link,)) for link in (100.0, 400.0)]
+    for t in jobs:
+        t.start()
+    inside.wait(timeout=10)
+    try:
+        error = _in_a_thread(lambda: load_hardware("node-a"))
+    finally:
+        done.set()
+        for t in jobs:
+            t.join()
+    assert isinstance(error, HardwareError)
+    assert "'node-a'" in str(error) and "contextvars.copy_context().run" in str(error), error
