@@ -55,6 +55,13 @@ LAYER_COLUMNS: tuple[str, ...] = ("op", "n", "k", "dtype", "world_size", "hardwa
 """What identifies a layer (``Scenario.layer``): every column but ``m`` and the ``group`` label."""
 
 
+MAX_EXTENT = 2**31 - 1
+"""The largest m, n or k: BLAS libraries (cuBLAS, hipBLASLt, MKL's LP64) take a GEMM's
+dims as 32-bit ints."""
+MAX_WORLD_SIZE = 2**16
+"""The largest world size: beyond any process group a GEMM's collective spans."""
+
+
 class ScenarioError(ValueError):
     """A scenario (or a row of a scenario table) is invalid; says where and why."""
 
@@ -119,6 +126,9 @@ class Scenario:
             value = getattr(self, dim)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ScenarioError(f"column '{dim}': must be a positive integer, got {value!r}")
+            limit = MAX_WORLD_SIZE if dim == "world_size" else MAX_EXTENT
+            if value > limit:
+                raise ScenarioError(f"column '{dim}': {value:.3g} exceeds {limit}, the largest {dim} taken")
         if self.world_size < 2:
             raise ScenarioError(f"column 'world_size': must be at least 2, got {self.world_size}")
         if self.dtype not in DTYPES:

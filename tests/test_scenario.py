@@ -1,5 +1,6 @@
 """Scenario validation, ids, a2a routing, and scenario tables with bad rows."""
 
+import json
 import subprocess
 import sys
 
@@ -106,3 +107,43 @@ def test_rank_gemms_are_the_executor_s_shapes_and_the_cost_model_s_busiest_rank(
             assert set(gemms) == {(M, N, K)}
             assert shard_rows * s.world_size == s.m and shard_cols == (s.k if s.op == "ag_gemm" else s.n)
         assert s.busiest_rank_gflop() == 2 * busiest[0] * busiest[1] * busiest[2] / 1e9
+
+
+# -- every numeric cell a user may get wrong --------------------------------------------------
+NUMERIC_COLUMNS = ("m", "n", "k", "world_size", "imbalance")
+BAD_NUMBERS = ("0", "-1", "nan", "inf", "1e308", "1e400", "2.5", "abc")
+"""Zero, negative, NaN, infinite, past any machine, overflowing a float, fractional, not a number."""
+
+
+def _a2a_row(column: str, value: str) -> str:
+    """An all-to-all row (the op that takes every numeric column) with `column` set to `value`."""
+    cells = dict(group="g", op="a2a_gemm", m="64", n="32", k="16", dtype="float32", world_size="2", hardware="cpu",
+                 imbalance="1.5")
+    cells[column] = value
+    return ",".join(cells.values())
+
+
+@pytest.mark.parametrize("column", NUMERIC_COLUMNS)
+@pytest.mark.parametrize("value", BAD_NUMBERS)
+def test_a_bad_number_in_any_numeric_column_is_refused_naming_file_row_and_column(tmp_path, column, value):
+    if column == "imbalance" and value == "2.5":
+        value = "3"  # 2.5 is a fine imbalance; 3 is past world_size 2
+    path = write(tmp_path, ["g,ag_gemm,64,32,16,float32,2,cpu,", _a2a_row(column, value)])
+    with pytest.raises(ScenarioError) as refused:
+        read_scenarios(path)
+    message = str(refused.value)
+    assert "\n" not in message and str(path) in message and f"row 2, column '{column}'" in message, message
+    assert len(message) < 300, message  # not a 300-digit integer
+
+
+@pytest.mark.parametrize("column", ["m", "world_size"])
+def test_ficco_select_gives_a_bad_row_the_baseline_naming_the_column(tmp_path, column):
+    # `ficco select` decides as the runtime does (documented in its --scenarios help): an
+    # invalid row gets the baseline, source fallback, and a reason naming the column.
+    path = write(tmp_path, [_a2a_row(column, "1e308")])
+    result = CliRunner().invoke(main, ["select", "--scenarios", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    (decision,) = json.loads(result.output)
+    assert decision["source"] == "fallback" and decision["schedule"].startswith("none."), decision
+    assert decision["scenario_id"] is None and f"column '{column}'" in decision["reason"], decision
+    assert len(decision["reason"]) < 200, decision
