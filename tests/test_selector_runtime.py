@@ -707,3 +707,67 @@ def test_a_cost_model_fallback_runs_the_simulators_pick_judged_by_the_gpu_rule(t
                                          abstention={"min_margin": None, "fallback": "cost_model"}))
     d = never.select(h100)
     assert (d.source, d.schedule, d.abstained) == ("cost_model", expected, "low_margin")
+
+
+# -- a job's machines: a selector knows one for the job's duration, by its numbers -------------
+JOB_RECORD = {**RECORD, "hardware": "node-job"}
+JOB_MS = (1024, 2048, 4096, 8192)  # a layer met at several m: decided from its table
+
+
+def _job_machine(**fields):
+    from ficco_select.hardware import spec_from_dict
+
+    return spec_from_dict(spec_dict("node-job", **fields), "a test")
+
+
+def _every_door(sel: Selector, record: dict) -> list:
+    """`record` asked through a fresh dict, a fresh Scenario, the same Scenario twice and its
+    layer's m, as a long-lived caller asks."""
+    s = Scenario.from_record(record)
+    return [sel.select(dict(record)), sel.select(Scenario.from_record(record)), sel.select(s), sel.select(s),
+            *(sel.select({**record, "m": m}) for m in JOB_MS),
+            *(sel.select(Scenario.from_record({**record, "m": m})) for m in JOB_MS)]
+
+
+def test_a_long_lived_selector_forgets_a_job_s_machine_when_the_job_ends():
+    from ficco_select.hardware import machines
+
+    sel = Selector()
+    with machines([_job_machine()], "node-job.yaml"):
+        inside = _every_door(sel, JOB_RECORD)
+        assert {d.source for d in inside} == {"heuristic"}
+        assert sel.layer_table(Scenario.from_record(JOB_RECORD)) is not None
+    after = _every_door(sel, JOB_RECORD)
+    assert {(d.source, d.reason) for d in after} == {("fallback", "unknown hardware 'node-job'")}
+    assert sel.machine("node-job") is None and sel.layer_table(Scenario.from_record(JOB_RECORD)) is None
+
+
+def test_a_later_job_naming_the_machine_with_other_numbers_gets_a_fresh_selector_s_answers():
+    from ficco_select.hardware import machines
+
+    fast = _job_machine()
+    slow = _job_machine(link_bw_gbps=fast.link_bw_gbps / 50)
+    long_lived = Selector()
+    with machines([fast]):
+        before = _every_door(long_lived, JOB_RECORD)
+    with machines([slow]):
+        fresh = _every_door(Selector(), JOB_RECORD)
+        assert [d.schedule for d in fresh] != [d.schedule for d in before]  # the links' numbers change the answer
+        assert _every_door(long_lived, JOB_RECORD) == fresh
+        assert long_lived.machine("node-job") == slow
+    with machines([fast]):  # the first machine again: its own answers, not the second's
+        assert _every_door(long_lived, JOB_RECORD) == before
+
+
+def test_a_miss_where_the_machine_is_unknown_does_not_stay_for_the_job_that_knows_it():
+    import threading
+
+    from ficco_select.hardware import machines
+
+    sel, missed = Selector(), []
+    thread = threading.Thread(target=lambda: missed.extend(_every_door(sel, JOB_RECORD)))  # before any job
+    thread.start()
+    thread.join()
+    assert {d.reason for d in missed} == {"unknown hardware 'node-job'"}
+    with machines([_job_machine()]):
+        assert {d.source for d in _every_door(sel, JOB_RECORD)} == {"heuristic"}

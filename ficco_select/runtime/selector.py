@@ -31,6 +31,7 @@ mlflow or xgboost.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import operator
@@ -41,7 +42,8 @@ from typing import Any
 import numpy as np
 
 from ficco_select.features import candidate_features, grid_features
-from ficco_select.hardware import HardwareError, HardwareSpec, is_spec_path, load_hardware
+from ficco_select.hardware import (HardwareError, HardwareSpec, is_spec_path, load_hardware, refuse_known_name,
+                                   shipped_names)
 from ficco_select.heuristic import backend_for
 from ficco_select.runtime.abstention import abstention_reason, reason_fallback, unseen_note
 from ficco_select.runtime.decision import Decision, margin_rule, pick_with_margin
@@ -55,6 +57,7 @@ from ficco_select.scenario import LAYER_COLUMNS, SCENARIO_COLUMNS, Scenario
 from ficco_select.schedule import BASELINE, Schedule, legal_candidates
 
 log = logging.getLogger("ficco_select.runtime.selector")
+_MISSING = object()
 
 
 class Selector:
@@ -75,10 +78,17 @@ class Selector:
         # Decisions, found three ways: by the id of a Scenario object seen before (the hot
         # path; each entry holds the object, so that no other object can take its id), by
         # scenario value (an equal Scenario built again), by a mapping's scenario columns.
+        # A machine a job names (``hardware.machines``) or a spec file means what the caller's
+        # job says now: its decisions and tables are kept under its numbers beside the
+        # scenario (``_machine_key``), never under the bare name, and never by id.
         self._by_id: dict[int, tuple[Scenario, Decision]] = {}
-        self._cache: dict[Scenario, Decision] = {}
+        self._cache: dict[Scenario | tuple, Decision] = {}
         self._by_record: dict[tuple, Decision] = {}
-        self._hardware: dict[str, HardwareSpec | None] = {}
+        self._fixed: dict[str, HardwareSpec] = dict(self._scope.specs)
+        """Machines that mean one spec for this selector wherever it is asked: the export's own
+        (``hardware_specs``, which win over a job's) and the shipped ones met so far."""
+        self._files: dict[str, HardwareSpec] = {}  # spec files read, by path (a job may still refuse the name)
+        self._numbers: dict[int, tuple[HardwareSpec, tuple]] = {}  # id(spec): (spec, _numbers_of(spec))
         self._tables: dict[tuple, LayerTable | None] = {}  # by Scenario.layer (runtime/layers.py)
         self._seen_m: dict[tuple, set[int]] = {}  # m decided directly, per layer without a table yet
         self._warned: set = set()
@@ -158,12 +168,21 @@ class Selector:
         (``ficco_select.runtime.layers``); None where the layer cannot have one (its hardware
         unknown, more ranks than devices). Never raises. Two threads that meet a new layer at
         once may both build its table: the same one."""
-        key = scenario.layer
+        try:
+            key, hw = self._machine_key(scenario.hardware)
+        except Exception:  # noqa: BLE001 - not a scenario
+            return None
+        if hw is None:
+            return None
+        return self._layer_table(scenario, scenario.layer if key is _FIXED else (key, scenario.layer), hw, also)
+
+    def _layer_table(self, scenario: Scenario, key: tuple, hw: HardwareSpec, also: Iterable[int] = ()):
+        """The table kept under `key` (``layer_table``), built for machine `hw` if none is."""
         table = self._tables.get(key, _MISSING)
         if table is not _MISSING:
             return table
         try:
-            table = self._build_table(scenario, also)
+            table = self._build_table(scenario, also, hw)
         except Exception as e:  # noqa: BLE001 - no table: the caller decides call by call
             self._warn_once(("table", type(e).__name__), f"no layer table ({e!r}); deciding per call")
             table = None
@@ -171,12 +190,11 @@ class Selector:
         self._tables[key] = table
         return table
 
-    def _build_table(self, scenario: Scenario, also: Iterable[int]) -> LayerTable | None:
+    def _build_table(self, scenario: Scenario, also: Iterable[int], hw: HardwareSpec) -> LayerTable | None:
         """`scenario`'s layer decided over the m the model may decide (its trained range,
-        widened by the validated slack; every m without a model), in batches; None where no
-        table applies (an unknown machine, more ranks than its devices: the direct path
-        says why)."""
-        machine = self._machine(scenario)
+        widened by the validated slack; every m without a model), in batches, on machine `hw`;
+        None where no table applies (more ranks than its devices: the direct path says why)."""
+        machine = self._machine(scenario, hw)
         if isinstance(machine, Decision):
             return None
         scenario, hw = machine
@@ -226,12 +244,16 @@ class Selector:
         """A scenario not seen as this object: its layer's table, or its decision by value, or decide."""
         try:
             if isinstance(raw, Scenario):
-                decision = self._from_table(raw) or self._cache.get(raw)
+                machine, hw = self._machine_key(raw.hardware)
+                if hw is None:  # no machine by that name here: decided now, kept for no later job
+                    return self._decide(raw, raw, hw)
+                key = raw if machine is _FIXED else (machine, raw)
+                decision = self._from_table(raw, machine, hw) or self._cache.get(key)
                 if decision is None:
-                    decision = self._decide(raw, raw)
+                    decision = self._decide(raw, raw, hw)
                     _bound(_CACHE_LIMIT, self._cache)
-                    self._cache[raw] = decision
-                if type(raw) is Scenario:  # frozen: its decision can be found by id from now on
+                    self._cache[key] = decision
+                if type(raw) is Scenario and machine is _FIXED:  # frozen: found by id from now on
                     _bound(_OBJECTS_LIMIT, self._by_id)
                     self._by_id[id(raw)] = (raw, decision)  # the object too: its id is not reused while held
                 return decision
@@ -240,16 +262,17 @@ class Selector:
             self._warn_once(("error", type(e).__name__), f"selector failed: {e!r}; running the baseline")
             return Decision(BASELINE, "fallback", 0.0, repr(e))
 
-    def _from_table(self, scenario: Scenario) -> Decision | None:
+    def _from_table(self, scenario: Scenario, machine: tuple, hw: HardwareSpec) -> Decision | None:
         """The decision of `scenario`'s layer table at its m, or None (decided directly):
         tables off, the layer's first m, no table for the layer, or an m outside it.
+        `machine`, `hw`: ``_machine_key`` of its hardware.
 
         A layer's table is built at its second distinct m: a one-off scenario costs one
         decision, not a table. The m decided directly before are points of the table, so it
         gives them the decisions they got."""
         if not self.layer_tables:
             return None
-        layer, m = scenario.layer, scenario.m
+        layer, m = scenario.layer if machine is _FIXED else (machine, scenario.layer), scenario.m
         table = self._tables.get(layer, _MISSING)
         if table is _MISSING:
             seen = self._seen_m.get(layer)
@@ -259,7 +282,7 @@ class Selector:
                 return None
             if m in seen:
                 return None
-            table = self.layer_table(scenario, also=tuple(seen))
+            table = self._layer_table(scenario, layer, hw, also=tuple(seen))
         return table.decide(m) if table is not None else None
 
     def _select_record(self, raw) -> Decision:
@@ -269,28 +292,38 @@ class Selector:
             if not _BOOLS.isdisjoint(map(type, key)):
                 # True == 1 == 1.0 in a key, but from_record refuses a bool: keep such keys apart.
                 key = (*key, *map(type, key))
+            hardware = key[_HARDWARE_AT]
+            machine, hw = self._machine_key(hardware) if type(hardware) is str else (_FIXED, None)
+            if type(hardware) is str and hw is None:  # no machine by that name here: kept for no later job
+                return self._decide(raw, key, hw)
+            if machine is not _FIXED:
+                key = (machine, *key)  # another length than any record's key: never found by the fast path
             decision = self._by_record.get(key)
         except Exception:  # noqa: BLE001 - not a mapping, or unhashable values: decide, uncached
             return self._decide(raw, ("unhashable", type(raw).__name__))
         if decision is None:
-            decision = self._decide(raw, key)
+            decision = self._decide(raw, key, hw)
             _bound(_CACHE_LIMIT, self._by_record)
             self._by_record[key] = decision
         return decision
 
-    def _decide(self, raw, key) -> Decision:
-        """Baseline (fallback) for what cannot run as described; else the model or the heuristic."""
+    def _decide(self, raw, key, hw: HardwareSpec | None | object = _MISSING) -> Decision:
+        """Baseline (fallback) for what cannot run as described; else the model or the heuristic.
+        `hw`: the machine its hardware names, if resolved already (``_machine_key``)."""
         try:
             scenario = raw if isinstance(raw, Scenario) else Scenario.from_record(raw)
         except Exception as e:  # noqa: BLE001
             self._warn_once(key, f"invalid scenario {key!r}: {e}; running the baseline")
             return Decision(BASELINE, "fallback", 0.0, str(e))
-        if scenario is not raw:  # a record: its layer's table, as for a Scenario
-            decision = self._from_table(scenario)
-            if decision is not None:
-                return decision
         try:
-            machine = self._machine(scenario)
+            if hw is _MISSING:
+                hw = self._spec(scenario.hardware)
+            if scenario is not raw and hw is not None:  # a record: its layer's table, as for a Scenario
+                machine, _ = self._machine_key(scenario.hardware, hw)
+                decision = self._from_table(scenario, machine, hw)
+                if decision is not None:
+                    return decision
+            machine = self._machine(scenario, hw)
             return machine if isinstance(machine, Decision) else self._model_or_heuristic(*machine)
         except Exception as e:  # noqa: BLE001 - even the heuristic failed: the baseline runs anywhere
             self._warn_once(("error", key), f"selector failed on {key!r}: {e}; running the baseline")
@@ -315,10 +348,13 @@ class Selector:
                                   d.abstained or "no_harm")
         return out
 
-    def _machine(self, scenario: Scenario) -> tuple[Scenario, HardwareSpec] | Decision:
-        """The scenario (under its machine's name) and its machine's spec, or the baseline's
-        decision where the scenario cannot be decided on any machine we know."""
-        hw = self._spec(scenario.hardware)
+    def _machine(self, scenario: Scenario, hw: HardwareSpec | None | object = _MISSING
+                 ) -> tuple[Scenario, HardwareSpec] | Decision:
+        """The scenario (under its machine's name) and its machine's spec (`hw`, if resolved
+        already), or the baseline's decision where the scenario cannot be decided on any
+        machine we know."""
+        if hw is _MISSING:
+            hw = self._spec(scenario.hardware)
         if hw is None:
             return Decision(BASELINE, "fallback", 0.0, f"unknown hardware {scenario.hardware!r}")
         if why := hw.beyond_devices(scenario.world_size):  # the datasets' rule too (schedule.hardware_problem)
@@ -329,9 +365,11 @@ class Selector:
         return scenario, hw
 
     def _backend_of(self, hardware: str) -> str | None:
-        """The backend of the machine `hardware` names, None if unknown (``read_tables``)."""
-        spec = self._spec(hardware)
-        return None if spec is None else backend_for(spec)
+        """The backend of the machine `hardware` names wherever this selector is asked (a
+        shipped one, the export's own), None for any other (``read_tables``: a precompiled
+        table of a name a job may mean otherwise is not used)."""
+        machine, spec = self._machine_key(hardware)
+        return backend_for(spec) if machine is _FIXED and spec is not None else None
 
     def machine(self, hardware: str) -> HardwareSpec | None:
         """The machine `hardware` names for this selector (``_spec``), None (warned once) if none."""
@@ -350,21 +388,49 @@ class Selector:
         return rule is not None and hw.name in rule.measured and hw == self._spec(hw.name)
 
     def _spec(self, value: str) -> HardwareSpec | None:
-        """The machine a scenario's hardware names: the model's own specs first, then a
-        preset, a machine the job knows (``hardware.machines``) or a spec file; None (warned once) if none."""
-        if value in self._hardware:
-            return self._hardware[value]
-        spec = self._scope.specs.get(value)
-        if spec is None:
-            try:
+        """The machine a scenario's hardware names now: the model's own specs first, then a
+        shipped machine, a machine the caller's job knows (``hardware.machines``) or a spec
+        file; None (warned once) if none. Only the first two are remembered by name: what a
+        job names lives as long as its job, and a file's name may mean another machine in a
+        later job."""
+        spec = self._fixed.get(value)
+        if spec is not None:
+            return spec
+        try:
+            if value in _shipped():
+                spec = self._fixed[value] = load_hardware(value)
+            elif is_spec_path(value):
+                spec = self._files.get(value)
+                if spec is None:
+                    spec = load_hardware(value)  # read and checked against the shipped names and the job's
+                    _bound(_CACHE_LIMIT, self._files)
+                    self._files[value] = spec
+                else:
+                    refuse_known_name(spec, value)
+            else:
                 spec = load_hardware(value)
-            except HardwareError as e:
-                self._warn_once(("hw", value), str(e))
-            except Exception as e:  # noqa: BLE001 - a path the OS refuses (a NUL byte, too long)
-                self._warn_once(("hw", value), f"hardware {value!r}: {e!r}")
-        _bound(_CACHE_LIMIT, self._hardware)
-        self._hardware[value] = spec
+        except HardwareError as e:
+            self._warn_once(("hw", value), str(e))
+        except Exception as e:  # noqa: BLE001 - a path the OS refuses (a NUL byte, too long)
+            self._warn_once(("hw", value), f"hardware {value!r}: {e!r}")
         return spec
+
+    def _machine_key(self, value: str, spec: HardwareSpec | None | object = _MISSING
+                     ) -> tuple[object, HardwareSpec | None]:
+        """(how decisions for hardware `value` are kept, the machine it names now): ``_FIXED``
+        for a machine that means one spec for this selector (kept by the scenario alone),
+        else the machine's numbers (kept beside the scenario); the spec None where no machine
+        has that name here (its decision is kept for nothing). `spec`: the machine, if
+        resolved already."""
+        if spec is _MISSING:
+            spec = self._spec(value)
+        if spec is None or self._fixed.get(value) is spec:
+            return _FIXED, spec
+        held = self._numbers.get(id(spec))
+        if held is None or held[0] is not spec:
+            _bound(_CACHE_LIMIT, self._numbers)
+            held = self._numbers[id(spec)] = (spec, _numbers_of(spec))  # the spec too: its id is not reused
+        return held[1], spec
 
     def _model_or_heuristic(self, s: Scenario, hw: HardwareSpec, scores: np.ndarray | None = None) -> Decision:
         """The model's decision, or its fallback's with why (the model abstained or failed),
@@ -393,12 +459,17 @@ class Selector:
     def decide_as(self, scenario: Scenario, fallback: str) -> Decision:
         """What `fallback` (``heuristic``, ``baseline``, ``cost_model`` or a schedule name)
         decides for `scenario` in the model's place, under this export's GPU do-no-harm rule:
-        a fallback judged on its own (``ficco sim validate --published --fallback``)."""
-        machine = self._machine(scenario)
-        if isinstance(machine, Decision):
-            return machine
-        s, hw = machine
-        return self._no_harm([run_fallback(fallback, "other", s, hw, f"the {fallback} fallback alone")], [s], hw)[0]
+        a fallback judged on its own (``ficco sim validate --published --fallback``). Never raises."""
+        try:
+            machine = self._machine(scenario)
+            if isinstance(machine, Decision):
+                return machine
+            s, hw = machine
+            return self._no_harm([run_fallback(fallback, "other", s, hw, f"the {fallback} fallback alone")],
+                                 [s], hw)[0]
+        except Exception as e:  # noqa: BLE001 - never break the caller's job
+            self._warn_once(("error", type(e).__name__), f"the {fallback} fallback failed: {e!r}; running the baseline")
+            return Decision(BASELINE, "fallback", 0.0, repr(e))
 
     def _model_decision(self, s: Scenario, hw: HardwareSpec, scores: np.ndarray | None = None) -> Decision:
         cands = legal_candidates(s, backend_for(hw))
@@ -447,7 +518,23 @@ _BOOLS = frozenset({bool, np.bool_})
 """Types equal to numbers in a dict key that a scenario column refuses."""
 _RECORD_KEY = operator.itemgetter(*SCENARIO_COLUMNS)
 """A record's scenario columns as a tuple, in one C call (KeyError without ``imbalance``)."""
-_MISSING = object()
+_FIXED = ()
+"""``_machine_key`` of a machine that means one spec for a selector: its decisions are kept by
+the scenario alone."""
+_HARDWARE_AT = SCENARIO_COLUMNS.index("hardware")
+
+
+@functools.cache
+def _shipped() -> frozenset[str]:
+    return frozenset(shipped_names())
+
+
+def _numbers_of(spec: HardwareSpec) -> tuple:
+    """Every field of `spec`, hashable: what its decisions depend on (the peaks in dtype order)."""
+    return tuple(tuple(sorted(value.items())) if isinstance(value, dict) else value
+                 for value in (getattr(spec, f.name) for f in dataclasses.fields(spec)))
+
+
 if LAYER_COLUMNS != SCENARIO_COLUMNS[1:2] + SCENARIO_COLUMNS[3:]:  # select() slices a record's key so
     raise ImportError("LAYER_COLUMNS must be SCENARIO_COLUMNS without group and m, in order")
 
