@@ -30,7 +30,7 @@ from scipy.stats import kendalltau
 
 from ficco_select.data.simulate import build_rows, predict_time, simulate_rows
 from ficco_select.costs import OP_CODES, rank_work
-from ficco_select.hardware import HardwareSpec, fields_of, load_hardware
+from ficco_select.hardware import HardwareSpec, fields_of, load_hardware, spec_from_dict
 from ficco_select.scenario import DTYPES, SCENARIO_COLUMNS, Scenario
 
 
@@ -60,6 +60,7 @@ def _per_scenario(df: pd.DataFrame) -> pd.DataFrame:
 def calibrate(df: pd.DataFrame, *, name: str, devices: int, description: str = "",
               refine: bool = True) -> HardwareSpec:
     """A spec whose primitive costs fit the measured dataset `df` (one backend, one machine)."""
+    _check_devices(devices)
     s = _per_scenario(df)
     if len(s) < 4:
         raise ValueError(f"calibration needs at least 4 measured scenarios, got {len(s)}")
@@ -83,6 +84,9 @@ def calibrate(df: pd.DataFrame, *, name: str, devices: int, description: str = "
     peak.setdefault("float32", max(peak.values()))
 
     ring = np.isin(op, ["ag_gemm", "gemm_rs"])
+    if ring.sum() < 2:  # the link's latency and bandwidth come from these rows alone
+        raise ValueError(f"calibration needs at least 2 measured ag_gemm or gemm_rs scenarios to fit the link, "
+                         f"got {int(ring.sum())} (ops measured: {', '.join(sorted(set(op)))})")
     shard_bytes = shard_rows * (shard_cols * s["dtype"].map(DTYPES).to_numpy())
     steps = P - 1
     t_comm = s["t_comm_s"].to_numpy(float) / share
@@ -176,8 +180,7 @@ def validate_simulator(df: pd.DataFrame, *, devices: int | None = None, seed: in
             raise ValueError(f"the dataset holds {len(machines)} machines ({', '.join(machines[:3])}); give "
                              "--devices, or validate one machine's rows at a time")
         devices = load_hardware(machines[0]).devices
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise ValueError(f"--devices must be a positive integer (the measured machine's devices), got {devices!r}")
+    _check_devices(devices)
     ok = df[(df["status"] == "ok") & df["verified"]].copy()
     test = split_scenarios(ok["scenario_id"], seed=seed)
     spec = calibrate(ok[~test], name="calibrated", devices=devices)
@@ -237,13 +240,20 @@ def spec_yaml(spec: HardwareSpec, source: str) -> str:
     return head + yaml.safe_dump(dataclasses.asdict(spec), sort_keys=False)
 
 
+def _check_devices(devices) -> None:
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ValueError(f"--devices must be a positive integer (the measured machine's devices), got {devices!r}")
+
+
 def _with_devices(spec: HardwareSpec, devices: int) -> HardwareSpec:
     return dataclasses.replace(spec, devices=devices)
 
 
 def write_spec(spec: HardwareSpec, out, made_by: str) -> None:
     """Write `spec` as the YAML file `out`, headed by the command that made it: through a file
-    beside it, renamed into place, so that a failed write leaves no half a spec."""
+    beside it, renamed into place, so that a failed write leaves no half a spec. A spec the
+    loader would refuse (2 devices at least, every number in its range) is refused before."""
+    spec_from_dict(dataclasses.asdict(spec), str(out))
     out = Path(out)
     partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
     try:

@@ -20,7 +20,9 @@ Kinds of point (``Point.kind``):
   all-to-all that SM loads and stores move (``SM_ALL_TO_ALLS``, a MoE dispatch or combine) is
   predicted with the ``sm`` transfers of one step to every peer, not the library's terms.
 Errors name the file, the row (1-based, header excluded) and the column; a number past its
-physical bound (``LIMITS``) is one, and a table of more than ``MAX_ROWS`` rows is refused whole.
+physical bounds (``LIMITS``, ``SMALLEST``) is one, and so is a collective of one rank; a table of
+more than ``MAX_ROWS`` rows is refused whole. A row is compared on one node's spec: a world size
+beyond its devices is refused where the row is predicted (``compare``, ``fit``).
 """
 
 from __future__ import annotations
@@ -71,11 +73,17 @@ and is refused before its rows are read."""
 LIMITS = {**dict.fromkeys(("m", "n", "k"), (2**31, "2**31")),
           **dict.fromkeys(("world_size", "gpus"), (2**16, "65536")),
           **dict.fromkeys(("baseline_time_us", "method_time_us"), (3.6e9, "3.6e9 us (an hour)")),
-          "message": (float(1 << 40), "1 TiB"), "bandwidth": (1e5, "100000 GB/s")}
+          "message": (float(1 << 40), "1 TiB"), "bandwidth": (1e5, "100000 GB/s"), "speedup": (100.0, "100")}
 """The largest value of each number a row holds (GEMM dimensions, GPUs, times, and a message
 size and bandwidth in the notes), as an error says it. No GPU measurement comes near them
 (the committed rows stay within 2**17, 8 GPUs, 8 ms, 4 GiB and 400 GB/s): a value beyond is
 a typo or a unit slip, and would wreck a fit."""
+SMALLEST = {**dict.fromkeys(("baseline_time_us", "method_time_us"), (0.1, "0.1 us")),
+            "message": (1.0, "1 B"), "bandwidth": (0.01, "0.01 GB/s"), "speedup": (0.01, "0.01")}
+"""The smallest value of a time, a message size, a bandwidth and a speedup: no GPU measures a
+call in less than 0.1 us (a launch takes microseconds), and an error divided by a smaller
+number is no error (1e-300 us printed a 180-digit APE). The committed rows stay above 4 us,
+1 KiB, 0.3 GB/s and x0.2."""
 
 
 class PublishedError(ValueError):
@@ -117,6 +125,8 @@ class Point:
     shots: int = 0
     """The steps of a collective that SM loads and stores run (``SM_ALL_REDUCES``: 1 or 2;
     ``SM_ALL_TO_ALLS``: 1); 0 for the collective library's."""
+    table: str = ""
+    """The file the row was read from ("" for a point made in code): what an error names."""
 
     @property
     def speedup(self) -> float:
@@ -151,9 +161,10 @@ def read_published(path: str | Path | None = None) -> list[Point]:
     points = []
     for i, record in enumerate(table.to_dict("records"), start=1):
         try:
-            points.append(_point(i, {k: str(v).strip() for k, v in record.items()}))
+            point = _point(i, {k: str(v).strip() for k, v in record.items()})
         except PublishedError as e:
             raise PublishedError(f"{path}: row {i}, {e}") from None
+        points.append(dataclasses.replace(point, table=str(path)))
     return points
 
 
@@ -177,6 +188,9 @@ def _point(row: int, r: dict[str, str]) -> Point:
             method_us = _number(r, "method_time_us")
         else:  # a fused kernel's speedup without its time, or a serial time alone
             method_us = baseline_us / _number(r, "speedup") if r["speedup"] else math.nan
+            if method_us < SMALLEST["method_time_us"][0]:
+                raise PublishedError(f"column 'speedup': {r['speedup']!r} makes the method's time "
+                                     f"{method_us:.3g} us, below {SMALLEST['method_time_us'][1]}")
         return Point(**common, kind="overlap" if schedule else "baseline", op=op, schedule=schedule,
                      **_shape(r), baseline_us=baseline_us, method_us=method_us)
     plain = re.match(r"plain (all_gather|reduce_scatter|all_reduce|all_to_all|GEMM|p2p copy)", op)
@@ -187,6 +201,9 @@ def _point(row: int, r: dict[str, str]) -> Point:
     if what == "GEMM":
         return Point(**common, kind="gemm", op="gemm", **_shape(r, gemm=True), baseline_us=_number(r, "baseline_time_us"))
     P = _integer(r, "world_size") if r["world_size"] else _integer(r, "gpus", first_word=True)
+    if P < 2:
+        column = "world_size" if r["world_size"] else "gpus"
+        raise PublishedError(f"column '{column}': {r[column]!r}; a collective or copy runs on at least 2 GPUs")
     if r["baseline_time_us"] and what in COLLECTIVES:
         size = re.search(r"message = [^0-9]*(\d+(?:\.\d+)?)\s*(KiB|MiB|GiB|B)\b", r["notes"])
         if size is None:
@@ -222,14 +239,18 @@ def _number(r: dict[str, str], column: str) -> float:
     limit, words = LIMITS.get(column, (math.inf, ""))
     if value > limit:
         raise PublishedError(f"column '{column}': {r[column]!r} is beyond {words}; no measured value is that large")
+    least, words = SMALLEST.get(column, (0.0, ""))
+    if value < least:
+        raise PublishedError(f"column '{column}': {r[column]!r} is below {words}; no measured value is that small")
     return value
 
 
 def _noted(value: float, what: str, text: str) -> float:
     """A message size or bandwidth read from the notes, checked as a column's number is."""
     limit, words = LIMITS[what]
-    if not 0 < value <= limit:
-        raise PublishedError(f"column 'notes': {text!r}: a {what} must be positive and at most {words}")
+    least, least_words = SMALLEST[what]
+    if not least <= value <= limit:
+        raise PublishedError(f"column 'notes': {text!r}: a {what} must be at least {least_words} and at most {words}")
     return value
 
 
@@ -255,6 +276,15 @@ def _shape(r: dict[str, str], gemm: bool = False) -> dict:
 
 
 # -- the simulator against the points --------------------------------------------------------
+def within_devices(point: Point, hw: HardwareSpec) -> None:
+    """PublishedError naming the table, row and column if `point` ran on more GPUs than `hw`
+    has: a spec describes one node, and its terms say nothing of a larger job."""
+    beyond = hw.beyond_devices(point.world_size)
+    if beyond:
+        column = "world_size" if point.kind in ("overlap", "baseline", "collective", "sm_collective") else "gpus"
+        raise PublishedError(f"{point.table or 'published points'}: row {point.row}, column '{column}': {beyond}")
+
+
 def predict(point: Point, hw: HardwareSpec) -> dict[str, float]:
     """What the cost model says of `point` on `hw`: ``time_us`` (the baseline, collective or
     GEMM), ``method_us`` (an overlap point's schedule), ``best_us`` (a collective + GEMM's
@@ -306,6 +336,7 @@ def compare(points: list[Point], specs: dict[str, HardwareSpec] | None = None) -
         if not point.hardware:
             continue  # listed under "unmatched"
         hw = specs.get(point.hardware) or load_hardware(point.hardware)
+        within_devices(point, hw)
         p = predict(point, hw)
         row = {"row": point.row, "kind": point.kind, "hardware": point.hardware, "grade": point.grade,
                "op": point.op, "m": point.m, "n": point.n, "k": point.k, "world_size": point.world_size}
@@ -411,6 +442,8 @@ def fit(points: list[Point], spec: HardwareSpec, *, fields: tuple[str, ...] = FI
     mine = [p for p in points if p.hardware == spec.name and (p.kind in kinds or fused and _is_fused(p))]
     if not mine:
         raise PublishedError(f"no {' or '.join(kinds)} points of {spec.name} to fit to")
+    for p in mine:
+        within_devices(p, spec)
     fractions = [f for f in fields if f in ("gemm_efficiency", "gemm_mem_efficiency", "dma_mem_contention", "sm_comm_units",
                                             "overlap_efficiency")]
 

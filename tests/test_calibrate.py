@@ -69,7 +69,7 @@ def test_sweeps_pooled_count_each_label_once_at_the_geometric_mean_of_its_times(
 
 # -- sim calibrate's --out -----------------------------------------------------------------
 REPO = Path(__file__).parents[1]
-MEASURED = REPO / "data" / "measured" / "cpu_catalog_ar_a2a.parquet"
+MEASURED = REPO / "data" / "measured" / "fabric_1gbit.parquet"  # small, with the ring rows the link is fitted to
 
 
 def test_sim_calibrate_refuses_an_existing_out_and_its_own_input(tmp_path):
@@ -90,3 +90,24 @@ def test_sim_calibrate_refuses_an_existing_out_and_its_own_input(tmp_path):
     res = subprocess.run([*FICCO, *map(str, calibrate), tmp_path / "new.yaml"], cwd=REPO, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0 and (tmp_path / "new.yaml").read_text().startswith("# Calibrated"), res.stderr
+
+
+@pytest.mark.parametrize("devices, needle", [
+    ("0", "--devices must be a positive integer"),
+    ("1", "field 'devices' must be at least 2"),
+    ("100000", "field 'devices' must lie in"),
+])
+def test_sim_calibrate_refuses_a_device_count_no_spec_holds_and_writes_nothing(tmp_path, devices, needle):
+    # 0 divided by zero; 1 and 100000 wrote a spec that every later command refused to load.
+    out = tmp_path / "mine.yaml"
+    refused(["sim", "calibrate", "--dataset", MEASURED, "--name", "mine", "--devices", devices, "--out", out],
+            needle, written=out)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sim_calibrate_without_the_rows_the_link_is_fitted_to_says_so_and_writes_nothing(tmp_path):
+    # A dataset of all-reduces and all-to-alls only wrote link_bw_gbps: .nan, a spec no command loads.
+    out = tmp_path / "mine.yaml"
+    refused(["sim", "calibrate", "--dataset", REPO / "data" / "measured" / "cpu_catalog_ar_a2a.parquet", "--name",
+             "mine", "--out", out], "at least 2 measured ag_gemm or gemm_rs scenarios", "gemm_a2a, gemm_ar",
+            written=out)

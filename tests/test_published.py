@@ -373,3 +373,55 @@ def test_the_fixed_costs_of_a_call_are_what_call_costs_takes_out(tmp_path):
     best = predict(read_published(path)[2], h100)
     assert (gain["rows"], gain["measured"]) == ([3], round(900 / 750, 3))
     assert gain["with_call_costs"] == round(best["time_us"] / best["best_us"], 3) and gain["without"] > 0
+
+
+@pytest.mark.parametrize("point, change, column", [
+    (AG_POINT, {"baseline_time_us": "1e-300"}, "baseline_time_us"),
+    (COLLECTIVE, {"baseline_time_us": "0.0000001"}, "baseline_time_us"),
+    (GEMM, {"baseline_time_us": "1e-300"}, "baseline_time_us"),
+    (AG_POINT, {"method_time_us": "1e-300"}, "method_time_us"),
+    ({**AG_POINT, "method": "a fused kernel", "method_time_us": ""}, {"speedup": "1e-300"}, "speedup"),
+    ({**AG_POINT, "method": "a fused kernel", "method_time_us": ""}, {"speedup": "1e308"}, "speedup"),
+    (COLLECTIVE, {"notes": "[grade A] message = full gathered buffer 0.0000001 MiB"}, "notes"),
+    (BUSBW, {"notes": "[grade C] all_reduce busbw ~0.0000001 GB/s"}, "notes"),
+    (COLLECTIVE, {"world_size": "1"}, "world_size"),
+    ({**BUSBW, "gpus": "1"}, {}, "gpus"),
+])
+def test_a_time_or_size_too_small_for_any_gpu_is_refused_naming_file_row_and_column(tmp_path, point, change, column):
+    # Such a number, divided into an error, printed a 180-digit APE.
+    path = write(tmp_path, [AG_POINT, {**point, **change}])
+    for command in (["sim", "validate", "--published", path],
+                    ["sim", "fit", "--published", path, "--hardware", "h100-nvswitch"]):
+        refused(command, str(path), "row 2", f"column '{column}'")
+
+
+def test_a_row_beyond_its_machine_s_devices_is_refused_naming_file_row_and_column(tmp_path):
+    # A spec describes one node: a 16-GPU measurement says nothing of its terms (the device-count rule).
+    path = write(tmp_path, [AG_POINT, {**AG_POINT, "world_size": "16", "gpus": "16"}])
+    for command in (["sim", "validate", "--published", path],
+                    ["sim", "fit", "--published", path, "--hardware", "h100-nvswitch"]):
+        refused(command, str(path), "row 2", "column 'world_size'", "exceeds the 8 devices of h100-nvswitch")
+    import yaml
+    small = tmp_path / "four.yaml"
+    small.write_text(yaml.safe_dump({**yaml.safe_load((ROOT / "ficco_select" / "presets" / "h100-nvswitch.yaml")
+                                                      .read_text()), "name": "four", "devices": 4}))
+    refused(["sim", "validate", "--published", write(tmp_path, [AG_POINT], "one.csv"),
+             "--hardware", f"h100-nvswitch={small}"], "one.csv", "row 1", "column 'world_size'", "4 devices")
+
+
+@pytest.mark.parametrize("setting, field", [
+    ("devices=2.5", "devices"), ("link_bw_gbps=-5", "link_bw_gbps"), ("mem_bw_gbps=nan", "mem_bw_gbps"),
+    ("coll_bw_gbps=1e308", "coll_bw_gbps"), ("gemm_efficiency=0", "gemm_efficiency"),
+    ("dma_bw_gbps=fast", "dma_bw_gbps"), ("compute_units=inf", "compute_units"),
+])
+def test_a_set_number_no_machine_has_is_refused_naming_the_field(tmp_path, setting, field):
+    path = write(tmp_path, [AG_POINT, COLLECTIVE])
+    refused(["sim", "fit", "--published", path, "--hardware", "h100-nvswitch", "--set", setting],
+            f"--set {setting}", f"field '{field}'")
+
+
+def test_set_takes_only_a_spec_s_numbers(tmp_path):
+    path = write(tmp_path, [AG_POINT, COLLECTIVE])
+    for setting in ("name=other", "topology=ring", "peak_tflops=5", "x=1", "devices"):
+        refused(["sim", "fit", "--published", path, "--hardware", "h100-nvswitch", "--set", setting],
+                f"--set '{setting}'", "a number of the spec")

@@ -235,20 +235,11 @@ def _call_lines(calls: dict) -> list[str]:
 def sim_fit(published_path, name, fields, kinds, row_range, settings, as_json) -> None:
     """Fit a preset's model terms to the published points of its device; prints the fitted
     numbers, the rows they were fitted to, and the agreement before and after."""
-    import dataclasses
-
     from ficco_select.data.published import FIT_KINDS, FITTED, fit, read_published
     from ficco_select.hardware import HardwareError, load_hardware
 
     with reported(HardwareError, ValueError):
-        spec = load_hardware(name)
-        changes = {}
-        for item in settings:
-            field, sep, value = item.partition("=")
-            if not sep or not hasattr(spec, field):
-                raise ValueError(f"--set {item!r}: expected FIELD=VALUE with a spec field")
-            changes[field] = float(value)
-        spec = dataclasses.replace(spec, **changes)
+        spec, changes = _set_numbers(load_hardware(name), settings)
         points = read_published(published_path)
         if row_range:
             first, sep, last = row_range.partition("-")
@@ -265,6 +256,32 @@ def sim_fit(published_path, name, fields, kinds, row_range, settings, as_json) -
         "  median APE before -> after: " + ", ".join(
             f"{key.removesuffix('_ape_median')} {report['before'][key]:.1%} -> {report['after'][key]:.1%}"
             for key in report["after"] if key.endswith("_ape_median") and report["after"][key] is not None)])
+
+
+def _set_numbers(spec, settings) -> tuple:
+    """`spec` with each ``--set FIELD=VALUE`` applied in turn, checked as a spec file's numbers
+    are (HardwareError naming the setting and the field); and the numbers set."""
+    from ficco_select.hardware import fields_of, spec_as_dict, spec_from_dict
+
+    numbers = fields_of("count", "rate", "latency", "fraction", "ceiling")
+    fields, changes = spec_as_dict(spec), {}
+    for item in settings:
+        field, sep, text = item.partition("=")
+        if not sep or field not in numbers:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE with a number of the spec ({', '.join(numbers)})")
+        changes[field] = _number_of(text.strip())
+        spec = spec_from_dict({**fields, **changes}, f"--set {item}")
+    return spec, changes
+
+
+def _number_of(text: str):
+    """An integer, a float, or the text itself (which the spec's check then names)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 @sim.command("map")
@@ -322,12 +339,12 @@ def sim_calibrate(dataset_paths, name, devices, out) -> None:
 
     refuse_existing_out(out, {"--dataset": dataset_paths})
     sources = " and ".join(dataset_paths)
+    datasets = " ".join(f"--dataset {p}" for p in dataset_paths)
     with reported(DatasetError, ValueError):
         sweeps = [read_dataset(p) for p in dataset_paths]
         with machines([known for p in dataset_paths for known in dataset_machines(p)]):
             spec = calibrate(pool_sweeps(sweeps), name=name, devices=devices, description=f"calibrated from {sources}")
-    datasets = " ".join(f"--dataset {p}" for p in dataset_paths)
-    write_spec(spec, out, f"ficco sim calibrate {datasets} --name {name} --devices {devices} --out {out}")
+        write_spec(spec, out, f"ficco sim calibrate {datasets} --name {name} --devices {devices} --out {out}")
     click.echo(f"{name} -> {out}")
 
 
