@@ -21,13 +21,13 @@ garbage collection and one untimed step, then ``--steps`` timed steps, each the 
 - each of ``FIXED``: every all-reduce pinned to that schedule where it is legal, else the
   baseline (``none.sm``: PyTorch's own ``mm`` then ``all_reduce``, through the hook);
 - ``oracle``: each call shape pinned to the schedule that measured fastest for it in the
-  exploration (``e2e_tp.oracle_selector``);
+  exploration (``e2e_ranks.oracle_selector``);
 - ``compute-only``: not a way to run a job: the all-reduces left out; ``comm / compute`` =
   (pytorch - compute-only) / compute-only.
 
 Prints, per configuration, each way's median step time and its speedup over ``pytorch``: the
 median of the per-repeat ratios with its 95% confidence interval (distribution-free, from
-order statistics, ``e2e_tp.median_ci``), and the schedules ficco ran.
+order statistics, ``e2e_ranks.median_ci``), and the schedules ficco ran.
 
 With ``--fabric RATE`` every rank runs on a shaped fabric of this host (``e2e_tp.py``'s):
 the selector decides for the fabric's profiled spec.
@@ -39,31 +39,29 @@ the selector decides for the fabric's profiled spec.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e_tp import (  # noqa: E402 - the training step's
-    HEAD_DIM,
-    Block,
-    _fabric_spec,
+from e2e_ranks import (  # noqa: E402 - what the end-to-end benchmarks share
     explore,
     explored,
-    gap_captured,
-    median_ci,
+    hardware_of,
     oracle_selector,
     restore,
     run_ranks,
+    slowest_rank_seconds,
+    speedups,
+    timed,
+    warm,
 )
+from e2e_tp import HEAD_DIM, Block, _fabric_spec  # noqa: E402 - the training step's block and fabric
 
 FIXED = ("none.sm", "shard.ring.sm", "ficco.d2.ring.gemm_per_step.m.sm", "ficco.d2.a2a.gemm_per_step.m.sm")
 """Fixed rules: the baseline through ficco's executor, the reduce-scatter + all-gather form at
@@ -79,22 +77,13 @@ def _compute_only(layer) -> None:
     layer.forward = lambda x: F.linear(x, layer.weight)
 
 
-def rank_main(rank: int, P: int, config: dict) -> dict | None:
-    """One rank of `config`'s phase (its gloo group made by the launcher); rank 0's figures.
-    On a shaped fabric the rank knows the fabric's machine as its profile describes it (main)."""
-    from ficco_select.hardware import machines, spec_from_dict
-
-    known = [spec_from_dict(config["spec"], "the fabric's profile")] if config["spec"] else []
-    with machines(known, "the fabric's profile"):
-        return _rank_phase(rank, P, config)
-
-
-def _rank_phase(rank: int, P: int, config: dict) -> dict | None:
-    from ficco_select.runtime import dispatch, torch_ops
+def rank_phase(rank: int, P: int, config: dict) -> dict | None:
+    """One rank's phase (``config["phase"]``): explore, or time every way; rank 0's figures."""
+    from ficco_select.runtime import torch_ops
     from ficco_select.runtime.selector import Selector
     from ficco_select.runtime.tp import TP_LAYERS, install, parallelize
 
-    hardware = config["spec"]["name"] if config["spec"] else "cpu"
+    hardware = hardware_of(config)
     torch.manual_seed(0)
     hidden = config["hidden"]
     model = parallelize(Block(hidden, hidden // HEAD_DIM, 3 * hidden, P), PLAN, dist.group.WORLD,
@@ -104,12 +93,7 @@ def _rank_phase(rank: int, P: int, config: dict) -> dict | None:
 
     @torch.inference_mode()
     def step() -> float:
-        dist.barrier()
-        t0 = time.perf_counter()
-        model(x)
-        elapsed = torch.tensor([time.perf_counter() - t0])
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's step
-        return float(elapsed)
+        return slowest_rank_seconds(lambda: model(x))
 
     champion = Selector.load(config["model"]) if config["model"] else Selector.load()
     if config["phase"] == "explore":
@@ -118,7 +102,6 @@ def _rank_phase(rank: int, P: int, config: dict) -> dict | None:
     selectors = {"ficco": champion, "oracle": oracle_selector(config["oracle"])}
     baseline = oracle_selector({})  # answers every shape with the baseline
     handle = None
-    ran = {}
 
     def use(way: str) -> None:
         nonlocal handle
@@ -132,38 +115,13 @@ def _rank_phase(rank: int, P: int, config: dict) -> dict | None:
                                 schedule="" if way in selectors else way)
             handle = install(model)
 
-    ways = config["ways"]
-    times = {w: [] for w in ways}
-    for way in ways:  # warm every way once
-        use(way)
-        step()
-        if way == "ficco":
-            ran = {plan.scenario.scenario_id: f"{plan.decision.schedule.name} ({plan.decision.source})"
-                   for _, plan in dispatch.plans() if plan.scenario is not None}
-    for r in range(config["reps"]):
-        for way in ways[r % len(ways):] + ways[:r % len(ways)]:
-            use(way)
-            gc.collect()  # a switch's garbage (tables, plans) is not collected inside the next way's steps
-            step()
-            times[way].append(statistics.fmean(step() for _ in range(config["steps"])))
-    use("pytorch")
-    return {"times": times, "ficco_ran": ran}
+    ran = warm(config["ways"], use, step)
+    return {"times": timed(config["ways"], use, step, config), "ficco_ran": ran}
 
 
 def summarize(P: int, config: dict, times: dict) -> dict:
-    base = times["pytorch"]
-    out = {"world_size": P, "seq": config["seq"], "batch": config["batch"], "hidden": config["hidden"],
-           "reps": len(base), "ways": {}}
-    for way, ts in times.items():
-        mid, lo, hi = median_ci([b / t for b, t in zip(base, ts)])
-        out["ways"][way] = {"step_ms": round(1e3 * statistics.median(ts), 3), "speedup": round(mid, 3),
-                            "ci": [round(lo, 3), round(hi, 3)]}
-    compute = statistics.median(times["compute-only"])
-    out["comm_per_compute"] = round((statistics.median(base) - compute) / compute, 3)
-    fixed = [w for w in times if w in FIXED]
-    out["best_fixed"] = max(fixed, key=lambda w: out["ways"][w]["speedup"])
-    out["gap_captured"] = gap_captured(out)
-    return out
+    return {"world_size": P, "seq": config["seq"], "batch": config["batch"], "hidden": config["hidden"],
+            "reps": len(times["pytorch"])} | speedups(times, FIXED)
 
 
 def main() -> None:
@@ -190,9 +148,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             telemetry = f"{tmp}/explore.{{rank}}.jsonl"
             run_ranks(P, {**config, "phase": "explore", "explore_steps": args.explore_steps, "telemetry": telemetry},
-                      rank_main)
+                      rank_phase)
             best, _ = explored([telemetry.format(rank=r) for r in range(P)])
-        got = run_ranks(P, {**config, "phase": "time", "oracle": best}, rank_main)
+        got = run_ranks(P, {**config, "phase": "time", "oracle": best}, rank_phase)
         row = summarize(P, config, got["times"]) | {"ficco_ran": got["ficco_ran"], "oracle_picks": best,
                                                      "fabric": args.fabric}
         rows.append(row)

@@ -71,17 +71,13 @@ selector's schedule per shape.
 from __future__ import annotations
 
 import argparse
-import gc
 import contextlib
 import copy
 import json
-import math
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 import torch.distributed as dist
@@ -89,7 +85,19 @@ import torch.distributed._symmetric_memory as symm_mem
 import torch.nn.functional as F
 from torch import nn
 
-from ficco_select.executor import ranks
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e_ranks import (  # noqa: E402 - what the end-to-end benchmarks share
+    explore,
+    explored,
+    hardware_of,
+    oracle_selector,
+    restore,
+    run_ranks,
+    slowest_rank_seconds,
+    speedups,
+    timed,
+    warm,
+)
 
 HEAD_DIM = 32
 RETRAIN = ("--splits", "family,hardware", "--selectors", "fast")
@@ -171,15 +179,6 @@ def _async_tp(layer) -> None:
     layer.forward = lambda x: op.apply(x, layer.weight, layer.group.group_name)
 
 
-def restore(layers, handle) -> None:
-    """Every layer back to its class's forward: `handle`'s hook (if any) removed, any
-    forward a way patched in dropped."""
-    if handle is not None:
-        handle.remove()
-    for layer in layers:
-        layer.__dict__.pop("forward", None)
-
-
 def _compute_only(layer, P: int, rank: int) -> None:
     """The layer's GEMM with its collective replaced by a local copy of the same shape: P
     copies of the shard for the all-gather, this rank's slice of the sum for the reduce-scatter."""
@@ -189,41 +188,6 @@ def _compute_only(layer, P: int, rank: int) -> None:
         layer.forward = lambda x: F.linear(torch.cat([x] * P), layer.weight)
     else:
         layer.forward = lambda x: F.linear(x, layer.weight).chunk(P)[rank].contiguous()
-
-
-# -- the per-layer oracle ------------------------------------------------------------------------
-def explored(telemetry: list[str]) -> tuple[dict, dict]:
-    """From `telemetry` (every rank's file of the exploration): {scenario_id: the schedule that
-    measured fastest for it (verified runs only)} and {scenario_id: its Scenario}."""
-    from ficco_select.data.telemetry import read_telemetry
-    from ficco_select.scenario import Scenario
-
-    rows = read_telemetry(telemetry)
-    ok = rows[rows["status"].eq("ok") & rows["verified"].eq(True)]
-    best = {sid: g.loc[g["time_s"].idxmin(), "schedule"] for sid, g in ok.groupby("scenario_id")}
-    shapes = {r["scenario_id"]: Scenario.from_record(r) for r in rows.drop_duplicates("scenario_id").to_dict("records")}
-    return best, shapes
-
-
-def oracle_selector(best: dict):
-    """A selector that answers each call shape (scenario) with its schedule in `best`, else the baseline."""
-    from ficco_select.runtime.decision import Decision
-    from ficco_select.runtime.selector import Selector
-    from ficco_select.schedule import BASELINE, parse
-
-    picks = {sid: parse(name) for sid, name in best.items()}
-
-    class Oracle(Selector):
-        def layer_table(self, scenario):  # per shape, never a table
-            return None
-
-        def select(self, scenario):
-            pick = picks.get(scenario.scenario_id)
-            if pick is None:
-                return Decision(BASELINE, "fallback", 0.0, "not explored")
-            return Decision(pick, "model", 1.0, "fastest in this job's exploration")
-
-    return Oracle()
 
 
 # -- the DTensor ways ---------------------------------------------------------------------------
@@ -372,22 +336,13 @@ def compiling(way: str, group, notes: dict):
 
 
 # -- one rank ----------------------------------------------------------------------------------
-def rank_main(rank: int, P: int, config: dict) -> dict | None:
-    """One rank of `config`'s phase (its gloo group made by the launcher); rank 0's figures.
-    On a shaped fabric the rank knows the fabric's machine as its profile describes it (main)."""
-    from ficco_select.hardware import machines, spec_from_dict
-
-    known = [spec_from_dict(config["spec"], "the fabric's profile")] if config["spec"] else []
-    with machines(known, "the fabric's profile"):
-        return _rank_phase(rank, P, config)
-
-
-def _rank_phase(rank: int, P: int, config: dict) -> dict | None:
-    from ficco_select.runtime import dispatch, torch_ops
+def rank_phase(rank: int, P: int, config: dict) -> dict | None:
+    """One rank's phase (``config["phase"]``): explore, or time every way; rank 0's figures."""
+    from ficco_select.runtime import torch_ops
     from ficco_select.runtime.selector import Selector
     from ficco_select.runtime.tp import TP_LAYERS, install, parallelize
 
-    hardware = config["spec"]["name"] if config["spec"] else "cpu"
+    hardware = hardware_of(config)
     group = dist.group.WORLD
     torch.manual_seed(0)
     hidden = config["hidden"]
@@ -399,15 +354,13 @@ def _rank_phase(rank: int, P: int, config: dict) -> dict | None:
 
     run = {"model": model, "x": x, "opt": opt}  # what step() runs: the block's, or a DTensor way's
 
-    def step() -> float:
-        dist.barrier()
-        t0 = time.perf_counter()
+    def train_step() -> None:
         run["opt"].zero_grad(set_to_none=True)
         run["model"](run["x"]).square().mean().backward()
         run["opt"].step()
-        elapsed = torch.tensor([time.perf_counter() - t0])
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's step
-        return float(elapsed)
+
+    def step() -> float:
+        return slowest_rank_seconds(train_step)
 
     champion = Selector.load(config["model"]) if config["model"] else Selector.load()
     if config["phase"] == "explore":
@@ -446,95 +399,28 @@ def _rank_phase(rank: int, P: int, config: dict) -> dict | None:
             handle = install(model)  # the tables of every layer, before any step
 
     ways = config["ways"]
-    times = {w: [] for w in ways}
     notes = {}
-    ran = {}
-    for way in ways:  # warm every way once (a compiled way compiles here)
-        use(way)
-        with compiling(way, group, notes) if way in dtensor else contextlib.nullcontext():
-            step()
-        if way == "ficco":  # what the hooked step runs, by call shape (scenario id, as the oracle's picks)
-            ran = {plan.scenario.scenario_id: f"{plan.decision.schedule.name} ({plan.decision.source})"
-                   for _, plan in dispatch.plans() if plan.scenario is not None}
+    ran = warm(ways, use, step, lambda way: compiling(way, group, notes) if way in dtensor
+               else contextlib.nullcontext())
+    not_run = {}
     if dtensor:
         torch._dynamo.config.error_on_recompile = True  # no compilation inside the timed steps
         if rank == 0:
             for way, note in notes.items():
-                print(f"{way}: {note}", flush=True)
-        for way, note in notes.items():
-            if note.startswith("not on this backend"):
-                ways = [w for w in ways if w != way]
-                times[way] = note  # reported instead of a number
-    for r in range(config["reps"]):
-        for way in ways[r % len(ways):] + ways[:r % len(ways)]:
-            use(way)
-            gc.collect()  # a switch's garbage (tables, plans) is not collected inside the next way's steps
-            step()  # the way's first decisions, if any
-            times[way].append(statistics.fmean(step() for _ in range(config["steps"])))
-    use("pytorch")
-    return {"times": times, "ficco_ran": ran}
-
-
-def explore(model, step, selector, hardware: str, config: dict) -> None:
-    """``config["explore_steps"]`` steps of `model` hooked, every call shape cycling through its
-    candidates with telemetry on (``config["telemetry"]``): the per-layer oracle's data."""
-    from ficco_select.runtime import torch_ops
-    from ficco_select.runtime.tp import install
-
-    torch_ops.configure(selector=selector, hardware=hardware, schedule="", explore_every=1,
-                        telemetry=config["telemetry"])
-    handle = install(model)
-    for _ in range(config["explore_steps"]):
-        step()
-    torch_ops.configure(explore_every=0, telemetry="")
-    handle.remove()
-
-
-def run_ranks(P: int, config: dict, rank_fn=rank_main) -> dict | None:
-    """`config`'s phase on P fresh gloo ranks (``ficco_select.executor.ranks``), each running
-    `rank_fn` on its share of the cores; rank 0's result."""
-    return ranks.run_ranks(rank_fn, P, (config,), threads=max(1, (os.cpu_count() or 2) // P), timeout_s=3600)[0]
+                print(f"{way}: {note}", file=sys.stderr, flush=True)  # stdout: the --json
+        not_run = {way: note for way, note in notes.items() if note.startswith("not on this backend")}
+    times = timed([w for w in ways if w not in not_run], use, step, config)
+    # a way that cannot run here: why, not a number
+    return {"times": {w: not_run[w] if w in not_run else times[w] for w in ways}, "ficco_ran": ran}
 
 
 # -- the figures ---------------------------------------------------------------------------------
-def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
-    """The median of `values` and a distribution-free confidence interval for it: order
-    statistics (k, n + 1 - k), k the largest with P(Binomial(n, 1/2) < k) <= (1 - level) / 2."""
-    v, n = sorted(values), len(values)
-    below, k = 0.0, 0
-    while k < n // 2 and below + math.comb(n, k) / 2**n <= (1 - level) / 2:
-        below += math.comb(n, k) / 2**n
-        k += 1
-    k = max(k, 1)  # too few values for the level: the whole range
-    return statistics.median(v), v[k - 1], v[n - k]
-
-
 def summarize(P: int, config: dict, times: dict) -> dict:
-    base = times["pytorch"]
-    out = {"world_size": P, "seq": config["seq"], "hidden": config["hidden"], "reps": len(base),
-           "hardware": config["spec"]["name"] if config["spec"] else "cpu", "ways": {}}
+    out = {"world_size": P, "seq": config["seq"], "hidden": config["hidden"], "reps": len(times["pytorch"]),
+           "hardware": hardware_of(config)}
     if config["spec"]:
         out["link_bw_gbps"] = round(config["spec"]["link_bw_gbps"], 4)
-    for way, ts in times.items():
-        if isinstance(ts, str):  # a way that cannot run here: why
-            out["ways"][way] = {"not_run": ts}
-            continue
-        mid, lo, hi = median_ci([b / t for b, t in zip(base, ts)])  # speedup over the same repeat's unhooked step
-        out["ways"][way] = {"step_ms": round(1e3 * statistics.median(ts), 2), "speedup": round(mid, 3),
-                            "ci": [round(lo, 3), round(hi, 3)]}
-    compute = statistics.median(times["compute-only"])
-    out["comm_per_compute"] = round((statistics.median(base) - compute) / compute, 3)
-    fixed = [w for w in times if w in FIXED or w in FICCO]
-    out["best_fixed"] = max(fixed, key=lambda w: out["ways"][w]["speedup"])
-    out["gap_captured"] = gap_captured(out)
-    return out
-
-
-def gap_captured(row: dict) -> float | None:
-    """The share of the gap between the best fixed rule and the per-layer oracle that ficco
-    hooked captures (medians; None where the oracle is not above that rule)."""
-    best, ficco, oracle = (row["ways"][w]["speedup"] for w in (row["best_fixed"], "ficco", "oracle"))
-    return round((ficco - best) / (oracle - best), 3) if oracle > best else None
+    return out | speedups(times, FIXED + FICCO)
 
 
 def retrain(telemetry: list[str], workdir: str) -> tuple[str, dict]:
@@ -612,7 +498,7 @@ def _explore_and_time(args, configs: list) -> tuple[list[dict], dict | None]:
         explorations = []
         for i, (P, config) in enumerate(configs):  # 1. explore
             config["telemetry"] = f"{workdir}/explore{i}.{{rank}}.jsonl"
-            run_ranks(P, {**config, "phase": "explore", "explore_steps": args.explore_steps})
+            run_ranks(P, {**config, "phase": "explore", "explore_steps": args.explore_steps}, rank_phase)
             explorations.append([config["telemetry"].format(rank=r) for r in range(P)])
         retrained, summary = retrain([f for files in explorations for f in files], workdir) if args.retrain else (None, None)
         ways = ["pytorch", "async-tp", "ficco", "ficco-checked", *(["ficco+telemetry"] if retrained else []),
@@ -622,7 +508,7 @@ def _explore_and_time(args, configs: list) -> tuple[list[dict], dict | None]:
         for files, (P, config) in zip(explorations, configs):  # 3. time
             best, shapes = explored(files)
             got = run_ranks(P, {**config, "phase": "time", "ways": ways, "reps": args.reps, "steps": args.steps,
-                                "oracle": best, "retrained": retrained})
+                                "oracle": best, "retrained": retrained}, rank_phase)
             rows.append(summarize(P, config, got["times"]) | {"ficco_ran": got["ficco_ran"], "oracle_picks": best})
             if retrained:
                 rows[-1]["retrained_picks"] = _decisions(retrained, shapes)

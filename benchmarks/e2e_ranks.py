@@ -1,0 +1,190 @@
+"""What the end-to-end benchmarks (``e2e_tp.py``, ``e2e_infer.py``) share: one rank's entry
+point, the step timed as its slowest rank, the exploration and the per-layer oracle it
+gives, the interleaved timing of the ways, and the figures.
+
+A benchmark writes its phase as ``phase(rank, P, config) -> dict | None`` (a module-level
+function, so that the ranks' processes can import it) and runs it with ``run_ranks``; the
+phase builds its model and a ``use(way)`` that switches the model to a way, then calls
+``warm`` and ``timed``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from ficco_select.executor import ranks
+
+
+# -- one rank ----------------------------------------------------------------------------------
+def rank_main(rank: int, P: int, config: dict, phase: Callable) -> dict | None:
+    """One rank of `config`'s `phase` (its gloo group made by the launcher); rank 0's figures.
+    On a shaped fabric the rank knows the fabric's machine as its profile describes it."""
+    from ficco_select.hardware import machines, spec_from_dict
+
+    known = [spec_from_dict(config["spec"], "the fabric's profile")] if config["spec"] else []
+    with machines(known, "the fabric's profile"):
+        return phase(rank, P, config)
+
+
+def run_ranks(P: int, config: dict, phase: Callable) -> dict | None:
+    """`config`'s `phase` on P fresh gloo ranks (``ficco_select.executor.ranks``), each on its
+    share of the cores; rank 0's result."""
+    return ranks.run_ranks(rank_main, P, (config, phase), threads=max(1, (os.cpu_count() or 2) // P),
+                           timeout_s=3600)[0]
+
+
+def hardware_of(config: dict) -> str:
+    """The machine the ranks decide for: the shaped fabric's profiled spec, else ``cpu``."""
+    return config["spec"]["name"] if config["spec"] else "cpu"
+
+
+def slowest_rank_seconds(run: Callable[[], object]) -> float:
+    """`run`'s time on the slowest rank: the ranks start together (a barrier) and take the max."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    run()
+    elapsed = torch.tensor([time.perf_counter() - t0])
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed)
+
+
+# -- the ways ----------------------------------------------------------------------------------
+def restore(layers, handle) -> None:
+    """Every layer back to its class's forward: `handle`'s hook (if any) removed, any
+    forward a way patched in dropped."""
+    if handle is not None:
+        handle.remove()
+    for layer in layers:
+        layer.__dict__.pop("forward", None)
+
+
+def warm(ways: list[str], use: Callable[[str], None], step: Callable[[], float],
+         warming: Callable[[str], contextlib.AbstractContextManager] = lambda way: contextlib.nullcontext()) -> dict:
+    """Every way's first step, untimed (a compiled way compiles here, inside `warming(way)`);
+    what the ``ficco`` way ran, by call shape (scenario id: schedule and source)."""
+    from ficco_select.runtime import dispatch
+
+    ran = {}
+    for way in ways:
+        use(way)
+        with warming(way):
+            step()
+        if way == "ficco":
+            ran = {plan.scenario.scenario_id: f"{plan.decision.schedule.name} ({plan.decision.source})"
+                   for _, plan in dispatch.plans() if plan.scenario is not None}
+    return ran
+
+
+def timed(ways: list[str], use: Callable[[str], None], step: Callable[[], float], config: dict) -> dict:
+    """``config["reps"]`` repeats, each running every way once in rotated order: after a switch
+    a garbage collection and one untimed step, then ``config["steps"]`` timed steps, their mean.
+    {way: the repeats' means}; ends unhooked (``pytorch``)."""
+    times = {w: [] for w in ways}
+    for r in range(config["reps"]):
+        for way in ways[r % len(ways):] + ways[:r % len(ways)]:
+            use(way)
+            gc.collect()  # a switch's garbage (tables, plans) is not collected inside the next way's steps
+            step()  # the way's first decisions, if any
+            times[way].append(statistics.fmean(step() for _ in range(config["steps"])))
+    use("pytorch")
+    return times
+
+
+# -- the exploration and the per-layer oracle ------------------------------------------------------
+def explore(model, step, selector, hardware: str, config: dict) -> None:
+    """``config["explore_steps"]`` steps of `model` hooked, every call shape cycling through its
+    candidates with telemetry on (``config["telemetry"]``): the per-layer oracle's data."""
+    from ficco_select.runtime import torch_ops
+    from ficco_select.runtime.tp import install
+
+    torch_ops.configure(selector=selector, hardware=hardware, schedule="", explore_every=1,
+                        telemetry=config["telemetry"])
+    handle = install(model)
+    for _ in range(config["explore_steps"]):
+        step()
+    torch_ops.configure(explore_every=0, telemetry="")
+    handle.remove()
+
+
+def explored(telemetry: list[str]) -> tuple[dict, dict]:
+    """From `telemetry` (every rank's file of the exploration): {scenario_id: the schedule that
+    measured fastest for it (verified runs only)} and {scenario_id: its Scenario}."""
+    from ficco_select.data.telemetry import read_telemetry
+    from ficco_select.scenario import Scenario
+
+    rows = read_telemetry(telemetry)
+    ok = rows[rows["status"].eq("ok") & rows["verified"].eq(True)]
+    best = {sid: g.loc[g["time_s"].idxmin(), "schedule"] for sid, g in ok.groupby("scenario_id")}
+    shapes = {r["scenario_id"]: Scenario.from_record(r) for r in rows.drop_duplicates("scenario_id").to_dict("records")}
+    return best, shapes
+
+
+def oracle_selector(best: dict):
+    """A selector that answers each call shape (scenario) with its schedule in `best`, else the baseline."""
+    from ficco_select.runtime.decision import Decision
+    from ficco_select.runtime.selector import Selector
+    from ficco_select.schedule import BASELINE, parse
+
+    picks = {sid: parse(name) for sid, name in best.items()}
+
+    class Oracle(Selector):
+        def layer_table(self, scenario):  # per shape, never a table
+            return None
+
+        def select(self, scenario):
+            pick = picks.get(scenario.scenario_id)
+            if pick is None:
+                return Decision(BASELINE, "fallback", 0.0, "not explored")
+            return Decision(pick, "model", 1.0, "fastest in this job's exploration")
+
+    return Oracle()
+
+
+# -- the figures ---------------------------------------------------------------------------------
+def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """The median of `values` and a distribution-free confidence interval for it: order
+    statistics (k, n + 1 - k), k the largest with P(Binomial(n, 1/2) < k) <= (1 - level) / 2."""
+    v, n = sorted(values), len(values)
+    below, k = 0.0, 0
+    while k < n // 2 and below + math.comb(n, k) / 2**n <= (1 - level) / 2:
+        below += math.comb(n, k) / 2**n
+        k += 1
+    k = max(k, 1)  # too few values for the level: the whole range
+    return statistics.median(v), v[k - 1], v[n - k]
+
+
+def speedups(times: dict, fixed: tuple[str, ...]) -> dict:
+    """Each way's median step (ms) and its speedup over ``pytorch`` (the median of the
+    per-repeat ratios, with its 95% CI); a way given as text instead of times could not run
+    here (``not_run``: why). With comm / compute, the best of the `fixed` rules, and the gap
+    ficco captured between that rule and the oracle."""
+    base = times["pytorch"]
+    out = {"ways": {}}
+    for way, ts in times.items():
+        if isinstance(ts, str):
+            out["ways"][way] = {"not_run": ts}
+            continue
+        mid, lo, hi = median_ci([b / t for b, t in zip(base, ts)])  # over the same repeat's unhooked step
+        out["ways"][way] = {"step_ms": round(1e3 * statistics.median(ts), 3), "speedup": round(mid, 3),
+                            "ci": [round(lo, 3), round(hi, 3)]}
+    compute = statistics.median(times["compute-only"])
+    out["comm_per_compute"] = round((statistics.median(base) - compute) / compute, 3)
+    out["best_fixed"] = max((w for w in times if w in fixed), key=lambda w: out["ways"][w]["speedup"])
+    out["gap_captured"] = gap_captured(out)
+    return out
+
+
+def gap_captured(row: dict) -> float | None:
+    """The share of the gap between the best fixed rule and the per-layer oracle that ficco
+    hooked captures (medians; None where the oracle is not above that rule)."""
+    best, ficco, oracle = (row["ways"][w]["speedup"] for w in (row["best_fixed"], "ficco", "oracle"))
+    return round((ficco - best) / (oracle - best), 3) if oracle > best else None
