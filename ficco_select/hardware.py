@@ -34,6 +34,8 @@ from ficco_select.scenario import DTYPES
 log = logging.getLogger("ficco_select.hardware")
 
 TOPOLOGIES = ("fully_connected", "switch", "ring")
+KINDS = ("gpu", "cpu")
+"""``HardwareSpec.kind``: a GPU node, or the cpu backend's kind of machine."""
 
 
 class HardwareError(ValueError):
@@ -47,7 +49,7 @@ def _field(unit: str, role: str, default: Any = dataclasses.MISSING, **bounds) -
     return dataclasses.field(default=default, metadata={"unit": unit, "role": role, **bounds})
 
 
-ROLES = ("label", "count", "peak", "topology", "rate", "latency", "fraction", "ceiling")
+ROLES = ("label", "count", "peak", "topology", "rate", "latency", "fraction", "ceiling", "kind")
 """What a spec field is. The lists that treat fields alike derive from the roles
 (``fields_of``): validation, machine sampling (``ficco_select.data.machines``), recalibration
 (``ficco_select.data.calibrate.RECALIBRATED``), perturbation (``ficco_select.train.adapt.PERTURBED``) and the
@@ -58,7 +60,8 @@ runtime's range check (``ficco_select.runtime.scope.SPEC_RANGE_FIELDS``).
 A rate or latency with a default of 0 is a model term a spec may leave out: 0 turns it off.
 - ``ceiling``: a bandwidth that caps a rate where measurements show it, GB/s; 0 (off) on every
   trained machine. Machine sampling, perturbation and recalibration leave it as the spec
-  says; the runtime's range check reads it, so a machine with one is not one the model saw."""
+  says; the runtime's range check reads it, so a machine with one is not one the model saw.
+- ``kind``: one of ``KINDS``."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -137,6 +140,17 @@ class HardwareSpec:
                                         sample=(0.5, 2.0))
     """An fp8 GEMM's efficiency relative to ``gemm_efficiency`` (of the fp8 peak), in (0, 2]:
     fp8 kernels reach another fraction of their peak than bf16's. 1 (the default): the same."""
+    kind: str = _field("", "kind", "")
+    """``gpu`` or ``cpu`` (``KINDS``): a GPU node, whose ranks are its devices, or the cpu
+    backend's kind, whose ranks are processes time-sharing its cores (a shaped fabric's
+    ``cpu-1gbit`` too). Candidate sets, feature scales, the abstention rules and the
+    device-count rule follow it. A spec that leaves it out is a GPU if it has copy engines,
+    else the cpu kind (what every spec written before the field meant); a GPU without copy
+    engines for peer transfers says ``kind: gpu``."""
+
+    def __post_init__(self) -> None:
+        if not self.kind:  # left out: inferred once, so that equal machines compare equal
+            object.__setattr__(self, "kind", "gpu" if self.copy_engines else "cpu")
 
     def peak_of(self, dtype: str) -> float:
         """Dense peak TFLOP/s of `dtype`, float32's where the spec gives none: the one rule the
@@ -146,14 +160,6 @@ class HardwareSpec:
     @property
     def engines(self) -> tuple[str, ...]:
         return ("sm", "dma") if self.copy_engines > 0 else ("sm",)
-
-    @property
-    def kind(self) -> str:
-        """``gpu`` or ``cpu``, the kind of machine: one with copy engines is a GPU node, whose
-        ranks are its devices; one without is the cpu backend's kind, whose ranks are
-        processes time-sharing its cores (a shaped fabric's ``cpu-1gbit`` too). Candidate
-        sets, feature scales, the abstention rules and the device-count rule follow it."""
-        return "gpu" if self.copy_engines else "cpu"
 
     def beyond_devices(self, world_size: int) -> str | None:
         """The device-count rule: why `world_size` ranks are beyond this machine (a GPU spec
@@ -227,6 +233,8 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
         if dtype not in DTYPES:
             raise HardwareError(f"{where}: field 'peak_tflops.{dtype}': unknown dtype (known: {', '.join(DTYPES)})")
         number(f"peak_tflops.{dtype}", value, high=LARGEST["peak"], high_open=False)
+    if spec["kind"] not in ("", *KINDS):  # "": left out, inferred (HardwareSpec.kind)
+        raise HardwareError(f"{where}: field 'kind' must be one of {', '.join(KINDS)}, got {spec['kind']!r}")
     if spec["topology"] not in TOPOLOGIES:
         raise HardwareError(f"{where}: field 'topology' must be one of {', '.join(TOPOLOGIES)}, "
                             f"got {spec['topology']!r}")

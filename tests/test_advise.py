@@ -127,7 +127,7 @@ def test_a_layer_left_without_overlap_says_so_in_megatron_s_switches():
 def test_ficco_advise_writes_each_format_from_the_selector(tmp_path):
     runner = CliRunner()
     base = ["advise", "--model", "llama3-70b", "--tp", "8", "--seq", "8192", "--hardware", "h100-nvswitch",
-            "--selector", str(tmp_path / "none")]  # no export there: the heuristic decides, as the runtime would
+            "--heuristic-only"]  # the heuristic decides, as the runtime would without an export
     out = tmp_path / "ub.yaml"
     res = runner.invoke(main, [*base, "--format", "te", "--out", str(out), "--json"])
     assert res.exit_code == 0, res.output
@@ -161,7 +161,7 @@ def test_the_machine_may_be_one_the_exported_selector_carries(tmp_path):
     assert res.exit_code == 0, res.output
     got = json.loads(res.output)
     assert got["decisions"]["by_source"].get("model", 0) >= 1 and got["measured_machine"] is False
-    res = CliRunner().invoke(main, [*args[:-5], "--selector", str(tmp_path / "none"), "--format", "te"])
+    res = CliRunner().invoke(main, [*args[:-5], "--heuristic-only", "--format", "te"])
     assert res.exit_code != 0 and "--hardware node-x: not a preset" in res.output  # only that selector knows it
 
 
@@ -181,7 +181,7 @@ def test_a_machine_without_copy_engines_is_advised_only_what_its_sms_run(tmp_pat
     path = tmp_path / "no-ce.yaml"
     path.write_text(yaml.safe_dump(spec))
     res = CliRunner().invoke(main, ["advise", "--model", "llama3-70b", "--tp", "8", "--seq", "8192", "--hardware",
-                                    str(path), "--format", "te", "--selector", str(tmp_path / "none"), "--json"])
+                                    str(path), "--format", "te", "--heuristic-only", "--json"])
     assert res.exit_code == 0, res.output
     got = json.loads(res.output)
     assert not any(d["schedule"].endswith(".dma") for d in got["decisions"]["per_gemm"].values())
@@ -206,3 +206,61 @@ def test_ficco_advise_refuses_in_one_line_naming_the_option(args, needle):
     res = CliRunner().invoke(main, ["advise", *given, *(x for kv in base.items() for x in kv)])
     assert res.exit_code != 0 and needle in res.output, res.output
     assert "Traceback" not in res.output
+
+
+ADVISE_H100 = ["advise", "--model", "llama3-70b", "--tp", "8", "--seq", "8192", "--hardware", "h100-nvswitch"]
+
+
+def corrupt_exports(tmp_path: Path) -> dict[str, Path]:
+    from helpers.exports import write_selector
+
+    broken_json = write_selector(tmp_path / "broken-json")
+    (broken_json / "selector.json").write_text("{ not json")
+    no_model = write_selector(tmp_path / "no-model")
+    (no_model / "model.json").unlink()
+    return {"missing": tmp_path / "missing", "broken-json": broken_json, "no-model": no_model}
+
+
+@pytest.mark.parametrize("which", ["missing", "broken-json", "no-model"])
+def test_a_selector_the_user_names_that_cannot_be_read_is_refused_not_replaced_by_the_heuristic(tmp_path, which):
+    folder = corrupt_exports(tmp_path)[which]
+    out = tmp_path / "ub.yaml"
+    from helpers.cli import refused
+    refused([*ADVISE_H100, "--format", "te", "--selector", folder, "--out", out], f"--selector {folder}",
+            written=out)
+    refused([*ADVISE_H100, "--format", "vllm", "--selector", folder], f"--selector {folder}")
+
+
+def test_heuristic_only_asks_for_the_heuristic_and_a_selector_with_it_is_refused(tmp_path):
+    res = CliRunner().invoke(main, [*ADVISE_H100, "--format", "te", "--heuristic-only", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["decisions"]["by_source"] == {"heuristic": 6}
+    from helpers.cli import refused
+    refused([*ADVISE_H100, "--format", "te", "--heuristic-only", "--selector", tmp_path], "--heuristic-only",
+            "--selector")
+
+
+@pytest.mark.parametrize("fmt", ["te", "vllm", "torchtitan"])
+def test_fp8_on_a_machine_without_fp8_is_refused_naming_the_machine(tmp_path, fmt):
+    # A100 has no fp8 tensor cores: its spec gives no float8_e4m3fn peak.
+    from helpers.cli import refused
+    refused(["advise", "--model", "llama3-70b", "--tp", "8", "--seq", "8192", "--hardware", "a100-nvswitch",
+             "--dtype", "fp8", "--format", fmt, "--heuristic-only"], "--dtype fp8", "a100-nvswitch", "no fp8")
+    res = CliRunner().invoke(main, [*ADVISE_H100, "--dtype", "fp8", "--format", fmt, "--heuristic-only"])
+    assert res.exit_code == 0, res.output  # H100 has fp8
+
+
+def test_a_gpu_spec_without_copy_engines_is_advised_as_a_gpu_not_a_cpu(tmp_path):
+    # Its kind is the spec's own field: a preset copied with copy_engines 0 stays a GPU (the GPU
+    # heuristic, the device-count rule), where inferring the kind from copy engines made it a cpu.
+    spec = yaml.safe_load((Path(__file__).parents[1] / "ficco_select" / "presets" / "h100-nvswitch.yaml").read_text())
+    spec.update(name="h100-no-ce-kind", copy_engines=0)
+    path = tmp_path / "no-ce.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert load_hardware(path).kind == "gpu"
+    res = CliRunner().invoke(main, ["advise", "--hidden", "8192", "--ffn", "28672", "--heads", "64", "--layers", "80",
+                                    "--tp", "16", "--seq", "8192", "--hardware", str(path), "--format", "te",
+                                    "--heuristic-only", "--json"])
+    assert res.exit_code == 0, res.output
+    per_gemm = json.loads(res.output)["decisions"]["per_gemm"].values()
+    assert all("world_size 16 exceeds the 8 devices" in d["reason"] for d in per_gemm), per_gemm

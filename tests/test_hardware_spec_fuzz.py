@@ -59,3 +59,18 @@ def test_a_spec_number_no_machine_has_is_refused_naming_the_file_and_field(tmp_p
         assert len(times) and all(math.isfinite(t) and t > 0 for t in times), rows
         return
     refused(["hardware", "show", path], "fuzzed.yaml", f"field '{field}'")
+
+
+@pytest.mark.parametrize("kind", ["tpu", 0, None, ["gpu"]])
+def test_a_kind_other_than_gpu_or_cpu_is_refused_naming_the_file_and_field(tmp_path, kind):
+    path = tmp_path / "fuzzed.yaml"
+    path.write_text(yaml.safe_dump({**BASE_SPEC, "name": "fuzzed", "kind": kind}))
+    refused(["hardware", "show", path], "fuzzed.yaml", "field 'kind'")
+
+
+def test_a_spec_that_leaves_its_kind_out_is_a_gpu_only_with_copy_engines(tmp_path):
+    path = tmp_path / "fuzzed.yaml"
+    for copy_engines, kind in ((3, "gpu"), (0, "cpu")):
+        fields = {f: v for f, v in BASE_SPEC.items() if f != "kind"}
+        path.write_text(yaml.safe_dump({**fields, "name": "fuzzed", "copy_engines": copy_engines}))
+        assert load_hardware(path).kind == kind

@@ -118,6 +118,14 @@ def check(model: Model, layout: Layout) -> None:
                          "is sharded over the tensor-parallel ranks)")
 
 
+def check_machine(layout: Layout, spec: HardwareSpec) -> None:
+    """ValueError naming the option and the machine where `spec` cannot run the layout: fp8
+    layers on a machine without fp8 (no ``float8_e4m3fn`` peak: an A100, say)."""
+    if layout.dtype == "fp8" and DTYPES["fp8"] not in spec.peak_tflops:
+        raise ValueError(f"--dtype fp8: {spec.name} has no fp8 (its spec gives no {DTYPES['fp8']} peak); "
+                         "advise bf16 or fp16 there")
+
+
 # -- the GEMMs of a layer --------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Gemm:

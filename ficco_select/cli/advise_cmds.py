@@ -30,8 +30,9 @@ FORMATS = ("te", "vllm", "torchtitan")
 @click.option("--hardware", required=True,
               help="A preset (h100-nvswitch), a data-sheet machine, a spec file, or a machine the selector carries.")
 @click.option("--selector", "selector_path", type=click.Path(file_okay=False), default=None,
-              help="An exported selector (`ficco export`). Default: the exported champion ($FICCO_SELECTOR or "
-                   "~/.cache/ficco-select/selector) if there is one, else the heuristic.")
+              help="An exported selector (`ficco export`); refused if it cannot be read. Default: the exported "
+                   "champion ($FICCO_SELECTOR or ~/.cache/ficco-select/selector) if there is one, else the heuristic.")
+@click.option("--heuristic-only", is_flag=True, help="No model: the hand heuristic decides every GEMM.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True,
               help="te: a userbuffers YAML for Megatron's --tp-comm-overlap-cfg and its flags; vllm: the token "
                    "count below which overlap does not pay, with the flags; torchtitan: async TP on or off.")
@@ -39,7 +40,7 @@ FORMATS = ("te", "vllm", "torchtitan")
               help="With --format te: write the YAML here (default: print it); an existing file is refused.")
 @json_option("Print the advice and where each decision came from as JSON.")
 def advise(model_name, hidden, ffn, heads, kv_heads, layers, gated, tp, seq, micro_batch, context_parallel, dtype,
-           sequence_parallel, hardware, selector_path, fmt, out, as_json) -> None:
+           sequence_parallel, hardware, selector_path, heuristic_only, fmt, out, as_json) -> None:
     """What to set in each framework for a model's layers on a machine, from the selector."""
     from ficco_select.runtime.selector import Selector
     from ficco_select.train import advise as A
@@ -56,14 +57,17 @@ def advise(model_name, hidden, ffn, heads, kv_heads, layers, gated, tp, seq, mic
         if not sequence_parallel and fmt in ("te", "torchtitan"):
             raise ValueError(f"--format {fmt}: its tensor-parallel overlap runs on sequence-parallel activations "
                              "(Megatron asserts --sequence-parallel; torchtitan's async TP gathers sequence shards)")
-    selector = Selector.load(selector_path)
+    selector = _selector(selector_path, heuristic_only)
     spec = selector.machine(hardware)
     if spec is None:
         raise click.ClickException(f"--hardware {hardware}: not a preset, a data-sheet machine, a spec file or a "
                                    "machine the selector carries")
+    with reported(ValueError):
+        A.check_machine(layout, spec)
     decisions = A.decide(selector.select, model, layout, hardware)
     result = {"model": dataclasses.asdict(model), "layout": dataclasses.asdict(layout) | {"tokens": layout.tokens},
-              "hardware": hardware, "selector": str(selector_path or "default"), "decisions": A.provenance(decisions),
+              "hardware": hardware, "selector": "heuristic" if heuristic_only else str(selector_path or "default"),
+              "decisions": A.provenance(decisions),
               "measured_machine": selector.measured(hardware)}
     if fmt == "te":
         result["te"] = A.te_advice(decisions, model, layout, hardware, pick=A.cost_model_pick(spec))
@@ -83,6 +87,27 @@ def advise(model_name, hidden, ffn, heads, kv_heads, layers, gated, tp, seq, mic
     measured = (["the model learned this machine's own measured rows: the GPU rule steps aside"]
                 if result["measured_machine"] else [])
     show(as_json, result, lambda: [*lines, *_source_lines(result["decisions"]), *measured])
+
+
+def _selector(path, heuristic_only: bool):
+    """The heuristic alone, the export the user named (refused, in one line, if it cannot be
+    read: the user asked for that model, not for the heuristic), or the default one."""
+    from ficco_select.runtime.loading import read_export
+    from ficco_select.runtime.selector import Selector
+
+    if heuristic_only:
+        if path is not None:
+            raise click.UsageError("--heuristic-only asks for no model: drop --selector")
+        return Selector()
+    if path is not None:
+        try:
+            _, meta, model = read_export(path)
+            Selector(model, meta)  # checks every field of its rules, as loading does
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise click.ClickException(f"--selector {path}: no usable exported selector there ({why}); export one "
+                                       "with `ficco export`, or pass --heuristic-only") from None
+    return Selector.load(path)
 
 
 def _model(name, hidden, ffn, heads, kv_heads, layers, gated):
