@@ -40,6 +40,7 @@ from ficco_select.costs import (OP_CODES, US, collective_time, contended, gemm_t
 from ficco_select.hardware import HardwareSpec
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import BASELINE, SHARD, Schedule, degrees, is_legal
+from ficco_select.schedule import backend_for as schedule_backend
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,9 +54,8 @@ class HeuristicParams:
 
 
 def backend_for(hw: HardwareSpec) -> str:
-    """The backend whose candidate set applies: the cpu backend's on the cpu kind of machine
-    (``HardwareSpec.kind``), else a GPU's (cuda and sim share theirs)."""
-    return "cpu" if hw.kind == "cpu" else "sim"
+    """The backend whose candidate set a decision on `hw` takes (``schedule.backend_for``)."""
+    return schedule_backend(hw.kind)
 
 
 def estimates(s: Scenario, hw: HardwareSpec) -> dict[str, float]:

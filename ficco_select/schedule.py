@@ -178,6 +178,15 @@ def hardware_problem(scenario: Scenario, backend: str, spec: HardwareSpec) -> st
     return None
 
 
+def backend_for(kind: str, *, runs: bool = False) -> str:
+    """The backend of a machine of `kind` (``HardwareSpec.kind``): ``cpu`` on the cpu kind; on
+    a GPU, ``cuda`` where a call runs (the executor's schedules) and ``sim`` where it is
+    decided or predicted (the simulator's candidates, fp8 and larger worlds included)."""
+    if kind == "cpu":
+        return "cpu"
+    return "cuda" if runs else "sim"
+
+
 def engines_on(backend: str, spec: HardwareSpec) -> tuple[str, ...]:
     """Engines whose schedules `backend` has for a scenario on `spec`: the simulator models
     ``dma`` only on a machine with copy engines."""

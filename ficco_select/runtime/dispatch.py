@@ -33,7 +33,7 @@ from ficco_select.runtime.selector import Selector
 from ficco_select.runtime.telemetry import Telemetry
 from ficco_select.runtime.telemetry import ENV as TELEMETRY_ENV
 from ficco_select.scenario import Scenario, ScenarioError
-from ficco_select.schedule import BASELINE, Schedule, candidates, is_legal, parse
+from ficco_select.schedule import BASELINE, Schedule, backend_for, candidates, is_legal, parse
 
 log = logging.getLogger("ficco_select.runtime.torch_ops")
 
@@ -405,9 +405,10 @@ def _backend(scenario: Scenario) -> str:
     """The backend whose schedules a call may run: the cpu backend's on a machine without
     copy engines, whatever its name (a shaped fabric's ``cpu-1gbit`` too), else a GPU's."""
     try:
-        return "cpu" if load_hardware(scenario.hardware).kind == "cpu" else "cuda"
+        kind = load_hardware(scenario.hardware).kind
     except HardwareError:  # a name no spec describes: the cpu preset's name alone is the cpu
-        return "cpu" if scenario.hardware == "cpu" else "cuda"
+        kind = "cpu" if scenario.hardware == "cpu" else "gpu"
+    return backend_for(kind, runs=True)
 
 
 HOST_SLOT_BYTES = 1 << 20
