@@ -77,7 +77,8 @@ from torch._inductor.fx_passes.micro_pipeline_tp import (
 )
 
 from ficco_select.runtime import dispatch, library  # noqa: F401 - library registers torch.ops.ficco
-from ficco_select.runtime.dispatch import DTYPE_NAMES, resolve_group, scenario_for
+from ficco_select.executor.operators import dtype_name
+from ficco_select.runtime.dispatch import resolve_group, scenario_for
 from ficco_select.runtime.ops import TABLE_ROWS
 
 __all__ = ["install_pass", "FiccoPass", "Rewrite"]
@@ -320,7 +321,7 @@ def _serial_everywhere(n, k, make_scenario) -> tuple[bool, str]:
 def _rewrite(op: str, kind: str, rows, n, k, like: torch.Tensor, P: int, keep: bool, reason: str) -> Rewrite:
     plain = lambda v: int(v) if _concrete(v) else str(v)  # noqa: E731
     return Rewrite(op=op, graph=kind, rows=plain(rows), n=plain(n), k=plain(k),
-                   dtype=DTYPE_NAMES.get(like.dtype, str(like.dtype).removeprefix("torch.")), world_size=P,
+                   dtype=dtype_name(like.dtype), world_size=P,
                    rewritten=not keep, reason=reason)
 
 

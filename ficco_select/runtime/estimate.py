@@ -46,6 +46,7 @@ from typing import Any, Literal
 import torch
 
 from ficco_select import costs
+from ficco_select.executor.operators import dtype_name
 from ficco_select.hardware import HardwareError, HardwareSpec, load_hardware
 from ficco_select.runtime import dispatch
 
@@ -113,7 +114,7 @@ def _gemm_estimate(node, hardware) -> Estimate | None:
     hw = _machine(a.device, hardware)
     if hw is None:
         return None
-    dtype = str(a.dtype).removeprefix("torch.")
+    dtype = dtype_name(a.dtype)
     # One dtype's bytes for all three operands, as the cost model has it (a scaled mm's
     # output is wider than its fp8 inputs: its memory term is a little low).
     seconds = float(costs.gemm_time(hw, M, N, K, a.element_size(), hw.peak_of(dtype) * 1e12))

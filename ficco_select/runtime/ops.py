@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
 
-from ficco_select.executor.operators import AllGatherGemm, AllToAllGemm, GemmAllReduce, GemmAllToAll, GemmReduceScatter
+from ficco_select.executor.operators import (AllGatherGemm, AllToAllGemm, GemmAllReduce, GemmAllToAll, GemmReduceScatter,
+                                             dtype_name)
 from ficco_select.runtime import dispatch
 from ficco_select.runtime.dispatch import decide, fall_back, resolve_group, run_decided, run_native, scenario_for
 
@@ -176,7 +177,7 @@ CALL_BYTES = 256
 
 def _tensor(t: torch.Tensor) -> str:
     """A tensor as a call's description names it: its shape and dtype, ``(4, 8) float32``."""
-    return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+    return f"{tuple(t.shape)} {dtype_name(t.dtype)}"
 
 
 SETTING_BYTES = 64

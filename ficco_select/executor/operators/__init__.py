@@ -23,8 +23,8 @@ from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.operators.all_gather import AllGatherGemm
 from ficco_select.executor.operators.all_reduce import GemmAllReduce
 from ficco_select.executor.operators.all_to_all import AllToAllGemm
-from ficco_select.executor.operators.base import (DTYPE_NAMES, TORCH_DTYPES, CollectiveThenGemm, Operator, offsets,
-                                                  piece_bounds)
+from ficco_select.executor.operators.base import (DTYPE_NAMES, TORCH_DTYPES, CollectiveThenGemm, Operator, dtype_name,
+                                                  offsets, piece_bounds)
 from ficco_select.executor.operators.combine import GemmAllToAll
 from ficco_select.executor.operators.reduce_scatter import GemmReduceScatter
 from ficco_select.executor.operators.sizing import rank_buffer_bytes
@@ -33,8 +33,8 @@ from ficco_select.scenario import Scenario
 
 __all__ = [
     "DTYPE_NAMES", "OPERATORS", "TOLERANCE", "TORCH_DTYPES", "AllGatherGemm", "AllToAllGemm", "CollectiveThenGemm",
-    "GemmAllReduce", "GemmAllToAll", "GemmReduceScatter", "Operator", "build_operator", "offsets", "piece_bounds", "rank_buffer_bytes",
-    "relative_error",
+    "GemmAllReduce", "GemmAllToAll", "GemmReduceScatter", "Operator", "build_operator", "dtype_name", "offsets",
+    "piece_bounds", "rank_buffer_bytes", "relative_error",
 ]
 
 OPERATORS: dict[str, type[Operator]] = {

@@ -25,6 +25,12 @@ DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 """The name of each of those torch dtypes, as a scenario's ``dtype`` column writes it."""
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """Any torch dtype's name as a scenario's ``dtype`` column writes it (torch's, unprefixed:
+    ``bfloat16``, ``float8_e4m3fn``)."""
+    return DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
+
+
 @functools.lru_cache(maxsize=4096)
 def piece_bounds(total: int, parts: int) -> tuple[tuple[int, int], ...]:
     """[start, end) of `parts` nearly equal pieces of range(total) (sizes differ by <= 1).
