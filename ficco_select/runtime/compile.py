@@ -78,6 +78,8 @@ from torch._inductor.fx_passes.micro_pipeline_tp import (
 
 from ficco_select.runtime import dispatch, library  # noqa: F401 - library registers torch.ops.ficco
 from ficco_select.executor.operators import dtype_name
+from ficco_select.executor.supports import (all_gather_matmul_unsupported, matmul_all_reduce_unsupported,
+                                            matmul_reduce_scatter_unsupported)
 from ficco_select.runtime.dispatch import resolve_group, scenario_for
 from ficco_select.runtime.ops import TABLE_ROWS
 
@@ -181,11 +183,11 @@ class FiccoPass(CustomGraphPass):
             return
         shard, P = _val(ag.shard_node), _world(ag.group_name)
         k, n = shard.shape[-1], sum(_val(mm.B_node).shape[-1] for mm in matmuls)
-        contraction = ag.gather_dim % shard.ndim == shard.ndim - 1
-        rows = shard.numel() // k * (1 if contraction else P) if k else 0
-        if contraction:
-            keep, reason = True, "gathers the contraction dim: ficco would run PyTorch's implementation"
-            k = P * k  # the GEMM's
+        unsupported = all_gather_matmul_unsupported(ag.gather_dim, shard.ndim, len(matmuls))
+        rows = shard.numel() // k * (1 if unsupported else P) if k else 0
+        if unsupported:
+            keep, reason = True, f"{unsupported}: ficco would run PyTorch's implementation"
+            k = P * k  # the GEMM's (a gather of the contraction dim)
         else:
             keep, reason = _serial_everywhere(n, k, lambda: scenario_for(
                 "ag_gemm", P * TABLE_ROWS, P * n, k, shard.dtype, P, shard.device))
@@ -229,9 +231,8 @@ class FiccoPass(CustomGraphPass):
         extent = rows if regrouped else n if dim == A.ndim - 1 else A.shape[dim]
         if regrouped and not all(map(_concrete, _val(rs.wait_tensor_node).shape)):
             keep, reason = True, "a scatter of regrouped rows with a symbolic shape: left to PyTorch"
-        elif rs.reduce_op not in ("sum", "avg") or _concrete(extent) and extent % P:
-            keep, reason = True, (f"reduce op {rs.reduce_op!r} / scatter extent {extent} over {P} ranks: "
-                                  "ficco would run PyTorch's implementation")
+        elif unsupported := matmul_reduce_scatter_unsupported(rs.reduce_op, extent if _concrete(extent) else None, P):
+            keep, reason = True, f"{unsupported}: ficco would run PyTorch's implementation"
         elif dim == A.ndim - 1:
             keep, reason = False, "scatters the last dim: no layer table at compile time, decided per call"
         else:
@@ -269,9 +270,8 @@ class FiccoPass(CustomGraphPass):
         A, B, P = _val(mm.A_node), _val(mm.B_node), _world(group_name)
         k, n = A.shape[-1], B.shape[-1]
         rows = A.numel() // k if k else 0
-        if reduce_op not in ("sum", "avg") or _concrete(rows) and (rows % P or rows == 0):
-            keep, reason = True, (f"reduce op {reduce_op!r} / {rows} rows over {P} ranks: "
-                                  "ficco would run PyTorch's mm + all_reduce")
+        if unsupported := matmul_all_reduce_unsupported(reduce_op, rows if _concrete(rows) else None, P):
+            keep, reason = True, f"{unsupported}: ficco would run PyTorch's implementation"
         else:
             keep, reason = _serial_everywhere(n, k, lambda: scenario_for(
                 "gemm_ar", P * TABLE_ROWS, n, P * k, A.dtype, P, A.device))

@@ -28,6 +28,8 @@ import torch.distributed._symmetric_memory as symm_mem
 
 from ficco_select.executor.operators import (AllGatherGemm, AllToAllGemm, GemmAllReduce, GemmAllToAll, GemmReduceScatter,
                                              dtype_name)
+from ficco_select.executor.supports import (all_gather_matmul_unsupported, matmul_all_reduce_unsupported,
+                                            matmul_reduce_scatter_unsupported)
 from ficco_select.runtime import dispatch
 from ficco_select.runtime.dispatch import decide, fall_back, resolve_group, run_decided, run_native, scenario_for
 
@@ -43,8 +45,8 @@ def all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_
         _same_call_on_every_rank("all_gather_matmul", group, run_check,
                                  f"A_shard {_tensor(A_shard)} gathered along dim {gather_dim} @ Bs "
                                  f"{', '.join(map(_tensor, Bs))}")
-    if gather_dim == A_shard.ndim - 1 or not Bs:
-        fall_back("gather along the contraction dim: PyTorch's implementation")
+    if unsupported := all_gather_matmul_unsupported(gather_dim, A_shard.ndim, len(Bs)):
+        fall_back(f"{unsupported}: PyTorch's implementation")
         return symm_mem._fused_all_gather_matmul_fallback(A_shard, list(Bs), gather_dim, group.group_name,
                                                           return_A=return_A)
     k = A_shard.shape[-1]
@@ -109,8 +111,8 @@ def matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scat
         _same_call_on_every_rank("matmul_reduce_scatter", group, run_check,
                                  f"A {_tensor(A)} @ B {_tensor(B)}, {reduce_op} scattered along dim {scatter_dim}")
     extent = B.shape[-1] if scatter_dim == A.ndim - 1 else A.shape[scatter_dim]
-    if reduce_op not in ("sum", "avg") or extent % P:
-        fall_back(f"reduce_op {reduce_op!r} / scatter extent {extent} over {P} ranks: PyTorch's implementation")
+    if unsupported := matmul_reduce_scatter_unsupported(reduce_op, extent, P):
+        fall_back(f"{unsupported}: PyTorch's implementation")
         return symm_mem._fused_matmul_reduce_scatter_fallback(A, B, reduce_op, scatter_dim, group.group_name)
     k_local, scatter_last = A.shape[-1], scatter_dim == A.ndim - 1
     rows = A.numel() // k_local if k_local else 0
@@ -155,8 +157,8 @@ def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, reduce_op: str = "sum", 
         dist.all_reduce(Y, group=group)
         return Y
 
-    if reduce_op not in ("sum", "avg") or rows % P or rows == 0:
-        fall_back(f"reduce_op {reduce_op!r} / {rows} rows over {P} ranks: PyTorch's mm + all_reduce")
+    if unsupported := matmul_all_reduce_unsupported(reduce_op, rows, P):
+        fall_back(f"{unsupported}: PyTorch's mm + all_reduce")
         out = plain()
     else:
         plan = matmul_all_reduce_plan(rows, A2.shape[1], n, A.dtype, A.device, group, P)

@@ -32,6 +32,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 
+from ficco_select.executor.supports import matmul_all_reduce_unsupported, matmul_reduce_scatter_unsupported
 from ficco_select.runtime import dispatch
 from ficco_select.runtime.ops import (
     all_gather_matmul_plan,
@@ -186,17 +187,17 @@ def _runs_natively(layer: nn.Module, x: torch.Tensor) -> bool:
     # A row or sequence count the world size does not divide runs PyTorch's own op in every case.
     if not layer.sequence_parallel:  # row: AR(x @ W^T); column: x @ W^T, dx = AR(dy @ W)
         if isinstance(layer, RowParallelLinear):
-            return rows % P != 0 or matmul_all_reduce_plan(rows, in_features, out_features, x.dtype, x.device,
-                                                           group, P).native
-        return not (grad and x.requires_grad) or rows % P != 0 or matmul_all_reduce_plan(
-            rows, out_features, in_features, x.dtype, x.device, group, P).native
+            return bool(matmul_all_reduce_unsupported("sum", rows, P)) or matmul_all_reduce_plan(
+                rows, in_features, out_features, x.dtype, x.device, group, P).native
+        return (not (grad and x.requires_grad) or bool(matmul_all_reduce_unsupported("sum", rows, P))
+                or matmul_all_reduce_plan(rows, out_features, in_features, x.dtype, x.device, group, P).native)
     if isinstance(layer, ColumnParallelLinear):  # AG(x) @ W^T; dx = RS(dy @ W)
         if not all_gather_matmul_plan(rows, in_features, out_features, x.dtype, x.device, group, P).native:
             return False
         return not grad or matmul_reduce_scatter_plan(P * rows, out_features, in_features, False, x.dtype, x.device,
                                                       group, P).native
     # RS(x @ W^T); dx = AG(dy) @ W
-    if x.shape[layer.seq_dim] % P:
+    if matmul_reduce_scatter_unsupported("sum", x.shape[layer.seq_dim], P):
         return True
     if not matmul_reduce_scatter_plan(rows, in_features, out_features, False, x.dtype, x.device, group, P).native:
         return False
