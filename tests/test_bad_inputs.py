@@ -91,7 +91,7 @@ def test_the_cpu_backend_refuses_gpu_and_unknown_machines(tmp_path, hardware, ne
 
 
 def test_a_shape_that_cannot_fit_is_refused_before_any_rank_starts(tmp_path):
-    path = table(tmp_path, "t,ag_gemm,64,64,64,float32,2,cpu,", "t,ag_gemm,1000000000000,64,64,float32,2,cpu,")
+    path = table(tmp_path, "t,ag_gemm,64,64,64,float32,2,cpu,", "t,ag_gemm,2000000000,60000,64,float32,2,cpu,")
     out = tmp_path / "m.parquet"
     line = refused(["measure", "--scenarios", path, "--out", out, "--no-progress"],
                    "row 2", "column 'm'", "PiB", "free", written=out)
