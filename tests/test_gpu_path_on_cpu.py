@@ -11,6 +11,7 @@ import copy
 import json
 import logging
 import math
+import re
 import shutil
 import signal
 import subprocess
@@ -327,14 +328,22 @@ def test_a_spec_name_that_reads_as_a_path_is_a_profile_error():
         profiled_spec(validate_profile(EXAMPLE), load_hardware("h200-nvswitch"), name="specs/mine.yaml")
 
 
-def test_dil_rows_the_model_cannot_read_are_skipped():
+@pytest.mark.parametrize(("row", "field"), [
+    ({"dtype": "int8", "m": 64, "n": 64, "k": 64, "split": "m", "d": 2, "dil": 0.1}, "dil[0].dtype"),
+    ({"dtype": "bfloat16", "m": "many", "n": 64, "k": 64, "split": "m", "d": 2}, "dil[0].m"),
+    ({"dtype": "bfloat16", "n": 64, "k": 64, "split": "m", "d": 2}, "dil[0].m"),
+    ({"dtype": "bfloat16", "m": 64, "n": 64, "k": 64, "split": "m", "d": 0}, "dil[0].d"),
+])
+def test_dil_rows_the_model_cannot_read_are_refused_naming_the_field(row, field):
     data = copy.deepcopy(EXAMPLE)
-    good = data["measurements"]["dil"]
-    data["measurements"]["dil"] = [{"dtype": "int8", "m": 64, "n": 64, "k": 64, "split": "m", "d": 2, "dil": 0.1},
-                                   {"dtype": "bfloat16", "m": "many", "n": 64, "k": 64, "split": "m", "d": 2},
-                                   {"dtype": "bfloat16", "n": 64, "k": 64, "split": "m", "d": 2},
-                                   {"dtype": "bfloat16", "m": 64, "n": 64, "k": 64, "split": "m", "d": 0}, *good]
-    rows = dil_vs_model(validate_profile(data), load_hardware("h200-nvswitch"))
+    data["measurements"]["dil"] = [row, *data["measurements"]["dil"]]
+    with pytest.raises(ProfileError, match=re.escape(f"measurements.{field}")):
+        validate_profile(data)
+
+
+def test_every_dil_row_of_a_valid_profile_is_compared_with_the_model():
+    good = EXAMPLE["measurements"]["dil"]
+    rows = dil_vs_model(validate_profile(copy.deepcopy(EXAMPLE)), load_hardware("h200-nvswitch"))
     assert [(r["m"], r["split"], r["d"]) for r in rows] == [(g["m"], g["split"], g["d"]) for g in good]
 
 
