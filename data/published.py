@@ -86,6 +86,11 @@ number is no error (1e-300 us printed a 180-digit APE). The committed rows stay 
 1 KiB, 0.3 GB/s and x0.2."""
 
 
+SPEEDUP_AGREEMENT = 0.02
+"""How far a row's ``speedup`` may stand from its times' ratio (baseline / method): the
+rounding of published figures, not another measurement."""
+
+
 class PublishedError(ValueError):
     """A published table is unreadable or a row cannot be used; names the row and column."""
 
@@ -179,6 +184,9 @@ def _point(row: int, r: dict[str, str]) -> Point:
     if grade is None:
         raise PublishedError("column 'notes': a note begins with its grade, [grade A], [grade B] or [grade C]")
     common = {"row": row, "source": r["source"], "hardware": preset, "grade": grade.group(1)}
+    if r["gpus"]:  # the machine's GPU count, first word ("8 (inferred)")
+        _integer(r, "gpus", first_word=True)
+    speedup = _number(r, "speedup") if r["speedup"] else None
     op = r["op"]
     if op in OP_CODES:
         method = r["method"]
@@ -191,6 +199,9 @@ def _point(row: int, r: dict[str, str]) -> Point:
             if method_us < SMALLEST["method_time_us"][0]:
                 raise PublishedError(f"column 'speedup': {r['speedup']!r} makes the method's time "
                                      f"{method_us:.3g} us, below {SMALLEST['method_time_us'][1]}")
+        if speedup is not None and r["method_time_us"] and abs(baseline_us / method_us / speedup - 1) > SPEEDUP_AGREEMENT:
+            raise PublishedError(f"column 'speedup': {r['speedup']!r}, where the row's times make it "
+                                 f"{baseline_us / method_us:.3g} (baseline_time_us / method_time_us)")
         return Point(**common, kind="overlap" if schedule else "baseline", op=op, schedule=schedule,
                      **_shape(r), baseline_us=baseline_us, method_us=method_us)
     plain = re.match(r"plain (all_gather|reduce_scatter|all_reduce|all_to_all|GEMM|p2p copy)", op)

@@ -47,7 +47,7 @@ def write(tmp_path, rows, name="points.csv"):
 
 
 def test_each_kind_of_row_becomes_its_point(tmp_path):
-    fused = {**AG_POINT, "method": "a fused Triton kernel", "method_time_us": "700"}
+    fused = {**AG_POINT, "method": "a fused Triton kernel", "method_time_us": "700", "speedup": ""}
     points = read_published(write(tmp_path, [AG_POINT, fused, COLLECTIVE, GEMM, BUSBW]))
     assert [p.kind for p in points] == ["overlap", "baseline", "collective", "gemm", "bandwidth"]
     overlap, baseline, collective, gemm, busbw = points
@@ -360,7 +360,7 @@ def test_the_fixed_costs_of_a_call_are_what_call_costs_takes_out(tmp_path):
     # scripts/call_costs.py: a GEMM's difference is its launch, an all-gather's its library's
     # per-call latency (one phase), on hand-made points.
     # At a collective + GEMM point it prints the best overlap gain both ways beside the measured one.
-    fused = {**AG_POINT, "method": "a fused Triton kernel", "method_time_us": "750"}
+    fused = {**AG_POINT, "method": "a fused Triton kernel", "method_time_us": "750", "speedup": "1.2"}
     path = write(tmp_path, [GEMM | {"m": "1", "n": "1280", "k": "8192"}, COLLECTIVE, fused])
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "call_costs.py"), str(path), "--json"],
                          capture_output=True, text=True, timeout=120, check=True)
@@ -393,6 +393,23 @@ def test_a_time_or_size_too_small_for_any_gpu_is_refused_naming_file_row_and_col
     for command in (["sim", "validate", "--published", path],
                     ["sim", "fit", "--published", path, "--hardware", "h100-nvswitch"]):
         refused(command, str(path), "row 2", f"column '{column}'")
+
+
+@pytest.mark.parametrize("column", ["gpus", "speedup"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e308", "many"])
+def test_a_gpus_or_speedup_cell_no_measurement_has_is_refused_naming_file_row_and_column(tmp_path, column, value):
+    # Both cells are redundant on a row with its times and world size, and were never read there.
+    path = write(tmp_path, [AG_POINT, {**AG_POINT, column: value}])
+    refused(["sim", "validate", "--published", path], str(path), "row 2", f"column '{column}'")
+
+
+def test_a_speedup_its_times_contradict_is_refused(tmp_path):
+    baseline, method = float(AG_POINT["baseline_time_us"]), float(AG_POINT["method_time_us"])
+    path = write(tmp_path, [AG_POINT, {**AG_POINT, "speedup": f"{1.5 * baseline / method:.3f}"}])
+    refused(["sim", "validate", "--published", path], str(path), "row 2", "column 'speedup'",
+            "baseline_time_us / method_time_us")
+    within = write(tmp_path, [AG_POINT, {**AG_POINT, "speedup": f"{1.01 * baseline / method:.3f}"}], "within.csv")
+    assert len(read_published(within)) == 2  # a published figure's rounding
 
 
 def test_a_row_beyond_its_machine_s_devices_is_refused_naming_file_row_and_column(tmp_path):
