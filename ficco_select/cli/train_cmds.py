@@ -231,9 +231,12 @@ def report(folder) -> None:
 @click.option("--export-to", type=click.Path(file_okay=False), default=None,
               help="With --register: where a new champion is exported (default: where Selector.load() looks, "
                    "$FICCO_SELECTOR or ~/.cache/ficco-select/selector).")
+@click.option("--debug", is_flag=True,
+              help="The model learns from the pipeline's debug slice with tiny models, and --register runs the "
+                   "pipeline's --debug (seconds): checks that the flow runs, not how well.")
 @json_option("Print the summary as JSON.")
-def adapt_cmd(hardware, backend, ranks, fabric, start, budget, rounds, strategy, perturb, seed, out_dir, no_track, register,
-              export_to, as_json) -> None:
+def adapt_cmd(hardware, backend, ranks, fabric, start, budget, rounds, strategy, perturb, seed, out_dir, no_track,
+              register, export_to, debug, as_json) -> None:
     """Adapt the selector to a new machine in a few measurements, round by round."""
     from ficco_select.cli.data_cmds import enter_fabric
     from ficco_select.runtime.selector import DEFAULT_PATH
@@ -255,7 +258,7 @@ def adapt_cmd(hardware, backend, ranks, fabric, start, budget, rounds, strategy,
         summary = run_adapt(hardware=hardware, backend=backend, start=start, budget=budget, rounds=rounds,
                             strategy=strategy, perturb=perturb, seed=seed, out_dir=out_dir, track=not no_track,
                             register=register, export_to=(export_to or DEFAULT_PATH) if register else None,
-                            on_round=line, ranks=ranks, fabric=fabric)
+                            on_round=line, ranks=ranks, fabric=fabric, debug=debug)
     run = f"; MLflow run {summary['mlflow_run_id']}" if "mlflow_run_id" in summary else ""
     show(as_json, summary, lambda: [f"adapted spec: {summary['spec']}; state and summary in {summary['out_dir']}{run}",
                                     *_registered_lines(summary.get("registered"))])

@@ -14,14 +14,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from ficco_select.data.simulate import simulate, simulate_rows
-from ficco_select.hardware import HardwareSpec, Scope, fields_of, load_hardware, machines, preset_names, spec_field
+from ficco_select.hardware import HardwareSpec, Scope, fields_of, load_hardware, machines, shipped_names, spec_field
 from ficco_select.scenario import Scenario
 
 ADAPT_NOISE = 0.03
@@ -147,37 +147,51 @@ FABRIC_CATALOG = "catalog_fabric.csv"
 (``ficco catalog --scale fabric``), the catalog of the committed fabric sweeps."""
 
 
-def fabric_machine(fabric, out_dir: str | Path, *, progress: bool = True) -> Machine:
+def fabric_grid() -> list[Scenario]:
+    """``FABRIC_CATALOG``'s scenarios on this host's cpu (a fabric moves them onto its machine)."""
+    from ficco_select.data.scenarios import packaged, read_scenarios
+
+    return read_scenarios(packaged(FABRIC_CATALOG), backend="cpu")
+
+
+def fabric_machine(fabric, out_dir: str | Path, *, name: str | None = None, progress: bool = True) -> Machine:
     """A shaped fabric of this host measured for real (``ficco adapt --fabric RATE``; this
-    process runs inside it): the grid is ``FABRIC_CATALOG`` on the fabric's machine
-    (``cpu-<rate>``); the spec to start from is its quick profile (``on_fabric``: the host's
-    cpu spec with the profiled link, kept in the folder, so a resumed run believes the same
-    start); each round's scenarios are timed by the harness on the fabric's gloo ranks. The
-    truth to score against: the committed sweep of that fabric (``data/measured/
+    process runs inside it): the grid is ``FABRIC_CATALOG`` on the fabric, under the machine
+    name `name` (default: the fabric's, ``cpu-<rate>``; ``load_target`` names it apart from a
+    committed sweep's machine); the spec to start from is its quick profile (``on_fabric``:
+    the host's cpu spec with the profiled link, kept in the folder, so a resumed run believes
+    the same start); each round's scenarios are timed by the harness on the fabric's gloo
+    ranks. The truth to score against: the committed sweep of that fabric (``data/measured/
     fabric_<rate>.parquet``), judged on its second sweep, where there is one."""
     from ficco_select.data.measure.config import MeasureConfig
     from ficco_select.data.measure.fabric_profile import on_fabric
     from ficco_select.data.measure.sweep import measure
-    from ficco_select.data.scenarios import packaged, read_scenarios
     from ficco_select.train.training_data import measured_path, measured_sweep
 
-    on_host = read_scenarios(packaged(FABRIC_CATALOG), backend="cpu")
+    name = name or fabric.name
+    on_host = fabric_grid()
     harness = Path(out_dir) / "harness.parquet"
-    grid, profiled = on_fabric(on_host, fabric, harness)  # profiles the fabric once per folder
+    on_the_fabric, profiled = on_fabric(on_host, fabric, harness)  # profiles the fabric once per folder
+    grid = [dataclasses.replace(s, hardware=name) for s in on_the_fabric]
     host_of = {s.scenario_id: h for s, h in zip(grid, on_host)}
+    renamed = {f.scenario_id: s.scenario_id for f, s in zip(on_the_fabric, grid)}
+
+    def relabel(rows: pd.DataFrame) -> pd.DataFrame:
+        """The fabric's rows (the harness's, the committed sweep's) as the machine `name`'s."""
+        rows = rows[rows["scenario_id"].isin(renamed)]
+        return rows.assign(hardware=name, scenario_id=rows["scenario_id"].map(renamed))
 
     def measure_here(scenarios: list[Scenario]) -> pd.DataFrame:
         ids = {s.scenario_id for s in scenarios}
-        rows = measure([host_of[s.scenario_id] for s in scenarios], config=MeasureConfig(), out=harness,
-                       backend="cpu", fabric=fabric, progress=progress)
+        rows = relabel(measure([host_of[s.scenario_id] for s in scenarios], config=MeasureConfig(), out=harness,
+                               backend="cpu", fabric=fabric, progress=progress))
         return rows[rows["scenario_id"].isin(ids)]  # the harness file holds earlier rounds too
 
     truth = None
     sweep, repeat = f"fabric_{fabric.rate}.parquet", f"fabric_{fabric.rate}_repeat.parquet"
     if measured_path(sweep).is_file():  # read for its times: the run believes its own spec
-        truth = measured_sweep(sweep, repeat if measured_path(repeat).is_file() else None)
-        truth = truth[truth["scenario_id"].isin(host_of)]
-    return Machine(fabric.name, profiled, grid, measure_here, truth=truth)
+        truth = relabel(measured_sweep(sweep, repeat if measured_path(repeat).is_file() else None))
+    return Machine(name, dataclasses.replace(profiled, name=name), grid, measure_here, truth=truth)
 
 
 def cuda_machine(name: str, start: HardwareSpec, grid: Sequence[Scenario], out_dir: str | Path, *,
@@ -224,12 +238,13 @@ def check_cuda(ranks: str) -> None:
                          f"{torch.version.cuda or 'none'}); run it on the GPU node, or adapt with --backend sim")
 
 
-def load_target(hardware: str, backend: str, device: str | None, fabric: str | None = None
-                ) -> tuple[HardwareSpec, str]:
-    """The spec `hardware` names (a preset or a spec file) and the adapted machine's name (a
-    preset's name with ``-adapted``: the adapted spec cannot take it; on a `fabric`, the
-    fabric's machine, ``cpu-<rate>``); ValueError where `backend` cannot measure that
-    hardware."""
+def load_target(hardware: str, backend: str, device: str | None, fabric: str | None = None, *,
+                taken: Collection[str] = ()) -> tuple[HardwareSpec, str]:
+    """The spec `hardware` names (a preset or a spec file) and the adapted machine's name: the
+    measured machine's own (on a `fabric`, the fabric's, ``cpu-<rate>``), with ``-adapted``
+    where that name already means a machine, a shipped one or one of `taken` (the training
+    data's): the adapted spec has other numbers, and its rows join that data when registered
+    (``adapted_name``). ValueError where `backend` cannot measure that hardware."""
     spec = load_hardware(hardware)
     if fabric is not None:
         from ficco_select.data.measure.fabric import inside, parse_fabric
@@ -240,8 +255,7 @@ def load_target(hardware: str, backend: str, device: str | None, fabric: str | N
         if inside() != parse_fabric(fabric):
             raise ValueError(f"--fabric {fabric}: this process is not inside that fabric's network namespace "
                              "(`ficco adapt --fabric` makes one)")
-        return spec, parse_fabric(fabric).name
-    name = f"{spec.name}-adapted" if spec.name in preset_names() else spec.name
+        return spec, adapted_name(parse_fabric(fabric).name, taken)
     if backend == "cpu" and spec.name != "cpu":
         raise ValueError(f"--backend cpu measures this machine's cpu backend: --hardware cpu, not {hardware!r}")
     if backend == "cuda" and (spec.kind == "gpu") == (device == "cpu"):
@@ -249,29 +263,63 @@ def load_target(hardware: str, backend: str, device: str | None, fabric: str | N
                          f"or a file), not {hardware!r}" if device != "cpu" else
                          "device 'cpu' is the cuda path's stand-in on a machine without copy engines: "
                          "--hardware cpu (or a spec of the CPU)")
-    return spec, name
+    return spec, adapted_name(spec.name, taken)
 
 
-def adapted_machine(spec: HardwareSpec, name: str, out: Path, options: dict) -> Machine:
+def adapted_name(name: str, taken: Collection[str] = ()) -> str:
+    """The name the adapted spec of the machine `name` goes by: `name`, or ``<name>-adapted``
+    where `name` is a shipped machine's or one of `taken`, which mean other numbers."""
+    return f"{name}-adapted" if name in shipped_names() or name in set(taken) else name
+
+
+MAKE_UP = ("name", "description", "devices", "topology", "copy_engines")
+"""What the adapted spec takes from the measured machine rather than from the spec it starts
+from: what the machine is (its devices, how they connect, its copy engines: the grid's world
+sizes and the schedules it can run), which no measurement refits
+(``ficco_select.data.calibrate.RECALIBRATED``); its numbers come from the start."""
+
+
+def started_from(start: HardwareSpec, machine: HardwareSpec, name: str) -> HardwareSpec:
+    """`start`'s numbers on `machine`'s make-up (``MAKE_UP``), named `name`."""
+    return dataclasses.replace(start, **{f: getattr(machine, f) for f in MAKE_UP if f != "name"}, name=name)
+
+
+def check_start(start: HardwareSpec, start_arg: str, machine: HardwareSpec, hardware: str) -> None:
+    """Refuse, before any work, a spec to start from that cannot describe `machine`: one of the
+    other kind (a GPU's numbers for the cpu backend's machine, or the reverse), or one without
+    a peak for a dtype the machine has (its peak would be read as float32's, and recalibration
+    scales every dtype's peak together, so it would never be right)."""
+    if start.kind != machine.kind:
+        raise ValueError(f"--start {start_arg}: a {start.kind} spec, and --hardware {hardware} is a {machine.kind} "
+                         f"machine: start from a {machine.kind} spec (or leave --start out)")
+    lacking = sorted(set(machine.peak_tflops) - set(start.peak_tflops))
+    if lacking:
+        raise ValueError(f"--start {start_arg}: field 'peak_tflops' has no {', '.join(lacking)}, which --hardware "
+                         f"{hardware} has and its grid measures: start from a spec with a peak for each dtype of "
+                         "the machine (or leave --start out)")
+
+
+def adapted_machine(spec: HardwareSpec, start: HardwareSpec, name: str, out: Path, options: dict) -> Machine:
     """The machine a run with `options` (``ficco adapt``'s, as recorded in its folder) adapts
-    to: on cpu and cuda the real one, starting from the ``start`` spec (off by up to
-    ``perturb`` where that is above 1); on sim `spec`'s full catalog (world sizes 2, 4, 8
-    its devices hold), measured on `spec` off by up to ``perturb``, starting from ``start``."""
+    to, named `name`: on cpu and cuda the real one, starting from `start`'s numbers on its
+    make-up (``started_from``; off by up to ``perturb`` where that is above 1); on sim
+    `spec`'s full catalog (world sizes 2, 4, 8 its devices hold), measured on `spec` off by
+    up to ``perturb``, starting from `start` likewise. On a fabric, the fabric's machine
+    (``fabric_machine``), which starts from its own profile."""
     from ficco_select.data.catalog import catalog
 
-    backend, start, perturb, seed = options["backend"], options["start"], options["perturb"], options["seed"]
+    backend, perturb, seed = options["backend"], options["perturb"], options["seed"]
     if options.get("fabric"):
         from ficco_select.data.measure.fabric import parse_fabric
 
-        return fabric_machine(parse_fabric(options["fabric"]), out)
+        return fabric_machine(parse_fabric(options["fabric"]), out, name=name)
+    start_spec = started_from(start, spec, name)
     if backend in ("cpu", "cuda"):
-        start_spec = load_hardware(start) if start != spec.name else spec
         if perturb > 1:  # the truth is this machine: the spec to start from is the one that is off
             start_spec = perturbed(start_spec, name, spread=perturb, seed=seed)
         return (cpu_machine(name, start_spec, out) if backend == "cpu" else
                 cuda_machine(name, start_spec, cuda_grid(spec), out, ranks=options["ranks"],
                              device=None if options["device"] == "cuda" else options["device"]))
-    start_spec = load_hardware(start) if start != spec.name else spec
     truth = (perturbed(spec, name, spread=perturb, seed=seed) if perturb > 1
              else dataclasses.replace(spec, name=name))
     grid = [Scenario.from_record(r) for r in catalog("full", hardware=spec.name, world_sizes=(2, 4, 8))

@@ -43,8 +43,11 @@ def check_plan(strategy: str, checkpoints: Sequence[float]) -> None:
         raise ValueError(f"checkpoints must ascend within [0, 1], got {list(checkpoints)}")
 
 
-def adapted_model() -> XGBTimeRegressor:
-    """The model refitted each round: the pipeline champion's (100 trees, rate 0.12)."""
+def adapted_model(debug: bool = False) -> XGBTimeRegressor:
+    """The model refitted each round: the pipeline champion's (100 trees, rate 0.12); `debug`:
+    the pipeline's debug one (20 trees, rate 0.3: a rehearsal's, whose numbers mean nothing)."""
+    if debug:
+        return XGBTimeRegressor(n_estimators=20, learning_rate=0.3)
     return XGBTimeRegressor(n_estimators=100, learning_rate=0.12)
 
 
@@ -113,9 +116,9 @@ def usable_base(df: pd.DataFrame, machine: str) -> pd.DataFrame:
     return usable_rows(df[base != base_machine(machine)]).reset_index(drop=True)
 
 
-def fit_model(base: pd.DataFrame, measured: pd.DataFrame) -> XGBTimeRegressor:
+def fit_model(base: pd.DataFrame, measured: pd.DataFrame, debug: bool = False) -> XGBTimeRegressor:
     rows = pd.concat([base, with_features(measured)], ignore_index=True) if len(measured) else base
-    return adapted_model().fit(rows)
+    return adapted_model(debug).fit(rows)
 
 
 def candidate_rows(machine: Machine) -> pd.DataFrame:
@@ -126,7 +129,7 @@ def candidate_rows(machine: Machine) -> pd.DataFrame:
 
 
 def checked_spec(machine: Machine, start: HardwareSpec, base: pd.DataFrame, measured: pd.DataFrame,
-                 folds: int = 2) -> HardwareSpec:
+                 folds: int = 2, debug: bool = False) -> HardwareSpec:
     """`start` recalibrated to the rows `measured` (``ficco_select.data.calibrate.recalibrate``) where the
     adapted model picks better with it, else `start`. The spec is what the model reads the
     machine by, so a fit that predicts times better can still mislead it: the training data's
@@ -156,18 +159,18 @@ def checked_spec(machine: Machine, start: HardwareSpec, base: pd.DataFrame, meas
         capture[name] = 0.0
         for fit_on, scenarios, times, best in splits:
             rows = simulate_rows(scenarios, machine.spec).assign(status="ok", verified=True)
-            picks = predictions(fit_model(base, fit_on), rows)["pick"]
+            picks = predictions(fit_model(base, fit_on, debug), rows)["pick"]
             capture[name] += sum(best[sid] / times.get((sid, pick), np.inf) for sid, pick in picks.items())
     machine.believe(start)
     return fitted if capture["fitted"] > capture["start"] + 1e-9 else start
 
 
-def refit(machine: Machine, spec: HardwareSpec, base: pd.DataFrame, measured: pd.DataFrame
+def refit(machine: Machine, spec: HardwareSpec, base: pd.DataFrame, measured: pd.DataFrame, debug: bool = False
           ) -> tuple[XGBTimeRegressor, pd.DataFrame]:
-    """`machine` believes `spec` from now on; the model refitted on `base` plus `measured`,
-    and the rows to predict on (``candidate_rows``) on that spec."""
+    """`machine` believes `spec` from now on; the model refitted on `base` plus `measured`
+    (``adapted_model``), and the rows to predict on (``candidate_rows``) on that spec."""
     machine.believe(spec)
-    return fit_model(base, measured), candidate_rows(machine)
+    return fit_model(base, measured, debug), candidate_rows(machine)
 
 
 # -- predictions and scores -----------------------------------------------------------------

@@ -1,8 +1,9 @@
 """What a ``ficco adapt`` folder keeps between rounds, and how a restarted run reads it back
 (``ficco adapt``'s state stage).
 
-``options.json``: what the folder was made with (``check_state`` refuses other options, or
-a folder ``ficco adapt`` did not write). ``measured.parquet`` (every measured row, carrying
+``options.json``: what the folder was made with, the machine's numbers included
+(``verify_state`` refuses other options, another machine under the same name, or a folder
+``ficco adapt`` did not write; ``check_state`` records them). ``measured.parquet`` (every measured row, carrying
 the adapted spec) and ``rounds.json`` (each finished ``Round``): both replaced atomically
 after each round (``save``). ``pending.json``: the scenarios of the round under way, written
 before it measures (``write_pending``) and read back by ``pending``. ``resume`` reads a
@@ -22,7 +23,7 @@ import pandas as pd
 
 from ficco_select.data.dataset import read_dataset, write_parquet_atomic
 from ficco_select.data.locks import write_json_atomic as write_json
-from ficco_select.hardware import HardwareSpec, spec_from_dict
+from ficco_select.hardware import HardwareSpec, spec_as_dict, spec_from_dict
 
 log = logging.getLogger("ficco_select.train.adapt")
 
@@ -48,25 +49,63 @@ def read_json(path: Path):
                          "choose another --out") from None
 
 
-def check_state(out: Path, options: dict) -> None:
+def verify_state(out: Path, options: dict) -> None:
     """Refuse a folder that ``ficco adapt`` did not write, or wrote for another machine or
-    other options (resuming it would mix two experiments); record them in a new one."""
+    other options (resuming it would mix two experiments), writing nothing: the run checks
+    this before any work, and records its options (``check_state``) once nothing else refuses.
+
+    `options` may hold ``specs``: for ``hardware`` and ``start``, where the spec came from (a
+    file or a name) and its numbers. A machine is its numbers, not its name: another spec
+    file under the same ``name:`` is another machine."""
     path = out / OPTIONS_FILE
     if path.exists():
         recorded = read_json(path)
-        changed = [k for k in options if recorded.get(k) != options[k]]
+        if not isinstance(recorded, dict):
+            raise ValueError(f"{path}: expected an object of options, got {str(recorded)[:80]}; a state file of "
+                             "this folder, damaged: choose another --out")
+        changed = [k for k in options if k != "specs" and recorded.get(k) != options[k]]
         if changed:
             k = changed[0]
             raise ValueError(f"--out {out} was made with --{k.replace('_', '-')} {recorded.get(k)!r}, not "
                              f"{options[k]!r}: resuming would mix two runs; choose another --out "
                              f"(or the same options)")
+        _same_specs(out, recorded.get("specs"), options.get("specs", {}))
         return
     if out.exists() and any(out.iterdir()):
         found = sorted(p.name for p in out.iterdir())[:4]
         raise ValueError(f"--out {out} holds {', '.join(found)} but no {OPTIONS_FILE}: not a ficco adapt "
                          "folder; choose another --out (nothing was changed)")
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(path, options)
+
+
+def _same_specs(out: Path, recorded, specs: dict) -> None:
+    """Refuse a resume whose --hardware or --start spec has other numbers than the folder's."""
+    path = out / OPTIONS_FILE
+    for option, given in specs.items():
+        mine = recorded.get(option) if isinstance(recorded, dict) else None
+        if not isinstance(mine, dict) or not isinstance(mine.get("numbers"), dict):
+            raise ValueError(f"{path}: field 'specs' does not record the numbers of --{option}'s spec (a folder of "
+                             "an older ficco adapt): resuming could mix two machines; choose another --out")
+        fields = [*given["numbers"], *(f for f in mine["numbers"] if f not in given["numbers"])]
+        differ = [f for f in fields if mine["numbers"].get(f) != given["numbers"].get(f)]
+        if differ:
+            raise ValueError(f"--{option} {given['from']}: machine {given['numbers'].get('name')!r} has other numbers "
+                             f"({', '.join(differ[:4])}{', ...' if len(differ) > 4 else ''}) than the one --out {out} "
+                             f"was made with (from {mine.get('from')}): resuming would mix two machines; choose "
+                             "another --out (or that spec)")
+
+
+def spec_record(spec: HardwareSpec, source: str) -> dict:
+    """A spec as ``options.json`` records it: where it came from and its numbers (as JSON reads them back)."""
+    return {"from": str(source), "numbers": json.loads(json.dumps(spec_as_dict(spec)))}
+
+
+def check_state(out: Path, options: dict) -> None:
+    """``verify_state``, then record `options` in a new folder."""
+    verify_state(out, options)
+    path = out / OPTIONS_FILE
+    if not path.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(path, options)
 
 
 def resume(out: Path | None, machine: str) -> tuple[pd.DataFrame, list[Round]]:

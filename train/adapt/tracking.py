@@ -1,15 +1,17 @@
 """What a finished ``ficco adapt`` run reports and where it goes (the tracking stage).
 
 ``run_summary`` (``summary.json``: the machine, each round's headline scores, where the
-adapted spec is) and ``summary_curve`` (a summary as learning-curve rows); ``track_run``
-logs a run to MLflow (experiment ``EXPERIMENT``: the options, near-opt@2% per round, the
-curve's plot, the output folder); ``register_adapted`` trains on the measured rows and
-registers, promotes and exports by the pipeline's rules.
+adapted spec is) and ``summary_curve`` (a summary as learning-curve rows); ``tracked``
+keeps a run in MLflow (``AdaptRun``, experiment ``EXPERIMENT``: the options, near-opt@2% per
+round, the curve's plot, the output folder; FINISHED only when the summary was written);
+``register_adapted`` trains on the measured rows and registers, promotes and exports by
+the pipeline's rules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -51,25 +53,65 @@ def summary_curve(summary: dict) -> pd.DataFrame:
                           **r} for r in summary["rounds"]])
 
 
-def track_run(summary: dict, out: Path, params: dict) -> str:
-    """One MLflow run: the options, near-opt@2% per round (step: scenarios measured), the
-    curve's plot and the output folder."""
-    import mlflow
+class AdaptRun:
+    """One ``ficco adapt`` run in MLflow (experiment ``EXPERIMENT``), open from its first round
+    to its summary: the options, near-opt@2% per round as each finishes (step: scenarios
+    measured), then the curve's plot, the folder's files and the registered version. Its
+    status says how the run ended (``tracked``). Opened with MLflow's client, not as the
+    active run: the register step's pipeline opens its own run meanwhile."""
 
-    mlflow.set_experiment(EXPERIMENT)
-    with mlflow.start_run(run_name=f"adapt-{summary['machine']}") as run:
-        mlflow.log_params(params)
-        for r in summary["rounds"]:
-            for key in ("near_opt_2", "speedup", "simulator_near_opt_2", "ceiling_near_opt_2"):
-                if key in r:
-                    mlflow.log_metric(key, float(r[key]), step=int(r["measured"]))
+    def __init__(self, machine: str, params: dict):
+        import mlflow
+
+        self.client = mlflow.MlflowClient()
+        experiment = self.client.get_experiment_by_name(EXPERIMENT)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(EXPERIMENT)
+        self.run_id = self.client.create_run(experiment_id, run_name=f"adapt-{machine}").info.run_id
+        for key, value in params.items():
+            self.client.log_param(self.run_id, key, value)
+
+    def log_round(self, r: Round) -> None:
+        scores = headline(r.scores)
+        for key in ("near_opt_2", "speedup", "simulator_near_opt_2", "ceiling_near_opt_2"):
+            if key in scores:
+                self.client.log_metric(self.run_id, key, float(scores[key]), step=int(r.measured))
+
+    def finish(self, summary: dict, out: Path) -> None:
+        """The curve's plot and the folder's own files (the register step's pipeline folder is
+        its own run's), and the version registered."""
         curve = summary_curve(summary)
         if "near_opt_2" in curve:
             from ficco_select.train.report import plot_curve
 
             plot_curve(curve, out / "curve.png")
-        mlflow.log_artifacts(str(out), artifact_path="adapt")
-        return run.info.run_id
+        for path in sorted(out.iterdir()):
+            if path.is_file():
+                self.client.log_artifact(self.run_id, str(path), artifact_path="adapt")
+        if summary.get("registered"):
+            self.client.set_tag(self.run_id, "ficco.registered_version", summary["registered"]["version"])
+
+    def end(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status)
+
+
+@contextlib.contextmanager
+def tracked(machine: str, params: dict, *, enabled: bool = True) -> Iterator[AdaptRun | None]:
+    """An ``AdaptRun`` for the block (None when not `enabled`), ended FINISHED when the block
+    ends, FAILED when it raises (KILLED on an interrupt): a run that did not finish never reads
+    as one that did."""
+    if not enabled:
+        yield None
+        return
+    run = AdaptRun(machine, params)
+    try:
+        yield run
+    except KeyboardInterrupt:
+        run.end("KILLED")
+        raise
+    except BaseException:
+        run.end("FAILED")
+        raise
+    run.end("FINISHED")
 
 
 def register_adapted(out_dir: str | Path, *, export_to: str | Path | None = None, debug: bool = False,
