@@ -468,3 +468,32 @@ def test_a_profile_number_past_any_gpu_is_refused_naming_the_field(tmp_path, fie
     node[last] = value
     command, out = from_profile(tmp_path, json.dumps(data))
     refused(command, "profile.json", f"field '{field}", written=out)
+
+
+# -- every number from-profile reads, fuzzed ------------------------------------------------------
+READ_FIELDS = [("device", "multiprocessor_count"), ("fitted", "gemm_tflops", "bfloat16"),
+               ("fitted", "gemm_shape", "bfloat16", 0), ("fitted", "gemm_call_us"), ("fitted", "dma_latency_us"),
+               ("fitted", "dma_bw_gbps"), ("fitted", "sm_copy_latency_us"), ("fitted", "cil_gemm_sm"),
+               ("fitted", "cil_gemm_dma"), ("measurements", "dil", 0, "m"), ("measurements", "dil", 0, "d")]
+"""The profile's numbers a spec is made from (data/profiles/README.md, "fitted"), and a DIL row's."""
+ZERO_ACCEPTED = {("fitted", "dma_latency_us"), ("fitted", "sm_copy_latency_us"), ("fitted", "cil_gemm_sm"),
+                 ("fitted", "cil_gemm_dma")}
+"""Documented acceptances: a latency fit's intercept may be 0 (the spec takes 0.01 us), and a
+GEMM that ran no slower beside copies has 0 interference."""
+
+
+@pytest.mark.parametrize("field", READ_FIELDS, ids=lambda f: ".".join(map(str, f)))
+@pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), 1e308, "many"], ids=str)
+def test_every_number_from_profile_reads_is_refused_naming_it_or_documented(tmp_path, field, value):
+    data = json.loads(REAL_PROFILE.read_text())
+    node = data
+    for key in field[:-1]:
+        node = node[key]
+    node[field[-1]] = value
+    command, out = from_profile(tmp_path, json.dumps(data), "--name", "fuzz-node")
+    if value == 0 and field in ZERO_ACCEPTED:
+        assert CliRunner().invoke(main, [str(a) for a in command]).exit_code == 0 and out.exists()
+        return
+    # The field as its error names it: dotted, a list's row as [i] (a GEMM shape is named whole).
+    named = ".".join(map(str, field[:-1] if field[-1] == 0 else field)).replace(".dil.0.", ".dil[0].")
+    refused(command, "profile.json", f"field '{named}'", written=out)
