@@ -201,3 +201,122 @@ def test_precompiled_tables_with_an_illegal_decision_are_refused_at_load(model_f
     assert any("is not a legal schedule of this layer" in r.getMessage() for r in caplog.records)
     assert is_legal(sel.select(dataclasses.replace(layer, m=doc["layers"][0]["grid"][0])).schedule,
                     layer, "sim")
+
+
+# -- the GPU do-no-harm rule between grid points ---------------------------------------------
+GPU_RULE = {"split_us": 1000.0, "small_margin": 0.1748, "large_margin": 0.008, "measured": []}
+"""The rule as ``ficco pipeline`` fits it (x1.191 below 1 ms of serial time, x1.008 above)."""
+
+
+def _with_rule(model_folder, folder, **meta):
+    """A copy of the fixture's export (a real XGBoost model), trained on m up to 2^20, whose
+    selector.json holds `meta` too."""
+    import json
+    import shutil
+
+    shutil.copytree(model_folder[0], folder)
+    doc = json.loads((folder / "selector.json").read_text())
+    doc["training_ranges"]["m"] = [1, 1 << 20]
+    (folder / "selector.json").write_text(json.dumps({**doc, **meta}))
+    return folder
+
+
+def test_between_grid_points_a_table_never_ships_an_overlap_the_direct_path_s_rule_refuses(model_folder, tmp_path):
+    import random
+
+    from ficco_select.hardware import load_hardware, preset_names
+    from ficco_select.runtime.no_harm import holds
+
+    folder = _with_rule(model_folder, tmp_path / "export", gpu_no_harm=GPU_RULE)
+    sel, direct = Selector.load(folder), Selector.load(folder, layer_tables=False)
+    rule = sel._scope.gpu_no_harm
+    gpus = [name for name in preset_names() if load_hardware(name).kind == "gpu"]
+    layers = [s for hw in gpus for s in list({Scenario.from_record(r).layer: Scenario.from_record(r) for r in catalog(
+        "full", world_sizes=(8,), hardware=hw, models=["mixtral-8x7b"])}.values())[::3]]
+    # Every overlap pick of every table, between its point and the next: where the rule can refuse it.
+    intervals = [(layer, t.grid[i], t.grid[i + 1], t.step) for layer in layers if (t := sel.layer_table(layer))
+                 for i, d in enumerate(t.decisions[:-1])
+                 if not d.schedule.is_baseline and t.grid[i + 1] - t.grid[i] > t.step]
+    assert {layer.hardware for layer, *_ in intervals} == set(gpus)
+    rng, calls, shipped_refused, differ = random.Random(0), 3000, [], 0
+    for _ in range(calls):
+        layer, lo, hi, step = rng.choice(intervals)
+        s = dataclasses.replace(layer, m=rng.randrange(lo + step, hi, step))
+        got, want = sel.select(s), direct.select(s)
+        differ += got.schedule != want.schedule
+        if not got.schedule.is_baseline and not holds(rule, s, load_hardware(s.hardware), got.schedule)[0]:
+            shipped_refused.append((s.op, s.m, s.hardware, got.schedule.name, want.schedule.name))
+    assert not shipped_refused, f"{len(shipped_refused)} of {calls}: {shipped_refused[:5]}"
+    assert differ <= calls // 100  # where the model's own pick changes between points that agree: rare
+
+
+# -- layers.json: trusted for nothing the direct path could not give -------------------------
+def _tables_file(model_folder, tmp_path, **meta):
+    """An export with real precompiled tables of two ag_gemm layers at P = 8 on h100-nvswitch,
+    and the file's contents."""
+    import json
+
+    from ficco_select.train.export import write_tables
+
+    folder = _with_rule(model_folder, tmp_path / "export", **meta)
+    layers = [s for s in {Scenario.from_record(r).layer: Scenario.from_record(r) for r in catalog(
+        "full", world_sizes=(8,), hardware="h100-nvswitch", models=["llama3-70b"])}.values() if s.op == "ag_gemm"][:2]
+    path = write_tables(Selector.load(folder), layers, folder)
+    assert len(Selector.load(folder)._tables) == 2  # as written: read
+    return folder, path, json.loads(path.read_text())
+
+
+def _refused(folder, path, doc, caplog, *needles):
+    import json
+
+    path.write_text(json.dumps(doc))
+    caplog.clear()
+    sel = Selector.load(folder)
+    assert sel.model is not None and not sel._tables
+    [warning] = [r.getMessage() for r in caplog.records if "layer tables" in r.getMessage()]
+    assert "layers.json" in warning and "\n" not in warning and "Traceback" not in warning, warning
+    for needle in needles:
+        assert needle in warning, warning
+    return sel
+
+
+def test_a_grid_step_other_than_the_layer_s_is_refused_at_load_naming_the_field(model_folder, tmp_path, caplog):
+    folder, path, doc = _tables_file(model_folder, tmp_path)
+    doc["layers"][0]["step"] = 1  # m = 12 is no ag_gemm m on 8 ranks: the direct path says so, not the table
+    sel = _refused(folder, path, doc, caplog, "layers[0]", "field 'step'", "multiples of 8")
+    layer = Scenario.from_record({**dict(zip(("op", "n", "k", "dtype", "world_size", "hardware", "imbalance"),
+                                             (doc["layers"][0][c] for c in ("op", "n", "k", "dtype", "world_size",
+                                                                            "hardware", "imbalance")))),
+                                  "group": "g", "m": 16})
+    assert sel.select({**layer.as_record(), "m": 12}).source == "fallback"
+
+
+def test_a_layer_given_twice_is_refused_at_load_naming_both(model_folder, tmp_path, caplog):
+    folder, path, doc = _tables_file(model_folder, tmp_path)
+    doc["layers"].append({**doc["layers"][0], "decisions": [["none.sm", "model", 1.0, ""]] * len(doc["layers"][0]["grid"])})
+    _refused(folder, path, doc, caplog, "layers[2]", "layers[0]")
+
+
+@pytest.mark.parametrize("confidence", [float("nan"), float("inf"), -0.5, 2.0, "high", None, True])
+def test_a_confidence_that_is_no_number_in_0_1_is_refused_at_load_naming_the_field(model_folder, tmp_path, caplog,
+                                                                                   confidence):
+    folder, path, doc = _tables_file(model_folder, tmp_path)
+    doc["layers"][1]["decisions"][3][2] = confidence
+    _refused(folder, path, doc, caplog, "layers[1]", "decisions[3][2]", "confidence")
+
+
+def test_a_pick_the_gpu_rule_refuses_at_its_m_is_refused_at_load(model_folder, tmp_path, caplog):
+    from ficco_select.hardware import load_hardware
+    from ficco_select.runtime.no_harm import predicted_gain
+    from ficco_select.schedule import legal_candidates
+
+    folder, path, doc = _tables_file(model_folder, tmp_path, gpu_no_harm=GPU_RULE)
+    entry = doc["layers"][0]
+    hw = load_hardware("h100-nvswitch")
+    layer = Scenario(group="g", m=entry["grid"][0], **{c: entry[c] for c in ("op", "n", "k", "dtype", "world_size",
+                                                                             "hardware", "imbalance")})
+    # A legal overlap pick the cost model predicts 4x slower than the baseline, as the model's.
+    slow = next((i, c) for i, m in enumerate(entry["grid"]) for c in legal_candidates(dataclasses.replace(layer, m=m), "sim")
+                if not c.is_baseline and predicted_gain(dataclasses.replace(layer, m=m), hw, c)[1] < 0.25)
+    entry["decisions"][slow[0]] = [slow[1].name, "model", 0.9, ""]
+    _refused(folder, path, doc, caplog, "layers[0]", f"m={entry['grid'][slow[0]]}", "do-no-harm")

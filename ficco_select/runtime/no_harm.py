@@ -29,8 +29,16 @@ import numpy as np
 
 from ficco_select.costs import GRANULARITY_CODES, OP_CODES, schedule_times
 from ficco_select.hardware import HardwareSpec
+from ficco_select.runtime.decision import Decision
 from ficco_select.scenario import Scenario
-from ficco_select.schedule import Schedule
+from ficco_select.schedule import BASELINE, Schedule
+
+MAX_MARGIN = math.log(1000.0)
+"""The largest margin a rule may hold: a gain of x1000 over the serial baseline, far beyond any
+overlap's (overlapping a GEMM with its collective over the same links gains at most x2;
+fitted margins are below 0.2), so a rule this strict already means "never overlap"; a larger
+number says no more, in a number ``exp`` may not even hold. The fit clips at it
+(``ficco_select.data.no_harm.margins``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +62,12 @@ class NoHarmRule:
         if not isinstance(rule, dict):
             raise ValueError(f"{at}' must be an object, got {rule!r}")
         values = {}
-        for name, low in (("split_us", 0.0), ("small_margin", 0.0), ("large_margin", 0.0)):
+        for name, high in (("split_us", math.inf), ("small_margin", MAX_MARGIN), ("large_margin", MAX_MARGIN)):
             value = rule.get(name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < low:
-                raise ValueError(f"{at}.{name}' must be a finite number >= {low:g}, got {value!r}")
+                    or not 0 <= value <= high:
+                within = ">= 0" if high == math.inf else f"in [0, {high:.4g}] (a log gain: at most x{math.exp(high):g})"
+                raise ValueError(f"{at}.{name}' must be a finite number {within}, got {value!r}")
             values[name] = float(value)
         measured = rule.get("measured", [])
         if not isinstance(measured, list) or not all(isinstance(m, str) for m in measured):
@@ -110,19 +119,54 @@ def predicted_gain(s: Scenario, hw: HardwareSpec, schedule: Schedule) -> tuple[f
 
 def verdicts(rule: NoHarmRule, scenarios: Sequence[Scenario], hw: HardwareSpec,
              schedules: Sequence[Schedule]) -> list[str]:
-    """Per pair, "" where the overlap pick stands under `rule`, else why the baseline runs."""
+    """Per pair, "" where the overlap pick stands under `rule`, else why the baseline runs. A
+    gain the cost model cannot give (not a finite positive number) never stands."""
     baseline_us, gains = predicted_gains(scenarios, hw, schedules)
     out = []
     for schedule, base, gain in zip(schedules, baseline_us, gains):
         margin = rule.margin(float(base))
-        if math.isfinite(gain) and math.log(gain) > margin:
+        if math.isfinite(gain) and gain > 0 and math.log(gain) > margin:
             out.append("")
             continue
         regime = "below" if base < rule.split_us else "at or above"
         out.append(f"predicted gain {gain:.3f} of {schedule.name} within the simulator's published error "
-                   f"(x{math.exp(margin):.3f}, serial baseline {base:.0f} us, {regime} {rule.split_us:g} us): "
-                   "the baseline does no harm")
+                   f"(x{math.exp(min(margin, MAX_MARGIN)):.3f}, serial baseline {base:.4g} us, {regime} "
+                   f"{rule.split_us:g} us): the baseline does no harm")
     return out
+
+
+def refused(decision: Decision, why: str) -> Decision:
+    """The baseline in place of `decision`, an overlap pick the rule refuses (`why`): the one
+    form the direct path and the layer tables give."""
+    return Decision(BASELINE, "fallback", 0.0, f"{decision.reason}; {why}" if decision.reason else why,
+                    decision.abstained or "no_harm")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableGuard:
+    """The rule over one layer's table (``runtime/layers.py``): between two grid points a table
+    answers the lower point's pick, made at another m, and the rule's verdict moves with m
+    (wave quantization, fixed costs), so the pick is judged again at the m asked."""
+
+    rule: NoHarmRule
+    hw: HardwareSpec
+    layer: Scenario
+    """The layer at any m."""
+
+    def at(self, m: int, decision: Decision) -> Decision:
+        """`decision` (an overlap pick made at another m) if the rule lets it stand at `m`, else the baseline."""
+        (why,) = verdicts(self.rule, [dataclasses.replace(self.layer, m=m)], self.hw, [decision.schedule])
+        return refused(decision, why) if why else decision
+
+    def refusals(self, ms: Sequence[int], decisions: Sequence[Decision]) -> list[tuple[int, str]]:
+        """(m, why) for each overlap pick of `decisions` (one per m of `ms`) that the rule refuses
+        at its own m, in one vectorized check: a precompiled table's points, checked at load."""
+        at = [i for i, d in enumerate(decisions) if not d.schedule.is_baseline]
+        if not at:
+            return []
+        whys = verdicts(self.rule, [dataclasses.replace(self.layer, m=ms[i]) for i in at], self.hw,
+                        [decisions[i].schedule for i in at])
+        return [(ms[i], why) for i, why in zip(at, whys) if why]
 
 
 def holds(rule: NoHarmRule, s: Scenario, hw: HardwareSpec, schedule: Schedule) -> tuple[bool, str]:

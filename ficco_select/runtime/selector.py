@@ -50,7 +50,7 @@ from ficco_select.runtime.decision import Decision, margin_rule, pick_with_margi
 from ficco_select.runtime.fallbacks import heuristic, names_of, run_fallback
 from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerTable, build_table, read_tables
 from ficco_select.runtime.loading import DEFAULT_PATH, read_export
-from ficco_select.runtime.no_harm import verdicts
+from ficco_select.runtime.no_harm import TableGuard, refused, verdicts
 from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, Scope
 from ficco_select.runtime.trees import TreeEnsemble
 from ficco_select.scenario import LAYER_COLUMNS, SCENARIO_COLUMNS, Scenario
@@ -111,7 +111,7 @@ class Selector:
             log.warning("ficco-select: no usable model at %s (%s); using the heuristic", where, e)
             return cls(**kw)
         try:  # precompiled layer tables (ficco export --layers): known layers never walk trees
-            selector._tables.update(read_tables(folder, selector._backend_of))
+            selector._tables.update(read_tables(folder, selector._backend_of, selector._guard_of))
         except Exception as e:  # noqa: BLE001 - tables are built on first sight instead
             log.warning("ficco-select: layer tables at %s not used (%s); building them on first sight", where, e)
         return selector
@@ -202,7 +202,8 @@ class Selector:
         lo, hi = trained.get("m", DEFAULT_M_RANGE) if self.model is not None else DEFAULT_M_RANGE
         slack = self._scope.range_slack.get(hw.kind, {}).get("m", 1.0) if "m" in trained else 1.0
         lo, hi = max(1, math.ceil(lo / slack)), math.floor(hi * slack)
-        return build_table(scenario, lo, hi, lambda ms: self._decide_points(scenario, ms, hw), also)
+        return build_table(scenario, lo, hi, lambda ms: self._decide_points(scenario, ms, hw), also,
+                           self._table_guard(scenario, hw))
 
     def _decide_points(self, scenario: Scenario, ms: Sequence[int], hw: HardwareSpec) -> list[Decision]:
         """The direct decisions for `scenario` at each m of `ms`, scored in one batch."""
@@ -343,10 +344,20 @@ class Selector:
         whys = verdicts(rule, [points[i] for i in at], hw, [decisions[i].schedule for i in at])
         for i, why in zip(at, whys):
             if why:
-                d = decisions[i]
-                out[i] = Decision(BASELINE, "fallback", 0.0, f"{d.reason}; {why}" if d.reason else why,
-                                  d.abstained or "no_harm")
+                out[i] = refused(decisions[i], why)
         return out
+
+    def _guard_of(self, layer: Scenario) -> TableGuard | None:
+        """The GPU do-no-harm rule over a precompiled table of `layer` (``read_tables``)."""
+        machine, hw = self._machine_key(layer.hardware)
+        return self._table_guard(layer, hw) if machine is _FIXED and hw is not None else None
+
+    def _table_guard(self, layer: Scenario, hw: HardwareSpec) -> TableGuard | None:
+        """The GPU do-no-harm rule over `layer`'s table on `hw`, where it applies (``_no_harm``)."""
+        rule = self._scope.gpu_no_harm
+        if rule is None or hw.kind != "gpu" or self._measured(hw):
+            return None
+        return TableGuard(rule, hw, layer)
 
     def _machine(self, scenario: Scenario, hw: HardwareSpec | None | object = _MISSING
                  ) -> tuple[Scenario, HardwareSpec] | Decision:
