@@ -106,6 +106,23 @@ def test_a_run_that_fails_marks_its_mlflow_run_failed_and_writes_no_summary(stor
     assert not (out / "summary.json").exists()
 
 
+def test_a_run_killed_outright_is_marked_killed_by_the_next_run_in_its_folder(store):
+    # SIGKILL leaves no exception to end a run: its MLflow run stays RUNNING, recorded in the
+    # folder (made here by hand, as the killed process left it); the next run there ends it.
+    import mlflow
+
+    from ficco_select.data.locks import write_json_atomic
+
+    out = store / "adapt-killed"
+    first = A.run_adapt(hardware="mi300x-8", out_dir=out, **SMALL)
+    client = mlflow.MlflowClient()
+    killed = client.create_run(mlflow.get_experiment_by_name(A.EXPERIMENT).experiment_id).info.run_id
+    write_json_atomic(out / "mlflow_run.json", {"run_id": killed})
+    again = A.run_adapt(hardware="mi300x-8", out_dir=out, **SMALL)  # resumed: nothing left to measure
+    assert client.get_run(killed).info.status == "KILLED"
+    assert {client.get_run(r).info.status for r in (first["mlflow_run_id"], again["mlflow_run_id"])} == {"FINISHED"}
+
+
 def test_a_resume_with_another_spec_file_under_the_same_name_is_refused_naming_both(four_gpus, store):
     path, out, _ = four_gpus
     recorded = json.loads((out / "options.json").read_text())

@@ -261,14 +261,14 @@ def adapt_cmd(hardware, backend, ranks, fabric, start, budget, rounds, strategy,
                             on_round=line, ranks=ranks, fabric=fabric, debug=debug)
     run = f"; MLflow run {summary['mlflow_run_id']}" if "mlflow_run_id" in summary else ""
     show(as_json, summary, lambda: [f"adapted spec: {summary['spec']}; state and summary in {summary['out_dir']}{run}",
-                                    *_registered_lines(summary.get("registered"))])
+                                    *_registered_lines(summary.get("registered"), debug)])
 
 
-def _registered_lines(registered: dict | None) -> list[str]:
+def _registered_lines(registered: dict | None, debug: bool) -> list[str]:
     if not registered:
         return []
     return [f"registered ficco-selector version {registered['version']} (champion {_champion(registered)}); "
-            f"MLflow run {registered['run_id']}; report: {registered['report']}", *_export_lines(registered, False)]
+            f"MLflow run {registered['run_id']}; report: {registered['report']}", *_export_lines(registered, debug)]
 
 
 @click.command("bring-up")

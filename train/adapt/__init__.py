@@ -206,8 +206,7 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
         options.update(fabric=fabric)
     if debug:  # another training slice: another start
         options.update(debug=True)
-    options["specs"] = {"hardware": spec_record(spec, hardware),
-                        **({"start": spec_record(start_spec, start)} if start and fabric is None else {})}
+    options["specs"] = {"hardware": spec_record(spec, hardware), "start": spec_record(start_spec, start or hardware)}
     # A second run into the same folder refuses, naming this one. The job knows the training
     # data's machines and the spec file it was given (the measured machine by its name, which
     # the adapted machine takes where it is free: inside the rounds, the machine as the run
@@ -224,7 +223,7 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
         machine = machine or adapted_machine(spec, start_spec, name, out, options)
         params = {**{k: v for k, v in options.items() if k != "specs"}, "hardware": hardware,
                   "start": start or hardware}
-        with tracked(machine.name, params, enabled=track) as run:
+        with tracked(machine.name, params, out, enabled=track) as run:
             def each_round(r: Round) -> None:
                 if run is not None:
                     run.log_round(r)
@@ -241,8 +240,10 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
                 checkpoints = [0.0] + [budget * (i + 1) / rounds for i in range(rounds)]
                 done = adapt(machine, base, checkpoints=checkpoints, strategy=strategy, out_dir=out, seed=seed,
                              progress=each_round, debug=debug)
-                write_spec(machine.spec, out / "spec.yaml", f"ficco adapt --hardware {hardware} --backend {backend}"
-                           f"{f' --start {start}' if start else ''}, {done[-1].measured} scenarios measured")
+                made_by = " ".join(["ficco adapt --hardware", str(hardware), "--backend", backend,
+                                    *(["--start", str(start)] if start else []),
+                                    *(["--fabric", fabric] if fabric else [])])
+                write_spec(machine.spec, out / "spec.yaml", f"{made_by}, {done[-1].measured} scenarios measured")
                 summary = run_summary(machine, done, out, hardware=hardware, backend=backend, strategy=strategy)
             # Registering is the pipeline's job, not this one's: it knows the measured machine by
             # the adapted spec its rows carry, not by the spec file's numbers it started from
@@ -252,9 +253,10 @@ def run_adapt(*, hardware: str, backend: str = "sim", start: str | None = None, 
                 summary["registered"] = register_adapted(out, export_to=export_to, debug=debug)
             if run is not None:
                 summary["mlflow_run_id"] = run.run_id
+                run.log_outputs(summary)
             write_json_atomic(out / "summary.json", summary)  # whole or absent: a reader takes it as done
             if run is not None:
-                run.finish(summary, out)
+                run.log_summary()
         return summary
 
 

@@ -11,10 +11,13 @@ the pipeline's rules.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pandas as pd
+
+from ficco_select.data.locks import write_json_atomic
 
 from ficco_select.train.adapt.machines import Machine
 from ficco_select.train.adapt.state import Round
@@ -53,6 +56,11 @@ def summary_curve(summary: dict) -> pd.DataFrame:
                           **r} for r in summary["rounds"]])
 
 
+RUN_FILE = "mlflow_run.json"
+"""The folder's latest MLflow run: a run killed outright (no exception to end it) is found
+RUNNING there by the next one, which marks it KILLED."""
+
+
 class AdaptRun:
     """One ``ficco adapt`` run in MLflow (experiment ``EXPERIMENT``), open from its first round
     to its summary: the options, near-opt@2% per round as each finishes (step: scenarios
@@ -60,15 +68,26 @@ class AdaptRun:
     status says how the run ended (``tracked``). Opened with MLflow's client, not as the
     active run: the register step's pipeline opens its own run meanwhile."""
 
-    def __init__(self, machine: str, params: dict):
+    def __init__(self, machine: str, params: dict, out: Path):
         import mlflow
 
-        self.client = mlflow.MlflowClient()
+        self.client, self.out = mlflow.MlflowClient(), out
+        self._end_killed_predecessor()
         experiment = self.client.get_experiment_by_name(EXPERIMENT)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(EXPERIMENT)
         self.run_id = self.client.create_run(experiment_id, run_name=f"adapt-{machine}").info.run_id
+        write_json_atomic(out / RUN_FILE, {"run_id": self.run_id})
         for key, value in params.items():
             self.client.log_param(self.run_id, key, value)
+
+    def _end_killed_predecessor(self) -> None:
+        """The folder's previous run, still RUNNING though no run holds the folder: KILLED."""
+        try:
+            earlier = self.client.get_run(json.loads((self.out / RUN_FILE).read_text())["run_id"])
+        except Exception:  # noqa: BLE001 - none recorded, or not in this store (MLflow raises its own kinds)
+            return
+        if earlier.info.status == "RUNNING":
+            self.client.set_terminated(earlier.info.run_id, "KILLED")
 
     def log_round(self, r: Round) -> None:
         scores = headline(r.scores)
@@ -76,33 +95,37 @@ class AdaptRun:
             if key in scores:
                 self.client.log_metric(self.run_id, key, float(scores[key]), step=int(r.measured))
 
-    def finish(self, summary: dict, out: Path) -> None:
-        """The curve's plot and the folder's own files (the register step's pipeline folder is
-        its own run's), and the version registered."""
+    def log_outputs(self, summary: dict) -> None:
+        """The curve's plot, the folder's own files (the register step's pipeline folder is its
+        own run's) and the version registered: before ``summary.json``, which ``log_summary``
+        adds once written."""
         curve = summary_curve(summary)
         if "near_opt_2" in curve:
             from ficco_select.train.report import plot_curve
 
-            plot_curve(curve, out / "curve.png")
-        for path in sorted(out.iterdir()):
-            if path.is_file():
+            plot_curve(curve, self.out / "curve.png")
+        for path in sorted(self.out.iterdir()):
+            if path.is_file() and path.name != "summary.json":
                 self.client.log_artifact(self.run_id, str(path), artifact_path="adapt")
         if summary.get("registered"):
             self.client.set_tag(self.run_id, "ficco.registered_version", summary["registered"]["version"])
+
+    def log_summary(self) -> None:
+        self.client.log_artifact(self.run_id, str(self.out / "summary.json"), artifact_path="adapt")
 
     def end(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status)
 
 
 @contextlib.contextmanager
-def tracked(machine: str, params: dict, *, enabled: bool = True) -> Iterator[AdaptRun | None]:
+def tracked(machine: str, params: dict, out: Path, *, enabled: bool = True) -> Iterator[AdaptRun | None]:
     """An ``AdaptRun`` for the block (None when not `enabled`), ended FINISHED when the block
     ends, FAILED when it raises (KILLED on an interrupt): a run that did not finish never reads
     as one that did."""
     if not enabled:
         yield None
         return
-    run = AdaptRun(machine, params)
+    run = AdaptRun(machine, params, out)
     try:
         yield run
     except KeyboardInterrupt:
