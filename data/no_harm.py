@@ -5,7 +5,8 @@ with a measured overlapped method, on the point's preset: the simulator's best o
 (serial baseline over its fastest overlapped schedule) against the best gain measured
 there, by any method (async-TP's fused ops, fused kernels). Their log ratio is the
 residual, positive where the simulator was too optimistic. The margin of a regime is a
-quantile of its residuals, clipped at 0 (a simulator that under-promises needs no margin);
+quantile of its residuals, clipped at 0 (a simulator that under-promises needs no margin)
+and at ``MAX_MARGIN`` (a rule that strict already means "never overlap");
 regimes split by the simulated serial time at ``SPLIT_US`` where each side has at least
 ``MIN_POINTS`` points and their margins differ by more than ``MIN_SPLIT``, else one margin
 for all. The validation table is never read here.
@@ -20,6 +21,7 @@ import numpy as np
 
 from ficco_select.data.published import read_published
 from ficco_select.data.published_calls import _cells, _measured_methods
+from ficco_select.runtime.no_harm import MAX_MARGIN
 
 QUANTILE = 0.5
 """Which quantile of the residuals a margin is: the median over-promise. Chosen on the
@@ -81,9 +83,12 @@ def margins(residual: np.ndarray, baseline_us: np.ndarray, *, quantile: float = 
     residual, baseline_us = np.asarray(residual, float), np.asarray(baseline_us, float)
     if not len(residual):
         raise ValueError("no published residuals to fit the GPU do-no-harm rule to")
+    if not (np.isfinite(residual).all() and np.isfinite(baseline_us).all()):
+        raise ValueError("a published residual or serial time is not a finite number: the simulator gave a time "
+                         "of 0 or infinity there; no GPU do-no-harm rule is fitted on it")
 
     def margin(r: np.ndarray) -> float:
-        return round(max(float(np.quantile(r, quantile)), 0.0), 4)
+        return min(round(max(float(np.quantile(r, quantile)), 0.0), 4), MAX_MARGIN)
 
     small, large = residual[baseline_us < split_us], residual[baseline_us >= split_us]
     pooled = margin(residual)

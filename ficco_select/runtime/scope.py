@@ -204,10 +204,13 @@ def _dtype_ranges(rule: Any, where: str) -> tuple | None:
     if rule is None:
         return None
     at = f"{where}: field 'unseen_dtype"
-    if not isinstance(rule, dict) or not _is_range(rule.get("dtype_bytes")) \
-            or not isinstance(rule.get("peak_tflops"), dict) or not set(rule["peak_tflops"]) <= set(MACHINE_KINDS):
+    if not isinstance(rule, dict) or not isinstance(rule.get("peak_tflops"), dict) \
+            or not set(rule["peak_tflops"]) <= set(MACHINE_KINDS):
         raise ValueError(f"{at}' must be an object with 'dtype_bytes' [low, high] and 'peak_tflops' "
                          f"{{{' or '.join(MACHINE_KINDS)}: [low, high]}}, got {rule!r}")
+    if not _is_range(rule.get("dtype_bytes")):
+        raise ValueError(f"{at}.dtype_bytes' must be [low, high], two finite numbers with low <= high, "
+                         f"got {rule.get('dtype_bytes')!r}")
     for kind, pair in rule["peak_tflops"].items():
         if not _is_range(pair):
             raise ValueError(f"{at}.peak_tflops.{kind}' must be [low, high], two finite numbers with low <= high, "

@@ -53,7 +53,7 @@ from ficco_select.runtime.loading import DEFAULT_PATH, read_export
 from ficco_select.runtime.no_harm import TableGuard, refused, verdicts
 from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, Scope
 from ficco_select.runtime.trees import TreeEnsemble
-from ficco_select.scenario import LAYER_COLUMNS, SCENARIO_COLUMNS, Scenario
+from ficco_select.scenario import LAYER_COLUMNS, MAX_EXTENT, SCENARIO_COLUMNS, Scenario
 from ficco_select.schedule import BASELINE, Schedule, legal_candidates
 
 log = logging.getLogger("ficco_select.runtime.selector")
@@ -201,7 +201,8 @@ class Selector:
         trained = {col: (lo, hi) for col, lo, hi in self._scope.ranges}
         lo, hi = trained.get("m", DEFAULT_M_RANGE) if self.model is not None else DEFAULT_M_RANGE
         slack = self._scope.range_slack.get(hw.kind, {}).get("m", 1.0) if "m" in trained else 1.0
-        lo, hi = max(1, math.ceil(lo / slack)), math.floor(hi * slack)
+        # A range or slack as wide as the export may give (1e308): the table stops at the largest m a scenario takes.
+        lo, hi = max(1, math.ceil(min(lo / slack, MAX_EXTENT))), math.floor(min(hi * slack, MAX_EXTENT))
         return build_table(scenario, lo, hi, lambda ms: self._decide_points(scenario, ms, hw), also,
                            self._table_guard(scenario, hw))
 
