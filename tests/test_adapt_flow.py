@@ -135,6 +135,17 @@ def test_a_resume_with_another_spec_file_under_the_same_name_is_refused_naming_b
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # nothing measured or written
 
 
+def test_a_folder_that_does_not_record_its_machine_s_numbers_is_refused(tmp_path):
+    # Made by an older ficco adapt, which recorded the machine's name only: what it measured
+    # cannot be told from another machine under that name.
+    options = dict(hardware="my-machine", backend="sim", start="my-machine", budget=0.01, rounds=1)
+    A.check_state(tmp_path / "adapt", options)
+    spec = load_hardware("mi300x-8")
+    numbers = {"from": "my-machine.yaml", "numbers": spec_as_dict(spec)}
+    with pytest.raises(ValueError, match="options.json: field 'specs' does not record the numbers of --hardware"):
+        A.verify_state(tmp_path / "adapt", {**options, "specs": {"hardware": numbers, "start": numbers}})
+
+
 def test_a_start_spec_file_is_read_as_given_whatever_its_name(store):
     # --start names a file: its numbers are the start; its name is not a machine this run
     # must find again by name (nor one the measured machine's file may not also use).

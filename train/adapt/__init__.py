@@ -100,9 +100,9 @@ from ficco_select.train.selectors import with_features
 
 
 __all__ = ["ADAPT_NOISE", "EXPERIMENT", "OPTIONS_FILE", "PERTURBED", "STRATEGIES", "Machine", "Round", "adapt",
-           "adapted_model", "candidate_rows", "choose", "cpu_machine", "cuda_grid", "cuda_machine", "fit_model",
-           "perturbed", "predictions", "register_adapted", "run_adapt", "sim_machine", "strata",
-           "summary_curve", "usable_base"]
+           "adapted_model", "candidate_rows", "check_state", "choose", "cpu_machine", "cuda_grid", "cuda_machine",
+           "fit_model", "perturbed", "predictions", "register_adapted", "run_adapt", "sim_machine", "strata",
+           "summary_curve", "usable_base", "verify_state"]
 
 def adapt(machine: Machine, base: pd.DataFrame, *, checkpoints: Sequence[float], strategy: str = "active",
           out_dir: str | Path | None = None, seed: int = 0, progress: Callable[[Round], None] | None = None,

@@ -3,9 +3,9 @@
 
 ``options.json``: what the folder was made with, the machine's numbers included
 (``verify_state`` refuses other options, another machine under the same name, or a folder
-``ficco adapt`` did not write; ``check_state`` records them). ``measured.parquet`` (every measured row, carrying
-the adapted spec) and ``rounds.json`` (each finished ``Round``): both replaced atomically
-after each round (``save``). ``pending.json``: the scenarios of the round under way, written
+``ficco adapt`` did not write; ``check_state`` records them). ``measured.parquet`` (every
+measured row, carrying the adapted spec) and ``rounds.json`` (each finished ``Round``): both
+replaced atomically after each round (``save``). ``pending.json``: the scenarios of the round under way, written
 before it measures (``write_pending``) and read back by ``pending``. ``resume`` reads a
 folder back, refusing another machine's or a damaged one; ``last_spec`` is the spec its
 last finished round adapted to.
