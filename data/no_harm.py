@@ -6,7 +6,7 @@ with a measured overlapped method, on the point's preset: the simulator's best o
 there, by any method (async-TP's fused ops, fused kernels). Their log ratio is the
 residual, positive where the simulator was too optimistic. The margin of a regime is a
 quantile of its residuals, clipped at 0 (a simulator that under-promises needs no margin)
-and at ``MAX_MARGIN`` (a rule that strict already means "never overlap");
+and at ``FIT_MAX_MARGIN`` (a rule that strict already means "never overlap");
 regimes split by the simulated serial time at ``SPLIT_US`` where each side has at least
 ``MIN_POINTS`` points and their margins differ by more than ``MIN_SPLIT``, else one margin
 for all. The validation table is never read here.
@@ -21,7 +21,6 @@ import numpy as np
 
 from ficco_select.data.published import read_published
 from ficco_select.data.published_calls import _cells, _measured_methods
-from ficco_select.runtime.no_harm import MAX_MARGIN
 
 QUANTILE = 0.5
 """Which quantile of the residuals a margin is: the median over-promise. Chosen on the
@@ -31,6 +30,10 @@ baseline."""
 SPLIT_US = 1000.0
 """The regime boundary, us of simulated serial time: below it, fixed costs the model lacks
 (launch, synchronization, symmetric-memory handshakes) weigh on every overlapped call."""
+FIT_MAX_MARGIN = math.log(1000.0)
+"""The largest margin the fit writes: a gain of x1000, far past any overlap's (at most x2 over
+the same links), so a rule this strict already means "never overlap"; the loader takes up to
+``ficco_select.runtime.no_harm.MAX_MARGIN``."""
 MIN_POINTS = 4
 MIN_SPLIT = 0.05
 """Two regimes only where each has this many points and their margins differ by more than
@@ -88,7 +91,7 @@ def margins(residual: np.ndarray, baseline_us: np.ndarray, *, quantile: float = 
                          "of 0 or infinity there; no GPU do-no-harm rule is fitted on it")
 
     def margin(r: np.ndarray) -> float:
-        return min(round(max(float(np.quantile(r, quantile)), 0.0), 4), MAX_MARGIN)
+        return min(round(max(float(np.quantile(r, quantile)), 0.0), 4), FIT_MAX_MARGIN)
 
     small, large = residual[baseline_us < split_us], residual[baseline_us >= split_us]
     pooled = margin(residual)

@@ -293,7 +293,8 @@ def test_a_grid_step_other_than_the_layer_s_is_refused_at_load_naming_the_field(
 
 def test_a_layer_given_twice_is_refused_at_load_naming_both(model_folder, tmp_path, caplog):
     folder, path, doc = _tables_file(model_folder, tmp_path)
-    doc["layers"].append({**doc["layers"][0], "decisions": [["none.sm", "model", 1.0, ""]] * len(doc["layers"][0]["grid"])})
+    first = doc["layers"][0]
+    doc["layers"].append({**first, "decisions": [["none.sm", "model", 1.0, ""]] * len(first["grid"])})
     _refused(folder, path, doc, caplog, "layers[2]", "layers[0]")
 
 
@@ -316,7 +317,8 @@ def test_a_pick_the_gpu_rule_refuses_at_its_m_is_refused_at_load(model_folder, t
     layer = Scenario(group="g", m=entry["grid"][0], **{c: entry[c] for c in ("op", "n", "k", "dtype", "world_size",
                                                                              "hardware", "imbalance")})
     # A legal overlap pick the cost model predicts 4x slower than the baseline, as the model's.
-    slow = next((i, c) for i, m in enumerate(entry["grid"]) for c in legal_candidates(dataclasses.replace(layer, m=m), "sim")
+    slow = next((i, c) for i, m in enumerate(entry["grid"])
+                for c in legal_candidates(dataclasses.replace(layer, m=m), "sim")
                 if not c.is_baseline and predicted_gain(dataclasses.replace(layer, m=m), hw, c)[1] < 0.25)
     entry["decisions"][slow[0]] = [slow[1].name, "model", 0.9, ""]
     _refused(folder, path, doc, caplog, "layers[0]", f"m={entry['grid'][slow[0]]}", "do-no-harm")

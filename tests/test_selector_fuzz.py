@@ -309,6 +309,6 @@ def test_the_fit_never_writes_a_margin_the_loader_refuses():
     from ficco_select.runtime.no_harm import NoHarmRule
 
     rule = margins([800.0] * 8, [100.0] * 4 + [5000.0] * 4)
-    assert NoHarmRule.from_meta(rule, "selector.json").large_margin == rule["large_margin"] <= math.log(1000)
+    assert NoHarmRule.from_meta(rule, "selector.json").large_margin == rule["large_margin"] == math.log(1000)
     with pytest.raises(ValueError, match="not a finite number"):
         margins([0.1, math.nan, 0.2, 0.1], [100.0] * 4)

@@ -287,7 +287,8 @@ def _read_entry(entry, at: str) -> tuple[Scenario, tuple[int, ...], tuple[Decisi
     if not isinstance(rows, list) or len(rows) != len(grid):
         raise ValueError(f"{at}: field 'decisions' must be a list of one decision per grid point "
                          f"({len(grid)}), got {len(rows) if isinstance(rows, list) else type(rows).__name__}")
-    return layer, tuple(grid), tuple(_read_decision(row, f"{at}: field 'decisions[{j}]") for j, row in enumerate(rows)), step
+    decisions = tuple(_read_decision(row, f"{at}: field 'decisions[{j}]") for j, row in enumerate(rows))
+    return layer, tuple(grid), decisions, step
 
 
 def _read_decision(row, at: str) -> Decision:

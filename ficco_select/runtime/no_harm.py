@@ -33,12 +33,12 @@ from ficco_select.runtime.decision import Decision
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import BASELINE, Schedule
 
-MAX_MARGIN = math.log(1000.0)
-"""The largest margin a rule may hold: a gain of x1000 over the serial baseline, far beyond any
-overlap's (overlapping a GEMM with its collective over the same links gains at most x2;
-fitted margins are below 0.2), so a rule this strict already means "never overlap"; a larger
-number says no more, in a number ``exp`` may not even hold. The fit clips at it
-(``ficco_select.data.no_harm.margins``)."""
+MAX_MARGIN = 100.0
+"""The largest margin a rule may hold, a log gain (x2.7e43 over the serial baseline). Any
+margin above ln 2 already refuses every overlap over the same links (overlapping a GEMM with
+its collective gains at most x2; fitted margins are below 0.2), and hand-written rules say
+"never overlap" with 5 or 50; a larger number says nothing more, and past 709 ``exp`` cannot
+even hold it. The fit clips at ln 1000 (``ficco_select.data.no_harm.FIT_MAX_MARGIN``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,9 +130,15 @@ def verdicts(rule: NoHarmRule, scenarios: Sequence[Scenario], hw: HardwareSpec,
             continue
         regime = "below" if base < rule.split_us else "at or above"
         out.append(f"predicted gain {gain:.3f} of {schedule.name} within the simulator's published error "
-                   f"(x{math.exp(min(margin, MAX_MARGIN)):.3f}, serial baseline {base:.4g} us, {regime} "
+                   f"(x{_times(margin)}, serial baseline {base:.4g} us, {regime} "
                    f"{rule.split_us:g} us): the baseline does no harm")
     return out
+
+
+def _times(margin: float) -> str:
+    """A margin as the gain it asks for: x1.191, or x2.69e+43 for one far past any gain."""
+    gain = math.exp(min(margin, MAX_MARGIN))
+    return f"{gain:.3f}" if gain < 1e6 else f"{gain:.3g}"
 
 
 def refused(decision: Decision, why: str) -> Decision:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
 import math
 import operator
@@ -88,7 +89,13 @@ class Selector:
         """Machines that mean one spec for this selector wherever it is asked: the export's own
         (``hardware_specs``, which win over a job's) and the shipped ones met so far."""
         self._files: dict[str, HardwareSpec] = {}  # spec files read, by path (a job may still refuse the name)
-        self._numbers: dict[int, tuple[HardwareSpec, tuple]] = {}  # id(spec): (spec, _numbers_of(spec))
+        # A machine by its numbers: id(spec) -> (spec, its number), and the numbers -> that number,
+        # a small int that keys its decisions cheaply; never reused, so a cache that starts over
+        # can only miss.
+        self._numbers: dict[int, tuple[HardwareSpec, int]] = {}
+        self._machine_ids: dict[tuple, int] = {}
+        self._next_id = itertools.count(1)
+        self._unknown: dict[str, Decision] = {}  # the baseline's decision for a name no machine has here
         self._tables: dict[tuple, LayerTable | None] = {}  # by Scenario.layer (runtime/layers.py)
         self._seen_m: dict[tuple, set[int]] = {}  # m decided directly, per layer without a table yet
         self._warned: set = set()
@@ -367,8 +374,13 @@ class Selector:
         machine we know."""
         if hw is _MISSING:
             hw = self._spec(scenario.hardware)
-        if hw is None:
-            return Decision(BASELINE, "fallback", 0.0, f"unknown hardware {scenario.hardware!r}")
+        if hw is None:  # one decision object per name: asked again, the same answer (never kept for a scenario)
+            unknown = self._unknown.get(scenario.hardware)
+            if unknown is None:
+                _bound(_CACHE_LIMIT, self._unknown)
+                unknown = self._unknown.setdefault(
+                    scenario.hardware, Decision(BASELINE, "fallback", 0.0, f"unknown hardware {scenario.hardware!r}"))
+            return unknown
         if why := hw.beyond_devices(scenario.world_size):  # the datasets' rule too (schedule.hardware_problem)
             self._warn_once(("devices", hw.name), f"{why}; running the baseline")
             return Decision(BASELINE, "fallback", 0.0, why)
@@ -431,7 +443,7 @@ class Selector:
                      ) -> tuple[object, HardwareSpec | None]:
         """(how decisions for hardware `value` are kept, the machine it names now): ``_FIXED``
         for a machine that means one spec for this selector (kept by the scenario alone),
-        else the machine's numbers (kept beside the scenario); the spec None where no machine
+        else a key of the machine's numbers (kept beside the scenario); the spec None where no machine
         has that name here (its decision is kept for nothing). `spec`: the machine, if
         resolved already."""
         if spec is _MISSING:
@@ -440,9 +452,14 @@ class Selector:
             return _FIXED, spec
         held = self._numbers.get(id(spec))
         if held is None or held[0] is not spec:
+            numbers = _numbers_of(spec)
+            machine = self._machine_ids.get(numbers)
+            if machine is None:
+                _bound(_CACHE_LIMIT, self._machine_ids)
+                machine = self._machine_ids.setdefault(numbers, next(self._next_id))
             _bound(_CACHE_LIMIT, self._numbers)
-            held = self._numbers[id(spec)] = (spec, _numbers_of(spec))  # the spec too: its id is not reused
-        return held[1], spec
+            held = self._numbers[id(spec)] = (spec, machine)  # the spec too: its id is not reused while held
+        return (held[1],), spec
 
     def _model_or_heuristic(self, s: Scenario, hw: HardwareSpec, scores: np.ndarray | None = None) -> Decision:
         """The model's decision, or its fallback's with why (the model abstained or failed),
