@@ -22,7 +22,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -323,6 +323,15 @@ _KNOWN: contextvars.ContextVar["_Job | None"] = contextvars.ContextVar("ficco_kn
 _OPEN: tuple[_Job, ...] = ()
 """Every block open in the process, in the order opened (replaced whole, under _OPEN_LOCK)."""
 _OPEN_LOCK = threading.Lock()
+_WHEN_A_JOB_ENDS: list[Callable[[frozenset[str]], None]] = []
+"""Called with the names a block introduced, as it ends (``when_a_job_ends``)."""
+
+
+def when_a_job_ends(forget: Callable[[frozenset[str]], None]) -> None:
+    """Call `forget(names)` as each ``machines`` block ends, with the names it introduced:
+    what a cache outside this module decided for those machines goes with the job (the
+    runtime's plans and layer tables)."""
+    _WHEN_A_JOB_ENDS.append(forget)
 
 
 def _job() -> _Job | None:
@@ -403,6 +412,9 @@ def machines(specs: Known, where: str = "", *, replace: bool = False) -> Iterato
         with _OPEN_LOCK:
             _OPEN = tuple(other for other in _OPEN if other is not job)
         _KNOWN.reset(token)
+        if own:
+            for forget in _WHEN_A_JOB_ENDS:
+                forget(frozenset(own))
 
 
 def _known_as(spec: HardwareSpec, where: str, table: Mapping[str, tuple[HardwareSpec, str]],

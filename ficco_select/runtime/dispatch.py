@@ -26,7 +26,7 @@ from torch.distributed import distributed_c10d as c10d
 from ficco_select.executor.comm import Comm, P2PComm
 from ficco_select.executor.operators import DTYPE_NAMES, TOLERANCE, Operator, relative_error
 from ficco_select.executor.peer import CudaPeerMemory, HostPeerMemory, NcclComm, PeerCopyComm
-from ficco_select.hardware import HardwareError, load_hardware, preset_for_device
+from ficco_select.hardware import HardwareError, load_hardware, preset_for_device, when_a_job_ends
 from ficco_select.runtime.decision import Decision
 from ficco_select.runtime.layers import LayerTable
 from ficco_select.runtime.selector import Selector
@@ -135,6 +135,12 @@ class PlanCache:
     def clear(self) -> None:
         with self._lock:
             self._plans.clear()
+
+    def drop(self, keep) -> None:
+        """Drop the plans for which keep(plan) is false."""
+        with self._lock:
+            for key in [key for key, plan in self._plans.items() if not keep(plan)]:
+                del self._plans[key]
 
 
 @dataclasses.dataclass
@@ -253,6 +259,19 @@ def reset() -> None:
         if comm is not None:
             comm.memory.close()
     _state = _State()
+
+
+def _forget_machines(names: frozenset[str]) -> None:
+    """A job's machines ended (``hardware.machines``): the plans and layer tables decided for
+    them go with it, as the selector's own do; a later job's machine of the same name gets
+    its own."""
+    _state.plans.drop(lambda plan: plan.scenario is None or plan.scenario.hardware not in names)
+    for key, (first, _) in list(_state.tables.items()):
+        if first is not None and first.hardware in names:
+            _state.tables.pop(key, None)
+
+
+when_a_job_ends(_forget_machines)
 
 
 def _selector() -> Selector:
