@@ -392,8 +392,11 @@ def test_every_section_dry_runs_on_cpu_into_a_valid_profile(tmp_path, monkeypatc
                                    "cil_gemm_sm", "cil_copy_dma", "cil_copy_sm"}
     assert set(profile.fitted["gemm_shape"]) == {"bfloat16", "float16", "float32"}
     assert m["cil"]["dma"]["gemm_fully_overlapped"] is False  # nothing ran beside it on the CPU
-    spec, overrides = profiled_spec(profile, load_hardware("h200-nvswitch"))
-    assert overrides and spec.link_bw_gbps == 450
+    # On the machine it ran on: a GPU's spec would take the CPU's dtype ratios, noise at these
+    # shapes (bf16 2000x slower than fp16 under load made an fp16 peak past any GPU's).
+    cpu = load_hardware("cpu")
+    spec, overrides = profiled_spec(profile, cpu)
+    assert overrides and spec.link_bw_gbps == cpu.link_bw_gbps
 
 
 def test_hardware_from_profile_refuses_an_existing_out_its_profile_and_its_base(tmp_path):
