@@ -55,34 +55,27 @@ class Settings:
     """Pinned by the caller (benchmarks, debugging): runs wherever it is legal."""
     explore_every: int = 0
     """Every n-th call of a shape runs another candidate, in turn (0: never)."""
-    check_calls: bool = dataclasses.field(default_factory=lambda: debug_checks())
+    check_calls: bool = dataclasses.field(default_factory=lambda: debug_checks()[0])
     """A debug mode, off by default: each call first checks that every rank passes the same
     call (``ops``), one blocking host collective per call. On with PyTorch's own switch
     ($TORCH_DISTRIBUTED_DEBUG=DETAIL) or $FICCO_CHECK_CALLS=1 ($FICCO_CHECK_CALLS=0: off
     whatever PyTorch's says). Off is PyTorch's own collectives' contract: nothing per call.
     A group's ranks agree on it once (``ops.agree_on_the_check``)."""
-    check_source: str = dataclasses.field(default_factory=lambda: debug_check_source())
+    check_source: str = dataclasses.field(default_factory=lambda: debug_checks()[1])
     """What set ``check_calls``, as an error names it: ``FICCO_CHECK_CALLS=1``, ``configure(check_calls=True)``..."""
     cache_size: int = DECISION_CACHE_SIZE
     """Call shapes whose plan the process keeps (least recently used first out)."""
 
 
-def debug_checks() -> bool:
-    """Whether the environment turns the per-call check on (``Settings.check_calls``)."""
+def debug_checks() -> tuple[bool, str]:
+    """Whether the environment turns the per-call check on (``Settings.check_calls``), and
+    what decides it, as an error names it."""
     ours = os.environ.get("FICCO_CHECK_CALLS", "").strip()
     if ours:
-        return ours != "0"
-    return os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").strip().upper() == "DETAIL"
-
-
-def debug_check_source() -> str:
-    """What in the environment decides ``debug_checks()``, as an error names it."""
-    ours = os.environ.get("FICCO_CHECK_CALLS", "").strip()
-    if ours:
-        return f"FICCO_CHECK_CALLS={ours[:32]}"
+        return ours != "0", f"FICCO_CHECK_CALLS={ours[:32]}"
     if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").strip().upper() == "DETAIL":
-        return "TORCH_DISTRIBUTED_DEBUG=DETAIL"
-    return "the default"
+        return True, "TORCH_DISTRIBUTED_DEBUG=DETAIL"
+    return False, "the default"
 
 
 @dataclasses.dataclass(eq=False)
