@@ -195,13 +195,14 @@ def _point(row: int, r: dict[str, str]) -> Point:
         if schedule or r["method_time_us"]:
             method_us = _number(r, "method_time_us")
         else:  # a fused kernel's speedup without its time, or a serial time alone
-            method_us = baseline_us / _number(r, "speedup") if r["speedup"] else math.nan
+            method_us = baseline_us / speedup if speedup is not None else math.nan
             if method_us < SMALLEST["method_time_us"][0]:
                 raise PublishedError(f"column 'speedup': {r['speedup']!r} makes the method's time "
                                      f"{method_us:.3g} us, below {SMALLEST['method_time_us'][1]}")
-        if speedup is not None and r["method_time_us"] and abs(baseline_us / method_us / speedup - 1) > SPEEDUP_AGREEMENT:
+        ratio = baseline_us / method_us
+        if speedup is not None and r["method_time_us"] and abs(ratio / speedup - 1) > SPEEDUP_AGREEMENT:
             raise PublishedError(f"column 'speedup': {r['speedup']!r}, where the row's times make it "
-                                 f"{baseline_us / method_us:.3g} (baseline_time_us / method_time_us)")
+                                 f"{ratio:.3g} (baseline_time_us / method_time_us)")
         return Point(**common, kind="overlap" if schedule else "baseline", op=op, schedule=schedule,
                      **_shape(r), baseline_us=baseline_us, method_us=method_us)
     plain = re.match(r"plain (all_gather|reduce_scatter|all_reduce|all_to_all|GEMM|p2p copy)", op)

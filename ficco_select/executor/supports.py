@@ -3,8 +3,8 @@ PyTorch's own implementation. The eager ops (``runtime/ops.py``), the compile pa
 (``runtime/compile.py``) and the layers' fast path (``runtime/tp.py``) all ask here.
 
 Each function returns why PyTorch's implementation runs the call (what of it the
-executor does not run), or None where the executor can. A size given as None is not known yet (symbolic at compile time): it is not
-held against the call.
+executor does not run), or None where the executor can. A size given as None is not known
+yet (symbolic at compile time): it is not held against the call.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
 
-from ficco_select.executor.operators import (AllGatherGemm, AllToAllGemm, GemmAllReduce, GemmAllToAll, GemmReduceScatter,
-                                             dtype_name)
+from ficco_select.executor.operators import (AllGatherGemm, AllToAllGemm, GemmAllReduce, GemmAllToAll,
+                                             GemmReduceScatter, dtype_name)
 from ficco_select.executor.supports import (all_gather_matmul_unsupported, matmul_all_reduce_unsupported,
                                             matmul_reduce_scatter_unsupported)
 from ficco_select.runtime import dispatch
@@ -148,7 +148,8 @@ def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, reduce_op: str = "sum", 
     group = resolve_group(group_name)
     P = group.size()
     if _checks_calls(group):
-        _same_call_on_every_rank("matmul_all_reduce", group, run_check, f"A {_tensor(A)} @ B {_tensor(B)}, {reduce_op}")
+        _same_call_on_every_rank("matmul_all_reduce", group, run_check,
+                                 f"A {_tensor(A)} @ B {_tensor(B)}, {reduce_op}")
     A2 = A if A.ndim == 2 else _rows(A)
     rows, n = A2.shape[0], B.shape[-1]
 
@@ -341,8 +342,7 @@ def prepare_all_gather_matmul(k: int, n_local: int, dtype: torch.dtype, device: 
     with no collective and no model, from its first step on. Every rank of the group calls
     it, in the same order (rank 0 builds the table and shares it). Whether a table was built."""
     group = resolve_group(group_name)
-    if not dispatch.check_agreed(group):  # now, so that no step does
-        agree_on_the_check(group)
+    agree_on_the_check(group)  # now, so that no step does
     P = group.size()
     return dispatch.prepare_layer(_ag_layer(n_local, dtype, device.type, k), group, lambda: scenario_for(
         "ag_gemm", P * TABLE_ROWS, P * n_local, k, dtype, P, device)) is not None
@@ -353,8 +353,7 @@ def prepare_matmul_reduce_scatter(k_local: int, n: int, dtype: torch.dtype, devi
     """``prepare_all_gather_matmul`` for ``matmul_reduce_scatter`` calls of A (rows, k_local)
     @ B (k_local, n) scattered along dim 0."""
     group = resolve_group(group_name)
-    if not dispatch.check_agreed(group):  # now, so that no step does
-        agree_on_the_check(group)
+    agree_on_the_check(group)  # now, so that no step does
     P = group.size()
     return dispatch.prepare_layer(_rs_layer(n, False, dtype, device.type, k_local), group, lambda: scenario_for(
         "gemm_rs", P * TABLE_ROWS, n, P * k_local, dtype, P, device)) is not None
@@ -363,8 +362,7 @@ def prepare_matmul_reduce_scatter(k_local: int, n: int, dtype: torch.dtype, devi
 def prepare_matmul_all_reduce(k_local: int, n: int, dtype: torch.dtype, device: torch.device, group_name) -> bool:
     """``prepare_all_gather_matmul`` for ``matmul_all_reduce`` calls of A (rows, k_local) @ B (k_local, n)."""
     group = resolve_group(group_name)
-    if not dispatch.check_agreed(group):  # now, so that no step does
-        agree_on_the_check(group)
+    agree_on_the_check(group)  # now, so that no step does
     P = group.size()
     return dispatch.prepare_layer(_ar_layer(n, dtype, device.type, k_local), group, lambda: scenario_for(
         "gemm_ar", P * TABLE_ROWS, n, P * k_local, dtype, P, device)) is not None
