@@ -229,7 +229,7 @@ def test_between_grid_points_a_table_never_ships_an_overlap_the_direct_path_s_ru
 
     folder = _with_rule(model_folder, tmp_path / "export", gpu_no_harm=GPU_RULE)
     sel, direct = Selector.load(folder), Selector.load(folder, layer_tables=False)
-    rule = sel._scope.gpu_no_harm
+    rule = sel.rules.gpu_no_harm
     gpus = [name for name in preset_names() if load_hardware(name).kind == "gpu"]
     layers = [s for hw in gpus for s in list({Scenario.from_record(r).layer: Scenario.from_record(r) for r in catalog(
         "full", world_sizes=(8,), hardware=hw, models=["mixtral-8x7b"])}.values())[::3]]

@@ -156,11 +156,11 @@ def test_model_decisions_match_pair_features_scored_by_xgboost(model_folder):
                 scores = -scores
             order = np.argsort(scores, kind="stable")
             margin = scores[order[1]] - scores[order[0]]
-            if abs(margin - sel.min_margin) < 1e-4 or margin < 1e-4:
+            if abs(margin - sel.rules.margin_rules["min_margin"]) < 1e-4 or margin < 1e-4:
                 continue  # a float32 tie: either answer is right
             decision = sel.select(s)
             sources.add(decision.source)
-            if margin < sel.min_margin:
+            if margin < sel.rules.margin_rules["min_margin"]:
                 assert decision.source == "heuristic"
             else:
                 assert decision.source == "model" and decision.schedule == cands[order[0]], f"{s}"
@@ -459,7 +459,7 @@ def test_the_exports_fitted_abstention_rule_decides_where_the_model_abstains(tmp
     # The rule fitted at training (ficco_select.train.shipped.fit_abstention) travels in selector.json.
     trusted = Selector.load(write_selector(tmp_path / "a", abstention={"min_margin": 0.0, "fallback": "baseline"}))
     d = trusted.select(RECORD)
-    assert d.source == "model" and trusted.min_margin == 0.0
+    assert d.source == "model" and trusted.rules.margin_rules["min_margin"] == 0.0
     never = Selector.load(write_selector(tmp_path / "b", abstention={"min_margin": None, "fallback": "baseline"}))
     d = never.select(RECORD)
     assert d.source == "fallback" and d.schedule == BASELINE and "never trusts the model" in d.reason

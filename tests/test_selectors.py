@@ -255,7 +255,7 @@ def test_the_abstention_rule_is_fitted_on_validation_folds_of_the_training_side_
     assert rule["validation_slowdowns"] <= rule["validation_tail_guard"]
     assert rule["validation_scenarios"] == train["scenario_id"].nunique()
     shipped = ShippedPolicy(XGBRanker(n_estimators=30)).fit(train)
-    pooled = shipped.runtime_.margin_rules
+    pooled = shipped.runtime_.rules.margin_rules
     assert (pooled["min_margin"], pooled["fallback"]) == (rule["min_margin"], rule["fallback"])
 
 

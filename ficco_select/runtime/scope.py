@@ -63,9 +63,10 @@ class Scope:
     """(column, low, high) for the RANGE_COLUMNS the file gives."""
     specs: Mapping[str, HardwareSpec] = dataclasses.field(default_factory=dict)
     """``hardware_specs``: the training data's non-preset machines, by name."""
-    margin_rules: Mapping[str, Any] | None = None
-    """``abstention``'s margin rules as selector.json writes them, checked, if the export has
-    them: ``min_margin`` (None: never) and ``fallback``, pooled; ``by_kind``, the same per
+    margin_rules: Mapping[str, Any] = dataclasses.field(
+        default_factory=lambda: {"min_margin": DEFAULT_MIN_MARGIN, "fallback": "heuristic"})
+    """``abstention``'s margin rules as selector.json writes them, checked (without
+    ``abstention``: ``DEFAULT_MIN_MARGIN`` and the heuristic): ``min_margin`` (None: never) and ``fallback``, pooled; ``by_kind``, the same per
     kind of machine (``HardwareSpec.kind``: a model's margins mean more on one kind than on
     another); ``by_op``, per ``<kind>.<op>`` (a fallback that suits most of a kind's
     scenarios can be the worst for one operator). Read by ``decision.margin_rule``."""
@@ -134,7 +135,7 @@ class Scope:
                                  "an export carries only machines of their own names")
             checked[key] = spec
         rule = meta.get("abstention")
-        margin_rules, slack, by_reason = None, {}, {}
+        margin_rules, slack, by_reason = {"min_margin": DEFAULT_MIN_MARGIN, "fallback": "heuristic"}, {}, {}
         if rule is not None:
             margin_rules = _margin_rule(rule, f"{where}: field 'abstention")
             kinds = rule.get("by_kind", {})

@@ -52,7 +52,7 @@ from ficco_select.runtime.fallbacks import heuristic, names_of, run_fallback
 from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerTable, build_table, read_tables
 from ficco_select.runtime.loading import DEFAULT_PATH, read_export
 from ficco_select.runtime.no_harm import TableGuard, refused, verdicts
-from ficco_select.runtime.scope import DEFAULT_MIN_MARGIN, Scope
+from ficco_select.runtime.scope import Scope
 from ficco_select.runtime.trees import TreeEnsemble
 from ficco_select.scenario import LAYER_COLUMNS, MAX_EXTENT, SCENARIO_COLUMNS, Scenario
 from ficco_select.schedule import BASELINE, Schedule, legal_candidates
@@ -65,13 +65,10 @@ class Selector:
     def __init__(self, model: TreeEnsemble | None = None, meta: Mapping[str, Any] | None = None, *,
                  layer_tables: bool = True) -> None:
         # meta is selector.json's contents: checked here, so that every decision can trust it.
-        self._scope = Scope.from_meta(meta) if meta is not None else Scope()
+        self.rules = Scope.from_meta(meta) if meta is not None else Scope()
+        """The export's rules, parsed once (``runtime/scope.py``): every decision reads them here."""
         self.model = model
         self.meta = dict(meta or {})
-        self.margin_rules = self._scope.margin_rules or {"min_margin": DEFAULT_MIN_MARGIN, "fallback": "heuristic"}
-        """The abstention rules as selector.json writes them: pooled ``min_margin`` and
-        ``fallback``, with ``by_kind`` and ``by_op`` refinements (``decision.margin_rule``)."""
-        self.min_margin = self.margin_rules["min_margin"]
         self.layer_tables = layer_tables
         """Decide every m of a layer from its table (``runtime/layers.py``), built on the layer's
         first sight: the same answer through every door. False: every call decides directly
@@ -85,7 +82,7 @@ class Selector:
         self._by_id: dict[int, tuple[Scenario, Decision]] = {}
         self._cache: dict[Scenario | tuple, Decision] = {}
         self._by_record: dict[tuple, Decision] = {}
-        self._fixed: dict[str, HardwareSpec] = dict(self._scope.specs)
+        self._fixed: dict[str, HardwareSpec] = dict(self.rules.specs)
         """Machines that mean one spec for this selector wherever it is asked: the export's own
         (``hardware_specs``, which win over a job's) and the shipped ones met so far."""
         self._files: dict[str, HardwareSpec] = {}  # spec files read, by path (a job may still refuse the name)
@@ -205,9 +202,9 @@ class Selector:
         if isinstance(machine, Decision):
             return None
         scenario, hw = machine
-        trained = {col: (lo, hi) for col, lo, hi in self._scope.ranges}
+        trained = {col: (lo, hi) for col, lo, hi in self.rules.ranges}
         lo, hi = trained.get("m", DEFAULT_M_RANGE) if self.model is not None else DEFAULT_M_RANGE
-        slack = self._scope.range_slack.get(hw.kind, {}).get("m", 1.0) if "m" in trained else 1.0
+        slack = self.rules.range_slack.get(hw.kind, {}).get("m", 1.0) if "m" in trained else 1.0
         # A range or slack as wide as the export may give (1e308): the table stops at the largest m a scenario takes.
         lo, hi = max(1, math.ceil(min(lo / slack, MAX_EXTENT))), math.floor(min(hi * slack, MAX_EXTENT))
         return build_table(scenario, lo, hi, lambda ms: self._decide_points(scenario, ms, hw), also,
@@ -227,7 +224,7 @@ class Selector:
         backend = backend_for(hw)
         by_candidates: dict[int, tuple[tuple, list[int]]] = {}  # id(candidate tuple): (the tuple, its points)
         for i, s in enumerate(points):
-            if not abstention_reason(self._scope, s, hw)[1]:
+            if not abstention_reason(self.rules, s, hw)[1]:
                 cands = legal_candidates(s, backend)  # shared tuples: one per legality key
                 if cands:
                     by_candidates.setdefault(id(cands), (cands, []))[1].append(i)
@@ -342,7 +339,7 @@ class Selector:
         """`decisions` of `points`, each replaced by the baseline where the export's GPU
         do-no-harm rule (``gpu_no_harm``) says its predicted gain is within the simulator's
         published error; one vectorized check for all of them (a layer table's grid)."""
-        rule = self._scope.gpu_no_harm
+        rule = self.rules.gpu_no_harm
         if rule is None or hw.kind != "gpu" or self._measured(hw):
             return decisions
         at = [i for i, d in enumerate(decisions) if not d.schedule.is_baseline]
@@ -362,7 +359,7 @@ class Selector:
 
     def _table_guard(self, layer: Scenario, hw: HardwareSpec) -> TableGuard | None:
         """The GPU do-no-harm rule over `layer`'s table on `hw`, where it applies (``_no_harm``)."""
-        rule = self._scope.gpu_no_harm
+        rule = self.rules.gpu_no_harm
         if rule is None or hw.kind != "gpu" or self._measured(hw):
             return None
         return TableGuard(rule, hw, layer)
@@ -408,7 +405,7 @@ class Selector:
     def _measured(self, hw: HardwareSpec) -> bool:
         # By name and numbers: a spec file may take a measured machine's name with other
         # numbers, and that machine the model never measured.
-        rule = self._scope.gpu_no_harm
+        rule = self.rules.gpu_no_harm
         return rule is not None and hw.name in rule.measured and hw == self._spec(hw.name)
 
     def _spec(self, value: str) -> HardwareSpec | None:
@@ -469,7 +466,7 @@ class Selector:
 
     def _unguarded(self, s: Scenario, hw: HardwareSpec, scores: np.ndarray | None) -> Decision:
         try:
-            key, why = ("other", "no model") if self.model is None else abstention_reason(self._scope, s, hw)
+            key, why = ("other", "no model") if self.model is None else abstention_reason(self.rules, s, hw)
         except Exception as e:  # noqa: BLE001 - the heuristic is still a better guess than the baseline
             key, why = "other", f"abstention check failed: {e!r}"
             self._warn_once(("abstain", type(e).__name__), f"{why}; using the heuristic")
@@ -483,7 +480,7 @@ class Selector:
 
     def _fallback(self, key: str, s: Scenario, hw: HardwareSpec, why: str) -> Decision:
         """What runs where the model abstained for reason `key` (``ABSTENTION_REASONS``)."""
-        return run_fallback(reason_fallback(self._scope, key, hw.kind), key, s, hw, why)
+        return run_fallback(reason_fallback(self.rules, key, hw.kind), key, s, hw, why)
 
     def decide_as(self, scenario: Scenario, fallback: str) -> Decision:
         """What `fallback` (``heuristic``, ``baseline``, ``cost_model`` or a schedule name)
@@ -515,17 +512,17 @@ class Selector:
         if not np.isfinite(scores).all():  # checked trees cannot give one; a bug or a hand-edited model can
             self._warn_once(("non-finite",), "the model predicted a non-finite score; using the heuristic")
             return heuristic(s, hw, "model predicted a non-finite score", "other")
-        if self._scope.ranker:
+        if self.rules.ranker:
             scores = -scores  # ranker: higher is better; we take the argmin below
         (at,), (margin,) = pick_with_margin(scores, names_of(cands))
         best, margin = cands[int(at)], float(margin)
-        rule = margin_rule(self.margin_rules, hw.kind, s.op)
+        rule = margin_rule(self.rules.margin_rules, hw.kind, s.op)
         min_margin = rule["min_margin"]
         if min_margin is None or margin < min_margin:
             why = (f"model margin {margin:.4f} below {min_margin}" if min_margin is not None
                    else "the export's abstention rule never trusts the model")
             return run_fallback(rule["fallback"], "low_margin", s, hw, why, cands, scores)
-        return Decision(best, "model", float(min(1.0, margin)), unseen_note(self._scope, s))
+        return Decision(best, "model", float(min(1.0, margin)), unseen_note(self.rules, s))
 
     def _warn_once(self, key, message: str) -> None:
         if key not in self._warned:
