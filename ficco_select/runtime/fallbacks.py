@@ -17,6 +17,7 @@ import numpy as np
 
 from ficco_select.hardware import HardwareSpec
 from ficco_select.heuristic import backend_for, choose
+from ficco_select.runtime.caches import BoundedCache
 from ficco_select.runtime.decision import GATED, Decision, fixed_rule_pick
 from ficco_select.runtime.no_harm import cost_model_pick
 from ficco_select.runtime.scope import COST_MODEL
@@ -57,9 +58,9 @@ def heuristic(s: Scenario, hw: HardwareSpec, why: str, key: str = "other") -> De
     return Decision(choose(s, hw), "heuristic", 0.0, why, key)
 
 
-_NAMES: dict[int, tuple[tuple, np.ndarray]] = {}
+_NAMES: BoundedCache[int, tuple[tuple, np.ndarray]] = BoundedCache(1 << 14)
 """The names of shared candidate tuples (``schedule.legal_candidates``), by the tuple's id
-(kept alive with it)."""
+(kept alive with it, so that the id is not reused while its entry lives)."""
 
 
 def names_of(cands: Sequence[Schedule]) -> np.ndarray:
@@ -69,7 +70,5 @@ def names_of(cands: Sequence[Schedule]) -> np.ndarray:
     if seen is not None and seen[0] is cands:
         return seen[1]
     names = np.array([c.name for c in cands])
-    if len(_NAMES) >= 1 << 14:
-        _NAMES.clear()
-    _NAMES[id(cands)] = (cands, names)
+    _NAMES.put(id(cands), (cands, names))
     return names

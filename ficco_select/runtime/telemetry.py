@@ -34,10 +34,15 @@ import logging
 import os
 from pathlib import Path
 
+from ficco_select.runtime.caches import BoundedCache
+
 log = logging.getLogger("ficco_select.runtime.telemetry")
 
 TELEMETRY_VERSION = 1
 ENV = "FICCO_TELEMETRY"
+CALLS_KEPT = 1 << 16
+"""(scenario, schedule) pairs whose call count a writer keeps (least recently used out: a
+pair seen again after its eviction counts from 0)."""
 
 
 class Telemetry:
@@ -46,13 +51,13 @@ class Telemetry:
     def __init__(self, path: str | Path, rank: int = 0) -> None:
         self.path = Path(str(path).replace("{rank}", str(rank)))
         self.rank = rank
-        self._calls: dict[tuple[str, str], int] = {}
+        self._calls: BoundedCache[tuple[str, str], int] = BoundedCache(CALLS_KEPT)
         self._broken = False
 
     def next_call(self, scenario_id: str, schedule: str) -> int:
         key = (scenario_id, schedule)
         n = self._calls.get(key, 0)
-        self._calls[key] = n + 1
+        self._calls.put(key, n + 1)
         return n
 
     def record(self, record: dict, *, schedule: str, source: str, call: int, time_s: float,
