@@ -41,7 +41,7 @@ while time.monotonic() < stop:
     elif not sel._tables:
         counts["mixed"] += 1  # layers.json of another export: refused for its digest
     else:
-        counts["seen"].append(sel.meta["export"])
+        counts["seen"].append(sel.rules.run_id)
 counts["seen"] = sorted(set(counts["seen"]))
 print(json.dumps(counts))
 """
@@ -49,7 +49,7 @@ print(json.dumps(counts))
 
 def writer(tag: str, margin: float):
     def write(folder):
-        write_selector(folder, export=tag, abstention={"min_margin": margin, "fallback": "heuristic"})
+        write_selector(folder, mlflow_run_id=tag, abstention={"min_margin": margin, "fallback": "heuristic"})
         write_tables(Selector.load(folder), LAYERS, folder)
     return write
 

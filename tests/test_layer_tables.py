@@ -41,7 +41,7 @@ def check_table(sel: Selector, layer: Scenario) -> None:
     # Each decided alone, with tables off (on, the direct selector would decide from the same
     # table): every DIRECT_STRIDE-th grid point and the last, a stride prime to the grid's
     # points per octave, so that the points checked fall on every step of an octave.
-    direct = Selector(sel.model, sel.meta, layer_tables=False) if sel.model is not None else \
+    direct = Selector(sel.model, sel.rules.to_meta(), layer_tables=False) if sel.model is not None else \
         Selector(layer_tables=False)
     last = len(table.grid) - 1
     for i, (m, decision) in enumerate(zip(table.grid, table.decisions)):

@@ -71,10 +71,11 @@ def test_training_is_tracked_with_nested_runs_and_a_registered_model(store):
     # settings), tagged with the shipped row's hold-out capture, not the bare model's.
     assert first["chosen"] == "xgb-ranker"
     assert meta["abstention"]["min_margin"] is None or meta["abstention"]["min_margin"] >= 0
-    assert "unseen_hardware" in meta and "validation_scenarios" not in meta["abstention"]  # rules only
+    assert "validation" not in json.dumps(meta) and "by_reason" not in meta.get("unseen_hardware", {})  # rules only
     # The validation evidence beside the rules, in the model's artifacts and in the run.
     evidence = json.loads(next(Path(local).rglob("evidence.json")).read_text())
     assert evidence["abstention"]["validation_scenarios"] > 0 and evidence["mlflow_run_id"] == meta["mlflow_run_id"]
+    assert "dataset_digest" in evidence and "dataset_digest" not in meta  # provenance: the evidence's
     logged = mlflow.artifacts.download_artifacts(run_id=meta["mlflow_run_id"], artifact_path="evidence.json")
     assert json.loads(Path(logged).read_text()) == evidence
     version = client.get_model_version(REGISTERED_MODEL, first["version"])
@@ -161,9 +162,9 @@ def test_export_then_the_runtime_selector_decides_without_raising(store, tmp_pat
     assert "model" in sources
     # outside what it was trained on: the fallback fitted for that reason decides, and says so
     d = sel.select({**recs[0], "hardware": "a100-nvswitch"})
-    fallbacks = sel.meta["abstention"].get("by_reason", {}).get(d.abstained, {})
+    fallbacks = sel.rules.fallback_by_reason
     assert d.abstained == "unseen_machine" and "not seen" in d.reason
-    fitted = fallbacks.get("gpu", fallbacks.get("any", "heuristic"))
+    fitted = fallbacks.get((d.abstained, "gpu"), fallbacks.get((d.abstained, "any"), "heuristic"))
     assert d.source == (fitted if fitted in ("heuristic", "cost_model") else "fallback")
     # broken input never raises: the baseline, with one warning per key
     bad = {**recs[0], "m": -1}
@@ -188,7 +189,8 @@ def test_export_with_layers_precompiles_tables_that_the_runtime_reads(store, tmp
     folder = export(tmp_path / "sel", uri, layers)
     text = (folder / TABLES_FILE).read_text()
     assert "do not edit" in text and export(tmp_path / "again", uri, layers).joinpath(TABLES_FILE).read_text() == text
-    sel, lazy = Selector.load(folder), Selector(Selector.load(folder).model, Selector.load(folder).meta)
+    sel = Selector.load(folder)
+    lazy = Selector(sel.model, sel.rules.to_meta())
     assert set(sel._tables) == {s.layer for s in layers}  # loaded, not built
     for layer in layers:
         pre, built = sel._tables[layer.layer], lazy.layer_table(layer)

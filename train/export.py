@@ -20,6 +20,9 @@ from pathlib import Path
 
 from ficco_select.data.locks import output_lock
 from ficco_select.runtime.layers import GRID_STEPS_PER_OCTAVE, TABLES_FILE, export_digest
+from ficco_select.runtime.loading import check_version
+from ficco_select.runtime.scope import Scope
+from ficco_select.runtime.trees import read_json
 from ficco_select.runtime.selector import Selector
 from ficco_select.scenario import LAYER_COLUMNS, Scenario
 from ficco_select.train.run import ALIAS, REGISTERED_MODEL
@@ -46,16 +49,25 @@ def export(out: str | Path, model_uri: str = f"models:/{REGISTERED_MODEL}@{ALIAS
     booster.load_model(str(model_files[0]))
 
     evidence = metas[0].with_name("evidence.json")  # what training found; the runtime never reads it
+    rules = export_rules(read_json(metas[0]), f"{model_uri}: selector.json")
 
     def write(folder: Path) -> None:
         booster.save_model(str(folder / "model.json"))
-        shutil.copy(metas[0], folder / "selector.json")
+        (folder / "selector.json").write_text(json.dumps(rules, indent=1))
         if evidence.exists():
             shutil.copy(evidence, folder / "evidence.json")
         if layers:
             write_tables(Selector.load(folder), layers, folder)
 
     return publish(out, write)
+
+
+def export_rules(meta: object, where: str) -> dict:
+    """A registered ``selector.json`` (`meta`) as the runtime reads it: refused (ValueError
+    naming `where` and the field) for another layout, feature schema or a malformed rule, as
+    loading would refuse it; written with exactly what the runtime reads (``Scope.to_meta``),
+    so that a model registered with provenance in its rules still ships only the rules."""
+    return Scope.from_meta(check_version(meta, where), where).to_meta()
 
 
 def write_tables(selector: Selector, layers: Iterable[Scenario], folder: str | Path) -> Path:

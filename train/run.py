@@ -5,8 +5,8 @@ rules), and move the ``champion`` alias only when it wins.
 MLflow layout: experiment ``ficco-select``; a parent run per training with the dataset
 (digest), parameters and the comparison tables; a nested run per selector with its
 metrics per split (``<split>_<metric>``); the chosen model logged in XGBoost's native UBJ
-format with ``selector.json`` (feature schema version and hash, training ranges) and
-registered as ``ficco-selector``. Promotion rule: the new version gets ``champion`` only
+format with ``selector.json`` (the rules the runtime reads) and ``evidence.json`` (their
+validation figures and provenance: ``export_files``) and registered as ``ficco-selector``. Promotion rule: the new version gets ``champion`` only
 if, on every grouped hold-out split evaluated, the oracle capture of what ships (the
 ``shipped`` row: model, abstention and fallback) beats the heuristic's and is at least
 the current champion's. Both are read before the GPU do-no-harm rule
@@ -33,6 +33,7 @@ import pandas as pd
 
 from ficco_select import __version__
 from ficco_select.features import FEATURE_NAMES, FEATURE_SCHEMA_HASH, FEATURE_SCHEMA_VERSION
+from ficco_select.runtime.scope import Scope
 from ficco_select.train.config import TrainConfig
 from ficco_select.train.evaluate import abstention_table, choices_table, evaluate, tables
 from ficco_select.train.measured_holdout import holdout_tables, holdout_text
@@ -277,14 +278,7 @@ def _log_model(model: BaseSelector, candidate: BaseSelector, df: pd.DataFrame, d
     captures of `row`, the table row that scored what ships."""
     import mlflow
 
-    name = candidate.name
-    # The export ships the margin rule fitted on validation folds of this training data.
-    abstention = fit_abstention(lambda: clone(candidate), df)
-    unseen = fit_unseen_hardware(lambda: clone(candidate), df, abstention)
-    meta = {**runtime_meta(name, df), "abstention": with_machine_fallbacks(abstention, unseen),
-            "unseen_hardware": unseen, "dataset_digest": digest,
-            "mlflow_run_id": run_id, "ficco_version": __version__}
-    rules, evidence = rules_and_evidence(meta)
+    rules, evidence = export_files(fitted_rules(candidate, df, digest, run_id))
     mlflow.log_dict(evidence, "evidence.json")
     with tempfile.TemporaryDirectory() as tmp:
         files = [Path(tmp) / "selector.json", Path(tmp) / "evidence.json"]
@@ -303,6 +297,44 @@ def _log_model(model: BaseSelector, candidate: BaseSelector, df: pd.DataFrame, d
                                      f"{table.loc['heuristic', 'oracle_capture']:.6f}")
     client.set_model_version_tag(REGISTERED_MODEL, version, "feature_schema_hash", FEATURE_SCHEMA_HASH)
     return version
+
+
+PROVENANCE = ("dataset_digest", "ficco_version", "feature_schema_version", "feature_names", "target")
+"""What training records about a model that the runtime never reads: evidence.json's, not
+selector.json's (``export_files``)."""
+
+
+def fitted_rules(candidate: BaseSelector, df: pd.DataFrame, digest: str, run_id: str) -> dict:
+    """The runtime rules for `candidate` (unfitted) trained on `df` (its ``dataset_digest``)
+    in the MLflow run `run_id`, fitted on validation folds of `df` (``fit_abstention``,
+    ``fit_unseen_hardware``), with their validation figures and provenance: what
+    ``export_files`` splits into an export's two files."""
+    abstention = fit_abstention(lambda: clone(candidate), df)
+    unseen = fit_unseen_hardware(lambda: clone(candidate), df, abstention)
+    # unseen's by_reason is a copy: with_machine_fallbacks moves its choice into abstention.by_reason.
+    return {**runtime_meta(candidate.name, df), "abstention": with_machine_fallbacks(abstention, unseen),
+            "unseen_hardware": {k: v for k, v in unseen.items() if k != "by_reason"},
+            "dataset_digest": digest, "mlflow_run_id": run_id, "ficco_version": __version__}
+
+
+def export_files(meta: dict) -> tuple[dict, dict]:
+    """An export's ``selector.json`` and ``evidence.json`` from ``fitted_rules``' `meta`.
+
+    The rules are written as the runtime parses them (``Scope.from_meta``, then
+    ``Scope.to_meta``): a file the runtime would refuse is never written, and it holds only
+    what the runtime reads. The evidence holds the validation figures, the sampled machines
+    (``rules_and_evidence``; their names leave ``training_ranges`` too) and the provenance
+    (``PROVENANCE``; the GPU rule's fit)."""
+    rules, evidence = rules_and_evidence(meta)
+    # The sampled machines' names too: their specs are the evidence's, so no job can name one.
+    seen = rules["training_ranges"].get("hardware", [])
+    if kept := [h for h in seen if h not in evidence.get("sampled_machines", {})]:
+        rules = {**rules, "training_ranges": {**rules["training_ranges"], "hardware": kept}}
+    selector = Scope.from_meta(rules, "selector.json to export").to_meta()
+    gpu_fit = {k: v for k, v in rules.get("gpu_no_harm", {}).items() if k not in selector.get("gpu_no_harm", {})
+               and k != "measured"}
+    provenance = {k: rules[k] for k in PROVENANCE if k in rules}
+    return selector, {**evidence, **provenance, **({"gpu_no_harm": gpu_fit} if gpu_fit else {})}
 
 
 def _model_requirements() -> list[str]:

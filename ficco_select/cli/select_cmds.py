@@ -119,7 +119,9 @@ def _decision_lines(decisions: list[dict], records: list[dict], selector, model_
                          for d, r in zip(decisions, records)]
     widths = [max(len(line[i]) for line in lines) for i in range(len(COLUMNS))]
     counts = {s: sum(d["source"] == s for d in decisions) for s in ("model", "heuristic", "cost_model", "fallback")}
-    model = (f"model {selector.meta.get('selector', '?')} from {model_path or 'the default export'}"
+    rules = selector.rules
+    run = f" of training run {rules.run_id}" if rules.run_id else ""
+    model = (f"model {rules.name}{run} from {model_path or 'the default export'}"
              if selector.model is not None else "heuristic only")
     return ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines] + [
         f"\n{len(decisions)} rows: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + f" ({model})"]

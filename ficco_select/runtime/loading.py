@@ -31,15 +31,21 @@ def read_export(folder: str | Path) -> tuple[Path, dict[str, Any], TreeEnsemble]
     ValueError or OSError naming the file and field for anything this runtime cannot trust:
     another rules version, another feature schema, a malformed model."""
     folder = Path(os.path.realpath(folder))
-    meta = read_json(folder / "selector.json")
-    if not isinstance(meta, dict):
-        raise ValueError(f"selector.json: expected a JSON object, got {type(meta).__name__}")
-    if (version := meta.get("rules_version")) != RULES_VERSION:
-        said = "missing (a file from an older ficco-select)" if version is None else f"{version!r}"
-        raise ValueError(f"selector.json: field 'rules_version' is {said}, this runtime reads version "
-                         f"{RULES_VERSION}; re-export the model with this version (ficco export)")
-    if (stored := meta.get("feature_schema_hash")) != feature_schema_hash():
-        raise ValueError(f"selector.json: field 'feature_schema_hash' is {stored!r}, this code's is "
-                         f"{feature_schema_hash()}; re-export a model trained with this version")
+    meta = check_version(read_json(folder / "selector.json"))
     model = TreeEnsemble.load(folder / "model.json", expected_features=len(FEATURE_NAMES))
     return folder, meta, model
+
+
+def check_version(meta: Any, where: str = "selector.json") -> dict[str, Any]:
+    """`meta` (``selector.json``'s document) if this runtime reads its layout and its model's
+    features; else ValueError naming `where` and the field. The rules are ``Scope``'s to check."""
+    if not isinstance(meta, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(meta).__name__}")
+    if (version := meta.get("rules_version")) != RULES_VERSION:
+        said = "missing (a file from an older ficco-select)" if version is None else f"{version!r}"
+        raise ValueError(f"{where}: field 'rules_version' is {said}, this runtime reads version "
+                         f"{RULES_VERSION}; re-export the model with this version (ficco export)")
+    if (stored := meta.get("feature_schema_hash")) != feature_schema_hash():
+        raise ValueError(f"{where}: field 'feature_schema_hash' is {stored!r}, this code's is "
+                         f"{feature_schema_hash()}; re-export a model trained with this version")
+    return meta

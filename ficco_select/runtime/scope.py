@@ -5,7 +5,8 @@ Every field, with its meaning and unit, is in docs/runtime.md ("selector.json, f
 field"); each attribute of ``Scope`` below says what it holds once parsed. Anything malformed
 raises ValueError naming the field (``Selector.load`` turns it into a heuristic-only selector
 and one warning). The file's version and feature schema are checked before
-(``runtime/loading.py``).
+(``runtime/loading.py``). Training writes the file as ``Scope.to_meta`` gives it, from the
+rules parsed here, so an export holds only what this module reads (``RULE_FIELDS``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ficco_select.hardware import HardwareSpec, fields_of, load_hardware, shipped_names, spec_from_dict
+from ficco_select.hardware import HardwareSpec, fields_of, load_hardware, shipped_names, spec_as_dict, spec_from_dict
 from ficco_select.runtime.decision import GATED
+from ficco_select.runtime.loading import RULES_VERSION
 from ficco_select.runtime.no_harm import NoHarmRule
 from ficco_select.scenario import OPS
 from ficco_select.schedule import parse
@@ -49,14 +51,33 @@ ANY_KIND = "any"
 REASON_FALLBACKS = ("shape_range", "unseen_machine")
 """The abstention reasons ``abstention.by_reason`` gives fallbacks for (a low margin has the
 margin rules; the other reasons go to the heuristic)."""
+RULE_FIELDS = (
+    "rules_version", "feature_schema_hash",  # checked by ``loading.read_export``
+    "selector", "mlflow_run_id", "training_ranges.*", "hardware_specs.*",
+    "unseen_dtype.dtype_bytes", "unseen_dtype.peak_tflops.*",
+    "unseen_hardware.decide", "unseen_hardware.kinds.*.topologies", "unseen_hardware.kinds.*.any_topology",
+    "unseen_hardware.kinds.*.spec_ranges.*",
+    "abstention.min_margin", "abstention.fallback",
+    "abstention.by_kind.*.min_margin", "abstention.by_kind.*.fallback",
+    "abstention.by_op.*.min_margin", "abstention.by_op.*.fallback",
+    "abstention.range_slack.*.*", "abstention.by_reason.*.*",
+    "gpu_no_harm.split_us", "gpu_no_harm.small_margin", "gpu_no_harm.large_margin", "gpu_no_harm.measured",
+)
+"""Every field of ``selector.json`` the runtime reads, as dotted paths (``*``: any key; a
+list, and a machine of ``hardware_specs``, is one field). ``to_meta`` writes these and no
+other (tests/test_rules.py holds that the parser reads each)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Scope:
     """What ``selector.json`` says about the model, checked once (``from_meta``)."""
 
-    ranker: bool = False
-    """Higher scores are better (``xgb-ranker``)."""
+    name: str | None = None
+    """``selector``: the learned selector the model is (one of ``SELECTORS``); None: no export
+    (the heuristic alone)."""
+    run_id: str | None = None
+    """``mlflow_run_id``: the training run that fitted the model and these rules, if given:
+    what names the export (``ficco select``, the bring-up's export step)."""
     seen: tuple[tuple[str, frozenset], ...] = ()
     """(column, values seen in training) for the SEEN_COLUMNS the file gives."""
     ranges: tuple[tuple[str, float, float], ...] = ()
@@ -86,6 +107,11 @@ class Scope:
     in training, if the export has them."""
     gpu_no_harm: NoHarmRule | None = None
     """``gpu_no_harm``: the GPU side of abstention (``runtime/no_harm.py``), if the export has it."""
+
+    @property
+    def ranker(self) -> bool:
+        """Higher scores are better (``xgb-ranker``)."""
+        return self.name == "xgb-ranker"
 
     @classmethod
     def from_meta(cls, meta: Any, where: str = "selector.json") -> "Scope":
@@ -142,8 +168,9 @@ class Scope:
             if not isinstance(kinds, dict) or not set(kinds) <= set(MACHINE_KINDS):
                 raise ValueError(f"{where}: field 'abstention.by_kind' must be an object keyed by "
                                  f"{' or '.join(MACHINE_KINDS)}, got {kinds!r}")
-            margin_rules["by_kind"] = {kind: _margin_rule(r, f"{where}: field 'abstention.by_kind.{kind}")
-                                       for kind, r in kinds.items()}
+            if kinds:  # absent when empty, so that an export without them parses to the same rules
+                margin_rules["by_kind"] = {kind: _margin_rule(r, f"{where}: field 'abstention.by_kind.{kind}")
+                                           for kind, r in kinds.items()}
             ops = rule.get("by_op", {})
             allowed = {f"{kind}.{op}" for kind in MACHINE_KINDS for op in OPS}
             if not isinstance(ops, dict) or not set(ops) <= allowed:
@@ -151,17 +178,72 @@ class Scope:
                 raise ValueError(f"{where}: field 'abstention.by_op' must be an object keyed by "
                                  f"'<kind>.<op>' ({' or '.join(MACHINE_KINDS)}, then one of {', '.join(OPS)}), "
                                  f"got {bad!r}")
-            margin_rules["by_op"] = {key: _margin_rule(r, f"{where}: field 'abstention.by_op.{key}")
-                                     for key, r in ops.items()}
+            if ops:
+                margin_rules["by_op"] = {key: _margin_rule(r, f"{where}: field 'abstention.by_op.{key}")
+                                         for key, r in ops.items()}
             slack = _range_slack(rule.get("range_slack", {}), f"{where}: field 'abstention.range_slack")
             by_reason = _by_reason(rule.get("by_reason", {}), f"{where}: field 'abstention.by_reason")
-        return cls(ranker=name == "xgb-ranker", seen=tuple(seen), ranges=tuple(bounds), specs=checked,
+        run_id = meta.get("mlflow_run_id")
+        if run_id is not None and not (isinstance(run_id, str) and run_id):
+            raise ValueError(f"{where}: field 'mlflow_run_id' must be a non-empty string, got {run_id!r}")
+        return cls(name=name, run_id=run_id, seen=tuple(seen), ranges=tuple(bounds), specs=checked,
                    margin_rules=margin_rules, range_slack=slack,
                    fallback_by_reason=by_reason,
                    unseen=_unseen_rule(meta.get("unseen_hardware"), where),
                    gpu_no_harm=(NoHarmRule.from_meta(meta["gpu_no_harm"], where)
                                 if meta.get("gpu_no_harm") is not None else None),
                    unseen_dtype=_dtype_ranges(meta.get("unseen_dtype"), where))
+
+
+    def to_meta(self) -> dict[str, Any]:
+        """``selector.json`` holding exactly these rules (``Scope.from_meta`` of it gives them
+        back), each field left out where absent means the same: the file an export ships.
+        ValueError for the heuristic alone (no ``name``): it has no file."""
+        if self.name is None:
+            raise ValueError("selector.json: the rules of no model (field 'selector' unset) are no export's")
+        from ficco_select.features import feature_schema_hash  # the one hash loading accepts
+
+        doc: dict[str, Any] = {"rules_version": RULES_VERSION, "feature_schema_hash": feature_schema_hash(),
+                               "selector": self.name}
+        if self.run_id is not None:
+            doc["mlflow_run_id"] = self.run_id
+        doc["training_ranges"] = {**{col: [lo, hi] for col, lo, hi in self.ranges},
+                                  **{col: sorted(values) for col, values in self.seen}}
+        if self.specs:
+            doc["hardware_specs"] = {name: spec_as_dict(spec) for name, spec in sorted(self.specs.items())}
+        if self.unseen_dtype is not None:
+            (low, high), peaks = self.unseen_dtype
+            doc["unseen_dtype"] = {"dtype_bytes": [low, high],
+                                   "peak_tflops": {kind: [lo, hi] for kind, (lo, hi) in peaks.items()}}
+        if self.unseen:
+            doc["unseen_hardware"] = {"decide": "model", "kinds": {
+                kind: {**({"any_topology": True} if topologies is None else {"topologies": sorted(topologies)}),
+                       "spec_ranges": {field: [lo, hi] for field, lo, hi in bounds}}
+                for kind, (topologies, bounds) in self.unseen.items()}}
+        if abstention := self._abstention():
+            doc["abstention"] = abstention
+        if (rule := self.gpu_no_harm) is not None:
+            doc["gpu_no_harm"] = {"split_us": rule.split_us, "small_margin": rule.small_margin,
+                                  "large_margin": rule.large_margin,
+                                  **({"measured": sorted(rule.measured)} if rule.measured else {})}
+        return doc
+
+    def _abstention(self) -> dict[str, Any]:
+        """``abstention`` as ``to_meta`` writes it; {} where the defaults hold."""
+        doc = {key: self.margin_rules[key] for key in ("min_margin", "fallback")}
+        for key in ("by_kind", "by_op"):
+            if self.margin_rules.get(key):
+                doc[key] = {at: {"min_margin": r["min_margin"], "fallback": r["fallback"]}
+                            for at, r in self.margin_rules[key].items()}
+        if self.range_slack:
+            doc["range_slack"] = {kind: dict(factors) for kind, factors in self.range_slack.items()}
+        if self.fallback_by_reason:
+            by_reason: dict[str, dict[str, str]] = {}
+            for (reason, kind), fallback in self.fallback_by_reason.items():
+                by_reason.setdefault(reason, {})[kind] = fallback
+            doc["by_reason"] = by_reason
+        default = {"min_margin": DEFAULT_MIN_MARGIN, "fallback": "heuristic"}
+        return {} if doc == default else doc
 
 
 def _range_slack(slack: Any, at: str) -> dict:
@@ -256,12 +338,15 @@ def _unseen_rule(rule: Any, where: str) -> dict:
         at = f"{where}: field 'unseen_hardware.kinds.{kind}"
         if not isinstance(block, dict):
             raise ValueError(f"{at}' must be an object, got {type(block).__name__}")
-        topologies, ranges = block.get("topologies"), block.get("spec_ranges")
-        if not (isinstance(topologies, list) and topologies and all(isinstance(t, str) for t in topologies)):
-            raise ValueError(f"{at}.topologies' must be a non-empty list of strings, got {topologies!r}")
         any_topology = block.get("any_topology", False)
         if not isinstance(any_topology, bool):
             raise ValueError(f"{at}.any_topology' must be true or false, got {any_topology!r}")
+        topologies, ranges = block.get("topologies"), block.get("spec_ranges")
+        # With any topology let in, the trained ones are not needed (``to_meta`` leaves them out).
+        if (topologies is not None or not any_topology) and not (
+                isinstance(topologies, list) and topologies and all(isinstance(t, str) for t in topologies)):
+            raise ValueError(f"{at}.topologies' must be a non-empty list of strings (unless any_topology), "
+                             f"got {topologies!r}")
         if not isinstance(ranges, dict):
             raise ValueError(f"{at}.spec_ranges' must be an object (field -> [low, high]), got {ranges!r}")
         bounds = []
