@@ -91,7 +91,8 @@ def read_by_the_runtime(doc: dict, tmp_path, monkeypatch) -> set:
     (folder / "model.json").write_text(json.dumps(preference_model()))
     (folder / "selector.json").write_text(json.dumps(doc))
     real = loading.read_json
-    monkeypatch.setattr(loading, "read_json", lambda path, *a: watched if path.name == "selector.json" else real(path, *a))
+    monkeypatch.setattr(loading, "read_json",
+                        lambda path, *a: watched if path.name == "selector.json" else real(path, *a))
     _, meta, _ = read_export(folder)
     assert meta is watched
     Scope.from_meta(meta)

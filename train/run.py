@@ -3,17 +3,17 @@ the shipped-policy row scored (same settings, refitted on all the data, with its
 rules), and move the ``champion`` alias only when it wins.
 
 MLflow layout: experiment ``ficco-select``; a parent run per training with the dataset
-(digest), parameters and the comparison tables; a nested run per selector with its
-metrics per split (``<split>_<metric>``); the chosen model logged in XGBoost's native UBJ
-format with ``selector.json`` (the rules the runtime reads) and ``evidence.json`` (their
-validation figures and provenance: ``export_files``) and registered as ``ficco-selector``. Promotion rule: the new version gets ``champion`` only
-if, on every grouped hold-out split evaluated, the oracle capture of what ships (the
-``shipped`` row: model, abstention and fallback) beats the heuristic's and is at least
-the current champion's. Both are read before the GPU do-no-harm rule
-(``shipped-unguarded`` where evaluated): the rule filters whatever runs on a GPU, and on
-simulated truth it costs by design what it saves on real GPUs, so a gate scored with it
-would compare the rule with the simulator, not the model with the heuristic. mlflow is imported here only, never by the
-runtime.
+(digest), parameters and the comparison tables; a nested run per selector with its metrics
+per split (``<split>_<metric>``); the chosen model logged in XGBoost's native UBJ format
+with ``selector.json`` (the rules the runtime reads) and ``evidence.json`` (their validation
+figures and provenance: ``export_files``) and registered as ``ficco-selector``. Promotion
+rule: the new version gets ``champion`` only if, on every grouped hold-out split evaluated,
+the oracle capture of what ships (the ``shipped`` row: model, abstention and fallback) beats
+the heuristic's and is at least the current champion's. Both are read before the GPU
+do-no-harm rule (``shipped-unguarded`` where evaluated): the rule filters whatever runs on a
+GPU, and on simulated truth it costs by design what it saves on real GPUs, so a gate scored
+with it would compare the rule with the simulator, not the model with the heuristic. mlflow
+is imported here only, never by the runtime.
 """
 
 from __future__ import annotations

@@ -87,15 +87,16 @@ class Scope:
     margin_rules: Mapping[str, Any] = dataclasses.field(
         default_factory=lambda: {"min_margin": DEFAULT_MIN_MARGIN, "fallback": "heuristic"})
     """``abstention``'s margin rules as selector.json writes them, checked (without
-    ``abstention``: ``DEFAULT_MIN_MARGIN`` and the heuristic): ``min_margin`` (None: never) and ``fallback``, pooled; ``by_kind``, the same per
-    kind of machine (``HardwareSpec.kind``: a model's margins mean more on one kind than on
-    another); ``by_op``, per ``<kind>.<op>`` (a fallback that suits most of a kind's
-    scenarios can be the worst for one operator). Read by ``decision.margin_rule``."""
+    ``abstention``: ``DEFAULT_MIN_MARGIN`` and the heuristic): ``min_margin`` (None: never)
+    and ``fallback``, pooled; ``by_kind``, the same per kind of machine (``HardwareSpec.kind``:
+    a model's margins mean more on one kind than on another); ``by_op``, per ``<kind>.<op>``
+    (a fallback that suits most of a kind's scenarios can be the worst for one operator);
+    either absent when the file has none. Read by ``decision.margin_rule``."""
     unseen: Mapping[str, tuple[frozenset, tuple[tuple[str, float, float], ...]]] = \
         dataclasses.field(default_factory=dict)
     """``unseen_hardware`` when its rule lets the model decide machines it never saw: per
-    kind of machine (``HardwareSpec.kind``), (topologies seen, or None for any, (spec field, low,
-    high) ranges of the trained machines)."""
+    kind of machine (``HardwareSpec.kind``), (topologies seen, or None for any (``any_topology``:
+    the file need not list them then), (spec field, low, high) ranges of the trained machines)."""
     fallback_by_reason: Mapping[tuple[str, str], str] = dataclasses.field(default_factory=dict)
     """``abstention.by_reason``: {(reason, kind or ``ANY_KIND``): fallback}: what runs where
     the model abstains for that reason, as validation at training found best."""
