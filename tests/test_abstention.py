@@ -1,11 +1,19 @@
-"""The abstention objective on hand-made validation outcomes (``ficco_select.train.shipped._margin_rule``):
+"""The abstention objective on hand-made validation outcomes (``ficco_select.train.abstention_fit._margin_rule``):
 the most expected speed, under a tail guard set by what noise alone costs the labels' own best."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from ficco_select.train.shipped import FIXED_PREFIX, SLOWDOWN_CAP, fixed_rule_schedules, _margin_rule, tail_guard
+from ficco_select.train.abstention_fit import SLOWDOWN_CAP, _margin_rule, tail_guard
+from ficco_select.train.validation_outcomes import FIXED_PREFIX, fixed_rule_schedules
+
+
+def as_judged(v: pd.DataFrame) -> pd.DataFrame:
+    """Hand-made outcomes outside the ranges (``beyond_*`` > 1) as the validation gives them: with the
+    runtime's verdict (``abstains``) beside them, the world size inside its range."""
+    beyond = v[[c for c in v.columns if c.startswith("beyond_")]].to_numpy(float)
+    return v.assign(abstains=np.where((beyond > 1).any(axis=1), "shape_range", ""), beyond_world_size=1.0)
 
 
 def outcomes(**columns) -> pd.DataFrame:
@@ -118,7 +126,7 @@ def test_the_rule_scored_all_thresholds_at_once_is_the_brute_force_rule():
 
 
 def test_shapes_outside_the_ranges_get_the_fallback_that_did_best_there_per_kind():
-    from ficco_select.train.shipped import MIN_OUTSIDE_SCENARIOS, _range_fallbacks
+    from ficco_select.train.abstention_fit import MIN_OUTSIDE_SCENARIOS, _range_fallbacks
 
     n = MIN_OUTSIDE_SCENARIOS
     # gpu: m outside (beyond_m > 1) on n scenarios, where the heuristic is 2x slow and the ring
@@ -135,7 +143,7 @@ def test_shapes_outside_the_ranges_get_the_fallback_that_did_best_there_per_kind
                            ring: 9.0, "t_baseline": 1.0}, index=range(50))
     v = pd.concat([gpu_m, gpu_nk, cpu, inside], ignore_index=True).assign(t_cost_model=3.0)  # the cost model: slow here
     v = v.assign(t_best=v[["t_heuristic", ring, "t_baseline"]].min(axis=1), t_oracle=v["t_baseline"])
-    got = _range_fallbacks(v, ["shard.ring.sm"])
+    got = _range_fallbacks(as_judged(v), ["shard.ring.sm"])
     # cpu: 3 < n scenarios, no rule of its own, and too few for one on the kinds without one
     # (any): the gpu's evidence is not carried to it; the runtime's default, the heuristic.
     assert got["by_reason"] == {"shape_range": {"gpu": "shard.ring.sm"}}
@@ -143,31 +151,32 @@ def test_shapes_outside_the_ranges_get_the_fallback_that_did_best_there_per_kind
     # pooled; here the ring slows the 3 cpu scenarios down beyond the guard: the baseline.
     few = pd.concat([gpu_m.iloc[: n - 3], cpu], ignore_index=True).assign(t_cost_model=3.0)
     few = few.assign(t_best=few[["t_heuristic", ring, "t_baseline"]].min(axis=1), t_oracle=few["t_baseline"])
-    assert _range_fallbacks(few, ["shard.ring.sm"])["by_reason"]["shape_range"] == {"any": "baseline"}
+    assert _range_fallbacks(as_judged(few), ["shard.ring.sm"])["by_reason"]["shape_range"] == {"any": "baseline"}
     assert got["validation"]["shape_range"]["gpu"]["scenarios"] == 2 * n  # only the scenarios outside: not the 50 inside
     assert got["validation"]["shape_range"]["gpu"]["candidates"]["baseline"]["capture"] == pytest.approx(1 / 1.5)
     # Where the n, k scenarios alone judge it, the heuristic.
-    assert _range_fallbacks(v[v["beyond_m"] == 1.0], ["shard.ring.sm"])["by_reason"] == {"shape_range": {"gpu": "heuristic"}}
+    nk = as_judged(v[v["beyond_m"] == 1.0])
+    assert _range_fallbacks(nk, ["shard.ring.sm"])["by_reason"] == {"shape_range": {"gpu": "heuristic"}}
     # A fallback that slows down more than the tail guard allows is never chosen, however fast elsewhere.
     risky = gpu_m.assign(t_cost_model=3.0, **{ring: np.where(np.arange(n) < n // 2, 0.5, 1.6)})
     risky = risky.assign(t_best=risky[["t_heuristic", ring, "t_baseline"]].min(axis=1), t_oracle=risky["t_baseline"])
-    assert _range_fallbacks(risky, ["shard.ring.sm"])["by_reason"]["shape_range"]["gpu"] == "baseline"
+    assert _range_fallbacks(as_judged(risky), ["shard.ring.sm"])["by_reason"]["shape_range"]["gpu"] == "baseline"
 
 
 def test_the_cost_model_is_a_range_fallback_where_it_does_best_but_never_a_margin_fallback():
-    from ficco_select.train.shipped import MIN_OUTSIDE_SCENARIOS, _range_fallbacks
+    from ficco_select.train.abstention_fit import MIN_OUTSIDE_SCENARIOS, _range_fallbacks
 
     n = MIN_OUTSIDE_SCENARIOS
     # m outside on n gpu scenarios: the cost model's pick is the best, the heuristic 2x slow.
     gpu_m = pd.DataFrame({"kind": "gpu", "beyond_m": 4.0, "beyond_n": 1.0, "beyond_k": 1.0, "t_heuristic": 2.0,
                           "t_cost_model": 1.0, "t_baseline": 1.5}, index=range(n))
     v = gpu_m.assign(t_best=1.0, t_oracle=1.5)
-    got = _range_fallbacks(v, [])
+    got = _range_fallbacks(as_judged(v), [])
     assert got["by_reason"]["shape_range"] == {"gpu": "cost_model"}
     assert got["validation"]["shape_range"]["gpu"]["candidates"]["cost_model"]["capture"] == pytest.approx(1.0)
     # One that slows down more than the tail guard allows is not chosen.
     risky = v.assign(t_cost_model=np.where(np.arange(n) < n // 2, 1.0, 1.6))
-    assert _range_fallbacks(risky, [])["by_reason"]["shape_range"]["gpu"] == "baseline"
+    assert _range_fallbacks(as_judged(risky), [])["by_reason"]["shape_range"]["gpu"] == "baseline"
     # The margin rule does not offer it: inside the ranges the model is its distillation, and
     # on simulated truth "never trust the model" would always win.
     inside = outcomes(margin=[0.1, 0.2, 0.3], t_model=[1.2, 1.2, 1.2], t_heuristic=[1.5, 1.5, 1.5],
@@ -180,7 +189,7 @@ def test_the_model_is_ahead_of_the_heuristic_within_what_noise_costs_the_labels_
     # _against_heuristic (unseen machines, range slack): more scenarios within 2% of their
     # best, and slowdowns within the tail guard: on measured rows judged on a second sweep,
     # the labels' own best slows down that often by noise alone.
-    from ficco_select.train.shipped import _against_heuristic
+    from ficco_select.train.abstention_fit import _against_heuristic
 
     n = 100
     # The model is the best but on 6 of 100, which it slows down (past the baseline); the
@@ -203,7 +212,7 @@ def test_the_validation_s_fallback_times_are_each_scenario_s_own_decisions():
     from ficco_select.runtime.decision import GATED, fixed_rule_pick
     from ficco_select.train.metrics import true_times, usable_rows
     from ficco_select.train.selectors import AlwaysBaseline, XGBTimeRegressor, feature_pairs, with_features
-    from ficco_select.train.shipped import _validation_outcomes
+    from ficco_select.train.validation_outcomes import _validation_outcomes
     from ficco_select.train.training_data import simulated
 
     df = with_features(simulated("mi300x-8", world_sizes=(2, 4), share=0.2, seed=1))
@@ -229,3 +238,18 @@ def test_the_validation_s_fallback_times_are_each_scenario_s_own_decisions():
     np.testing.assert_array_equal(got[columns].to_numpy(), want)
     gated = got[[f"{FIXED_PREFIX}{GATED}{n}" for n in fixed]].to_numpy()
     assert (gated != got[[f"{FIXED_PREFIX}{n}" for n in fixed]].to_numpy()).any()  # the gate decided somewhere
+
+
+def test_the_range_slack_is_judged_only_where_a_slack_would_let_the_model_decide():
+    from ficco_select.train.abstention_fit import MIN_OUTSIDE_SCENARIOS, _range_slack
+
+    # n lies 3x outside its range, where the model is ahead of the heuristic; but so does the
+    # world size, which no slack widens: the runtime would abstain there anyway.
+    v = pd.DataFrame({"kind": "gpu", "op": "ag_gemm", "margin": 1.0, "beyond_m": 1.0, "beyond_n": 3.0, "beyond_k": 1.0,
+                      "beyond_world_size": 2.0, "abstains": "shape_range", "t_best": 1.0, "t_baseline": 1.5,
+                      "t_model": 1.0, "t_heuristic": 1.3}, index=range(2 * MIN_OUTSIDE_SCENARIOS))
+    rule = {"min_margin": 0.0, "fallback": "heuristic"}
+    assert _range_slack(v, rule) == {}
+    assert _range_slack(v.assign(beyond_world_size=1.0), rule) == {"gpu": {"m": 3.0, "n": 3.0, "k": 3.0}}
+    # Nor where the runtime abstains for another reason first (a machine the fold never saw).
+    assert _range_slack(v.assign(beyond_world_size=1.0, abstains="unseen_machine"), rule) == {}

@@ -22,7 +22,7 @@ from ficco_select.train.selector_sets import all_selectors
 from ficco_select.train.selectors import (AlwaysBaseline, Heuristic, Oracle, SimulatorSelector, XGBRanker, XGBTimeRegressor,
                                          reference_picks, with_features, with_reference_picks)
 from ficco_select.runtime.selector import Selector as RuntimeSelector
-import ficco_select.train.shipped as shipped_module
+import ficco_select.train.validation_outcomes as validation_module
 from ficco_select.train.shipped import SLOWDOWN_CAP, ShippedPolicy, fit_abstention, fit_unseen_hardware
 
 # Tier: end to end (training, MLflow, evaluation); deselect with -m "not slow"
@@ -310,7 +310,9 @@ def test_the_unseen_hardware_rule_holds_machines_out_of_the_fit_and_bounds_the_t
         assert {"heuristic", "baseline", "cost_model"} < set(chosen["candidates"])  # and the fixed rules
     # Against a rival a model trained on one machine beats (always the baseline), the model
     # decides unseen machines inside the trained specs, widened as far as validation tested.
-    monkeypatch.setattr(shipped_module, "Heuristic", lambda tune: AlwaysBaseline())
+    fold_free = validation_module._fold_free_picks
+    monkeypatch.setattr(validation_module, "_fold_free_picks", lambda val, view, fallback: (
+        AlwaysBaseline().predict(val) if fallback == "heuristic" else fold_free(val, view, fallback)))
     rule = fit_unseen_hardware(lambda: Spy(n_estimators=20), rows, abstention)
     assert rule["validation"]["gpu"]["ahead"] and rule["decide"] == "model", rule["validation"]["gpu"]
     gpu = rule["kinds"]["gpu"]
@@ -412,14 +414,16 @@ def test_ficco_evaluate_prints_a_table_per_split_and_per_backend(small, tmp_path
 def test_range_slack_widens_only_where_the_model_was_ahead_outside_the_ranges():
     import pandas as pd
 
-    from ficco_select.train.shipped import _range_slack
+    from ficco_select.train.abstention_fit import _range_slack
 
     n = 40
     v = pd.DataFrame({"kind": ["gpu"] * n + ["cpu"] * n, "op": "ag_gemm", "margin": 1.0,
                       "beyond_m": 1.0, "beyond_n": [3.0] * (n // 2) + [1.0] * (n // 2) + [2.0] * n, "beyond_k": 1.0,
+                      "beyond_world_size": 1.0,
                       "t_best": 1.0, "t_baseline": 1.5,
                       # gpu: the model finds the best, the heuristic does not; cpu: the reverse
                       "t_model": [1.0] * n + [1.4] * n, "t_heuristic": [1.3] * n + [1.0] * n})
+    v["abstains"] = np.where(v["beyond_n"] > 1, "shape_range", "")  # the runtime's verdict
     slack = _range_slack(v, {"min_margin": 0.0, "fallback": "heuristic"})
     assert slack == {"gpu": {"m": 3.0, "n": 3.0, "k": 3.0}}  # one factor: the largest tested
     assert _range_slack(v.iloc[:10], {"min_margin": 0.0, "fallback": "heuristic"}) == {}  # too few outside

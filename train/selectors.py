@@ -17,13 +17,14 @@ import numpy as np
 import pandas as pd
 
 from ficco_select.data.calibrate import calibrate
-from ficco_select.data.simulate import simulate_rows
 from ficco_select.features import FEATURE_NAMES, pair_features
 from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.heuristic import HeuristicParams, choose, estimates
 from ficco_select.runtime.decision import pick_with_margin
+from ficco_select.runtime.scope import COST_MODEL
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
 from ficco_select.schedule import BASELINE, SHARD
+from ficco_select.train.fallback_picks import picks, runtime_view
 from ficco_select.train.metrics import capture_scorer, ceiling_choices, oracle_choices, usable_rows
 
 SEED = 0
@@ -198,8 +199,9 @@ def _calibrated(rows: pd.DataFrame, hw: str, devices: int) -> HardwareSpec:
 
 
 class SimulatorSelector(BaseSelector):
-    """The physics alone: the argmin of the analytic model (``ficco_select.data.simulate``) on each
-    scenario's machine. Does learning add anything over it?
+    """The physics alone: the runtime's ``cost_model`` fallback (``no_harm.cost_model_pick``, the
+    analytic model's fastest candidate) on each scenario's machine. Does learning add anything
+    over it?
 
     ``fit`` calibrates the model (``ficco_select.data.calibrate``) on the training rows a machine
     *measured* (>= 4 scenarios of it), never on the test fold. A machine without measured
@@ -221,22 +223,16 @@ class SimulatorSelector(BaseSelector):
     def predict(self, df):
         ok = usable_rows(df)
         legal = legal_schedules(ok)
-        out = {}
         specs = getattr(self, "specs_", {})
+        given = reference_picks(ok, "cost_model")  # the spec as given: decided once per scenario
+        out = {}
         for hw, rows in ok.groupby("hardware"):
-            if hw not in specs and (given := reference_picks(rows, "cost_model")) is not None:
-                out.update(given)  # the spec as given: decided once per scenario (with_reference_picks)
-                continue
-            records = scenario_records(rows)
-            ids = [r.pop("scenario_id") for r in records]
-            scenarios = [Scenario.from_record(r) for r in records]
-            model = simulate_rows(scenarios, specs.get(hw) or load_hardware(hw))
-            sid_of = {s.scenario_id: sid for s, sid in zip(scenarios, ids)}
-            sids = [sid_of[s] for s in model["scenario_id"].tolist()]
-            model = model.assign(scenario_id=sids)[[name in legal[sid] for sid, name in
-                                                    zip(sids, model["schedule"].tolist())]]
-            out.update(_argmin_choice(model, model["time_s"].to_numpy()))
-        return {sid: out.get(sid, BASELINE.name) for sid in legal}  # (no candidate the model knows)
+            if hw not in specs and given is not None:
+                out.update((sid, given[sid]) for sid in rows["scenario_id"].unique().tolist())
+            else:
+                out.update(picks(runtime_view(rows, specs), COST_MODEL))
+        # (a pick without a usable row in the frame cannot be timed: the baseline, as the runtime's tables score it)
+        return {sid: out[sid] if out[sid] in legal[sid] else BASELINE.name for sid in legal}
 
 
 FEATURE_COLUMNS = tuple(f"x.{name}" for name in FEATURE_NAMES)
@@ -257,19 +253,22 @@ def with_features(df: pd.DataFrame) -> pd.DataFrame:
                       pd.DataFrame(X, columns=list(FEATURE_COLUMNS))], axis=1)
 
 
-REFERENCE_PICKS = {"heuristic": "pick.heuristic", "cost_model": "pick.cost_model"}
-"""Where ``with_reference_picks`` keeps each scenario's pick by the runtime's untuned
-heuristic and by the cost model on its machine's spec as given (in every row of it)."""
+REFERENCE_PICKS = {"heuristic": "pick.heuristic", COST_MODEL: "pick.cost_model"}
+"""Where ``with_reference_picks`` keeps each scenario's pick by the runtime's ``heuristic`` and
+``cost_model`` fallbacks on its machine's spec as given (in every row of it)."""
 
 
 def with_reference_picks(df: pd.DataFrame) -> pd.DataFrame:
-    """`df` with the picks of ``REFERENCE_PICKS`` as columns. Both depend on the scenario and
-    its machine only, not on a fold: the validation folds of every shipped-policy fit, and
-    the simulator's row on machines it does not calibrate, read them instead of deciding
-    each scenario again."""
-    picks = {"heuristic": Heuristic(tune=False).predict(df), "cost_model": SimulatorSelector().predict(df)}
+    """`df` with the picks of ``REFERENCE_PICKS`` as columns: what the runtime's dispatch
+    (``runtime.fallbacks.run_fallback``, through ``fallback_picks``) runs for each scenario.
+    Both depend on the scenario and its machine only, not on a fold: the validation folds of
+    every shipped-policy fit, and the simulator's row on machines it does not calibrate, read
+    them instead of deciding each scenario again. A pick may lie outside the frame's rows
+    (a candidate without a usable row); its readers score it as the baseline."""
+    view = runtime_view(usable_rows(df))
+    chosen = {who: picks(view, who) for who in REFERENCE_PICKS}
     sids = df["scenario_id"]
-    return df.assign(**{column: sids.map(picks[who]).to_numpy(object) for who, column in REFERENCE_PICKS.items()})
+    return df.assign(**{column: sids.map(chosen[who]).to_numpy(object) for who, column in REFERENCE_PICKS.items()})
 
 
 def reference_picks(df: pd.DataFrame, who: str) -> dict[str, str] | None:
