@@ -88,7 +88,7 @@ def check_pinned(rank: int, P: int, tmp: Path) -> None:
     # A pinned schedule rewrites every match: the forward's three and the backward's
     # all-gather matmul (the down projection's input gradient) and matmul reduce-scatter
     # (the up projection's). The backward's all-reduce precedes its matmul: no ficco op.
-    torch_ops.configure(schedule="shard.ring.sm")
+    torch_ops.configure(schedule="shard.ring.sm", check_calls=True)  # the debug mode keeps last_decision
     # 2-D; (batch, seq) gathered along seq; and batch 1, whose backward regroups the rows
     # (mm, reshapes, reduce-scatter along dim 0)
     for x_shape, seq_dim in (((8,), 0), ((2, 4), 1), ((1, 8), 1)):

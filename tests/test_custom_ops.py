@@ -137,6 +137,7 @@ def _eager(name: str, args: tuple):
 
 def check_values_and_gradients(rank: int, P: int, tmp: Path) -> list[str]:
     """Mismatches raise; returns the decision source of every forward the registered op ran."""
+    torch_ops.configure(check_calls=True)  # the debug mode keeps each call's decision (last_decision)
     failures, sources = [], []
     for dtype in (torch.float32, torch.bfloat16):
         gen = torch.Generator().manual_seed(300 + rank)
@@ -204,7 +205,7 @@ def test_the_registered_ops_and_the_compile_pass_stay_light():
 def check_compiled_ops(rank: int, P: int, tmp: Path) -> None:
     # A model calling the registered ops directly: one graph (no break), compiled by
     # Inductor with the ops as extern kernels, its values and gradients the eager ones.
-    torch_ops.configure(schedule="shard.ring.sm")
+    torch_ops.configure(schedule="shard.ring.sm", check_calls=True)  # the debug mode keeps last_decision
     g = dist.group.WORLD.group_name
     recv, send = _moe_routing(rank, P)
 

@@ -274,7 +274,7 @@ def check_prepared_tables(rank: int, P: int, tmp: Path) -> None:
     torch.manual_seed(0)
     block = parallelize_module(Block(), mesh, llama_plan(*FICCO_PLAN))
     prepare_tables(block)
-    tables = dict(dispatch._state.tables)
+    tables = dispatch.tables()
     # The shared gathers (attention's, the feed-forward's) and the rowwise linears, forward and
     # input gradient each: (op, n, k) of A (rows, k) @ B (k, n), this rank's shards.
     layers = {(layer[0], layer[1], layer[-1]) for layer, _ in tables}
@@ -298,7 +298,7 @@ def check_prepared_tables(rank: int, P: int, tmp: Path) -> None:
         x = rand(gen, batch, SEQ, DIM).chunk(P, dim=1)[rank].clone().requires_grad_()
         block(x).square().sum().backward()
     dispatch.dist.broadcast_object_list = real_broadcast
-    assert broadcasts == [] and dispatch._state.tables == tables, (len(broadcasts), sorted(map(str, tables)))
+    assert broadcasts == [] and dispatch.tables() == tables, (len(broadcasts), sorted(map(str, tables)))
     assert {d.source for d in dispatch.decisions().values()} <= {"model", "heuristic", "fallback"}
 
 

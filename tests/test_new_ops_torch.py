@@ -60,6 +60,7 @@ ROUTINGS = {  # name -> tokens rank src routes to expert dst
 def check_new_ops(rank: int, P: int, tmp: Path, engine: str = "sm") -> None:
     gen = torch.Generator().manual_seed(500 + rank)
     group = dist.group.WORLD
+    torch_ops.configure(check_calls=True)  # the debug mode keeps each call's decision (last_decision)
     failures, pinned = [], {"ar": 0, "combine": 0}
     for shape, n, reduce_op, dtype in AR_CASES(P):
         A, B = rand(gen, *shape, dtype=dtype), rand(gen, shape[-1], n, dtype=dtype)
@@ -97,7 +98,7 @@ def test_new_ops_equal_plain_pytorch_for_every_schedule(P, tmp_path):
 def check_new_ops_dma(rank: int, P: int, tmp: Path) -> None:
     torch_ops.configure(hardware="h200-nvswitch")  # dma legal; the copy engines' host stand-in
     check_new_ops(rank, P, tmp, engine="dma")
-    assert dispatch._state.dma_comms, "no dma comm was built"
+    assert dispatch.context(dist.group.WORLD).dma_comms, "no dma comm was built"
 
 
 @pytest.mark.parametrize("P", [2, 3])
@@ -179,11 +180,11 @@ def check_tp_mlp_without_sequence_parallelism(rank: int, P: int, tmp: Path) -> N
         return y.detach(), x.grad, [p.grad.clone() for p in tp.parameters()]
 
     for pin in (None, "", "ficco.d2.ring.gemm_per_step.m.sm", "shard.ring.sm"):
-        dispatch._state.plans.clear()
+        dispatch.context(dist.group.WORLD).plans.clear()
         if pin is None:
             y, dx, dw = run()  # unhooked: PyTorch's all-reduces
         else:
-            torch_ops.configure(schedule=pin)
+            torch_ops.configure(schedule=pin, check_calls=True)  # the debug mode keeps last_decision
             with install(tp):
                 y, dx, dw = run()
             # The row-parallel forward and the column-parallel input gradient: one layer shape
@@ -203,7 +204,7 @@ def check_tp_mlp_without_sequence_parallelism(rank: int, P: int, tmp: Path) -> N
                       sequence_parallel=False)
     x_ref = x_full.clone().requires_grad_()
     loss(full[0](x_ref)).backward()
-    dispatch._state.plans.clear()
+    dispatch.context(dist.group.WORLD).plans.clear()
     torch_ops.configure(schedule="shard.ring.sm")
     with install(col):
         x = x_full.clone().requires_grad_()
@@ -228,11 +229,11 @@ def check_install_prepares_the_all_reduce_tables(rank: int, P: int, tmp: Path) -
     tp = parallelize(copy.deepcopy(full), {"0": "colwise", "2": "rowwise"}, dist.group.WORLD,
                      sequence_parallel=False)
     with install(tp):
-        tables = dict(dispatch._state.tables)
+        tables = dispatch.tables()
         assert [key[0][0] for key in tables] == ["ar"] and all(t is not None for _, t in tables.values()), tables
         for tokens in (P, 5 * P, 64 * P):
             tp(torch.randn(tokens, 12, requires_grad=True)).sum().backward()
-        assert dispatch._state.tables == tables
+        assert dispatch.tables() == tables
         assert {d.source for d in dispatch.decisions().values()} <= {"heuristic", "model"}
 
 

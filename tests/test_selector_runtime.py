@@ -776,20 +776,23 @@ def test_a_miss_where_the_machine_is_unknown_does_not_stay_for_the_job_that_know
 def test_the_runtime_s_plans_and_tables_for_a_job_s_machine_go_with_the_job():
     # The torch ops keep a plan per call shape and a table per layer (dispatch): what they
     # decided for a job's machine goes when its block ends; the cpu's stays.
+    import types
+
     from ficco_select.hardware import machines
     from ficco_select.runtime import dispatch
     from ficco_select.runtime.decision import Decision
 
     dispatch.reset()
     job_call, cpu_call = Scenario.from_record(JOB_RECORD), Scenario.from_record({**JOB_RECORD, "hardware": "cpu"})
+    ctx = dispatch.context(types.SimpleNamespace(group_name="group"))  # a group's context, found by its name
     try:
         with machines([_job_machine()], "node-job.yaml"):
             for scenario in (job_call, cpu_call):
-                key = ((scenario.scenario_id,), "group")
-                dispatch._state.plans.put(key, dispatch.Plan(scenario, Decision(BASELINE, "heuristic", 1.0, ""), True))
-                dispatch._state.tables[key] = (scenario, Selector().layer_table(scenario))
-            assert len(dispatch.plans()) == 2 and len(dispatch._state.tables) == 2
+                key = (scenario.scenario_id,)
+                ctx.plans.put(key, dispatch.Plan(scenario, Decision(BASELINE, "heuristic", 1.0, ""), True))
+                ctx.tables.put(key, (scenario, Selector().layer_table(scenario)))
+            assert len(dispatch.plans()) == 2 and len(dispatch.tables()) == 2
         assert [plan.scenario.hardware for _, plan in dispatch.plans()] == ["cpu"]
-        assert [first.hardware for first, _ in dispatch._state.tables.values()] == ["cpu"]
+        assert [first.hardware for first, _ in dispatch.tables().values()] == ["cpu"]
     finally:
         dispatch.reset()

@@ -20,7 +20,7 @@ import torch.distributed._symmetric_memory as symm_mem
 from torch import nn
 
 from ficco_select.executor.operators import relative_error
-from ficco_select.runtime import dispatch, torch_ops
+from ficco_select.runtime import dispatch, running, torch_ops
 from helpers.ranks import check_close, counting_checks, pinnable, rand, spawn
 
 # Tier: real ranks (processes over gloo); deselect with -m "not gloo"
@@ -49,6 +49,7 @@ RS_CASES = [  # (A shape, B width, scatter_dim, reduce_op, dtype); extents divis
 def check_ops(rank: int, P: int, tmp: Path, engine: str = "sm") -> None:
     gen = torch.Generator().manual_seed(1000 + rank)
     group = dist.group.WORLD
+    torch_ops.configure(check_calls=True)  # the debug mode keeps each call's decision (last_decision)
     failures, pinned_runs = [], 0
     for shape, gdim, widths, dtype in AG_CASES:
         A_shard = rand(gen, *shape, dtype=dtype)
@@ -108,7 +109,7 @@ def check_ops_dma(rank: int, P: int, tmp: Path) -> None:
     # dma comm's host stand-in (shared-memory staging slots, threads as streams).
     torch_ops.configure(hardware="h200-nvswitch")
     check_ops(rank, P, tmp, engine="dma")
-    assert dispatch._state.dma_comms, "no dma comm was built"
+    assert dispatch.context(dist.group.WORLD).dma_comms, "no dma comm was built"
 
 
 @pytest.mark.parametrize("P", [2, 4])
@@ -123,8 +124,8 @@ class _NoSymmetricMemory:
 
 
 def check_dma_without_transport(rank: int, P: int, tmp: Path) -> None:
-    dispatch.HostPeerMemory = _NoSymmetricMemory  # this rank's process only
-    torch_ops.configure(hardware="h200-nvswitch", schedule="ficco.d2.ring.gemm_per_piece.m.dma")
+    running.HostPeerMemory = _NoSymmetricMemory  # this rank's process only
+    torch_ops.configure(hardware="h200-nvswitch", schedule="ficco.d2.ring.gemm_per_piece.m.dma", check_calls=True)
     gen = torch.Generator().manual_seed(rank)
     A_shard, B = rand(gen, 6, 5), rand(gen, 5, 4)
     name = dist.group.WORLD.group_name
@@ -233,7 +234,7 @@ def test_gradients_equal_pytorchs_differentiable_collectives(tmp_path):
 # -- every rank runs rank 0's decision -------------------------------------------------
 def check_agreement(rank: int, P: int, tmp: Path) -> None:
     # Ranks disagree on what they would pick; rank 0's pin must win everywhere.
-    torch_ops.configure(schedule="ficco.d2.ring.gemm_per_piece.m.sm" if rank == 0 else "none.sm")
+    torch_ops.configure(schedule="ficco.d2.ring.gemm_per_piece.m.sm" if rank == 0 else "none.sm", check_calls=True)
     gen = torch.Generator().manual_seed(rank)
     A, B = rand(gen, 6, 4), rand(gen, 4, 3)
     _, (out,) = torch_ops.all_gather_matmul(A, [B], 0, dist.group.WORLD)
@@ -374,7 +375,7 @@ def check_tp_mlp(rank: int, P: int, tmp: Path) -> None:
     torch.testing.assert_close(y_plain, full(x_full).detach().chunk(P, dim=0)[rank], rtol=1e-5, atol=1e-5)
     sources, max_diff = {}, {"y": 0.0, "dx": 0.0, "dw": 0.0}
     for pin in ("", "ficco.d2.ring.gemm_per_piece.m.sm", "shard.ring.sm"):
-        torch_ops.configure(schedule=pin)
+        torch_ops.configure(schedule=pin, check_calls=True)  # the debug mode keeps last_decision
         with install(tp) as handle:
             assert len(handle.layers) == 2
             y_hooked, dx_hooked, dw_hooked = run()
@@ -437,7 +438,7 @@ def check_tp_mlp_varying_m(rank: int, P: int, tmp: Path) -> None:
         for got, want in zip([p.grad for p in tp.parameters()], dw_plain):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         schedules.append(sorted((str(k), d.schedule.name) for k, d in dispatch.decisions().items()))
-    tables = dispatch._state.tables
+    tables = dispatch.tables()
     assert tables and all(table is not None for _, table in tables.values()), tables
     # One broadcast per layer (forward and backward GEMMs), none per new m.
     assert len(broadcasts) == len(tables) <= 4 < len(set(seqs)) * len(tables), (len(broadcasts), len(tables))
@@ -458,7 +459,7 @@ def check_install_builds_every_table_before_the_first_step(rank: int, P: int, tm
     full = nn.Sequential(nn.Linear(hidden, ffn), nn.GELU(), nn.Linear(ffn, hidden))
     tp = parallelize(copy.deepcopy(full), {"0": "colwise", "2": "rowwise"}, dist.group.WORLD)
     handle = install(tp)
-    tables = dict(dispatch._state.tables)
+    tables = dispatch.tables()
     # Both layers' forward ops and their input-gradient ops, each built. In an MLP they pair
     # up: the down projection's forward and the up projection's gradient are one layer
     # (A (rows, ffn/P) @ B (ffn/P, hidden), reduce-scattered), and so are the other two.
@@ -467,12 +468,12 @@ def check_install_builds_every_table_before_the_first_step(rank: int, P: int, tm
     for seq in (3, 5, 16, 40):  # the first step too: no step decides or waits on a broadcast
         x = torch.randn(P * seq, batch, hidden).chunk(P, dim=0)[rank].clone().requires_grad_()
         tp(x).square().sum().backward()
-    assert broadcasts == [] and dispatch._state.tables == tables
+    assert broadcasts == [] and dispatch.tables() == tables
     sources = {d.source for d in dispatch.decisions().values()}
     assert sources <= {"model", "heuristic", "fallback"} and len(dispatch.decisions()) == 2 * 4
     handle.remove()
     again = install(tp, tables=False)  # opting out builds nothing more
-    assert dispatch._state.tables == tables
+    assert dispatch.tables() == tables
     again.remove()
 
 

@@ -48,17 +48,21 @@ Choices a caller should know:
 - ``matmul_all_reduce`` with a row count the world size does not divide runs PyTorch's
   plain form (the executor's all-reduce schedules split the rows into P blocks).
 - Several ``Bs`` are concatenated into one weight (one gathered A, one GEMM per piece).
-- An overlapped plan's comm and operator template are made at its first call; each call
-  takes its buffers from the allocator, as PyTorch's ops do; only the dma staging slots persist.
+- An overlapped plan's comm and operator are bound at its first call, in its process group's
+  context; each call binds the operator to its inputs and takes its buffers from the
+  allocator, as PyTorch's ops do, and none outlives the call; only the dma staging slots persist.
 - Every op is differentiable: where a gradient is needed the call goes through the
   registered op (``torch.ops.ficco.*``, ``library``), whose autograd formula is the op's one
   backward: its mirror op, chosen and run the same way (all-gather matmul <-> matmul
   reduce-scatter, dispatch <-> combine; ``matmul_all_reduce``'s backward has no collective,
   as Megatron's row-parallel linear). Without a gradient the call runs the op directly.
 
-``last_decision.source``: the selector's ``model``, ``heuristic`` or ``fallback`` (also
-when PyTorch's implementation ran), ``pinned`` (``configure(schedule=...)``) or
-``explore`` (``configure(explore_every=n)``).
+``last_decision`` (the latest call's decision) is kept only where calls are watched:
+telemetry, the debug mode (``configure(check_calls=True)``) or exploration; otherwise it is
+None (a planned call writes nothing outside its group's context; ``dispatch.decisions()``
+lists every plan's decision). Its ``source``: the selector's ``model``, ``heuristic`` or
+``fallback`` (also when PyTorch's implementation ran), ``pinned``
+(``configure(schedule=...)``) or ``explore`` (``configure(explore_every=n)``).
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ assert library.NAMESPACE == "ficco"  # torch.ops.ficco.* are registered by impor
 
 
 def __getattr__(name: str):
-    # ``torch_ops.last_decision``: the latest call's decision, read from the shared state.
+    # ``torch_ops.last_decision``: the latest watched call's decision (None where none is watched).
     if name == "last_decision":
         return dispatch.last_decision()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -89,7 +93,12 @@ def __getattr__(name: str):
 def _needs_grad(A: torch.Tensor, *Bs: torch.Tensor) -> bool:
     if not torch.is_grad_enabled():
         return False
-    return A.requires_grad or any(B.requires_grad for B in Bs)
+    if A.requires_grad:
+        return True
+    for B in Bs:  # a loop, not any(...): no generator made per call
+        if B.requires_grad:
+            return True
+    return False
 
 
 def _name(group) -> str:

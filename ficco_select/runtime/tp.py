@@ -176,10 +176,10 @@ def _runs_natively(layer: nn.Module, x: torch.Tensor) -> bool:
     (unhooked) forward: PyTorch's collectives and kernels, nothing built. Per call: the
     plans' lookups (from the layer tables ``install`` built: no collective). With telemetry
     or exploration on, the ops run instead, so that they are recorded."""
-    settings = dispatch.settings()
-    if settings.telemetry or settings.explore_every:
-        return False
     w, group = layer.weight, layer.group
+    ctx = dispatch.context(group)
+    if ctx.settings.telemetry or ctx.settings.explore_every:
+        return False
     out_features, in_features = w.shape  # this rank's shard of the weight
     P = group.size()
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
@@ -188,20 +188,21 @@ def _runs_natively(layer: nn.Module, x: torch.Tensor) -> bool:
     if not layer.sequence_parallel:  # row: AR(x @ W^T); column: x @ W^T, dx = AR(dy @ W)
         if isinstance(layer, RowParallelLinear):
             return bool(matmul_all_reduce_unsupported("sum", rows, P)) or matmul_all_reduce_plan(
-                rows, in_features, out_features, x.dtype, x.device, group, P).native
+                ctx, rows, in_features, out_features, x.dtype, x.device, group, P).native
         return (not (grad and x.requires_grad) or bool(matmul_all_reduce_unsupported("sum", rows, P))
-                or matmul_all_reduce_plan(rows, out_features, in_features, x.dtype, x.device, group, P).native)
+                or matmul_all_reduce_plan(ctx, rows, out_features, in_features, x.dtype, x.device, group, P).native)
     if isinstance(layer, ColumnParallelLinear):  # AG(x) @ W^T; dx = RS(dy @ W)
-        if not all_gather_matmul_plan(rows, in_features, out_features, x.dtype, x.device, group, P).native:
+        if not all_gather_matmul_plan(ctx, rows, in_features, out_features, x.dtype, x.device, group, P).native:
             return False
-        return not grad or matmul_reduce_scatter_plan(P * rows, out_features, in_features, False, x.dtype, x.device,
-                                                      group, P).native
+        return not grad or matmul_reduce_scatter_plan(ctx, P * rows, out_features, in_features, False, x.dtype,
+                                                      x.device, group, P).native
     # RS(x @ W^T); dx = AG(dy) @ W
     if matmul_reduce_scatter_unsupported("sum", x.shape[layer.seq_dim], P):
         return True
-    if not matmul_reduce_scatter_plan(rows, in_features, out_features, False, x.dtype, x.device, group, P).native:
+    if not matmul_reduce_scatter_plan(ctx, rows, in_features, out_features, False, x.dtype, x.device, group,
+                                      P).native:
         return False
-    return not grad or all_gather_matmul_plan(rows // P, out_features, in_features, x.dtype, x.device,
+    return not grad or all_gather_matmul_plan(ctx, rows // P, out_features, in_features, x.dtype, x.device,
                                               group, P).native
 
 
@@ -256,12 +257,14 @@ def install(model: nn.Module, *, tables: bool = True) -> HookHandle:
     trained weight, of its backward op is built now, for every token count (rank 0 builds,
     every rank receives): no step decides, or waits on a broadcast, the first one included.
     Every rank must call it, with the same model. Layers already switched are left alone
-    (installing twice is harmless).
+    (installing twice is harmless). Each layer's process group gets its runtime context
+    now (``context.py``), if it has none yet.
     """
     layers = []
     for module in model.modules():
         if isinstance(module, TP_LAYERS) and "forward" not in vars(module):
             module.forward = types.MethodType(type(module).ficco_forward, module)
+            dispatch.context(module.group)
             layers.append(module)
             if tables:
                 _prepare(module)

@@ -18,7 +18,7 @@ import torch
 
 from ficco_select.executor import ranks
 from ficco_select.executor.operators import TOLERANCE, relative_error
-from ficco_select.runtime import ops, torch_ops
+from ficco_select.runtime import checks, torch_ops
 from ficco_select.runtime.selector import Selector
 from ficco_select.schedule import all_schedules
 
@@ -63,7 +63,7 @@ def counting_checks():
     the text each rank passed, with the debug mode on (it is off by default): the real check
     still runs, it is only counted."""
     texts = []
-    real = ops._gathered
+    real = checks._gathered
     settings = torch_ops.dispatch.settings()
     was_on = settings.check_calls
 
@@ -74,12 +74,12 @@ def counting_checks():
             texts.append(mine.removeprefix("1"))
         return real(group, mine, size)
 
-    ops._gathered = counted
+    checks._gathered = counted
     settings.check_calls = True
     try:
         yield texts
     finally:
-        ops._gathered = real
+        checks._gathered = real
         settings.check_calls = was_on
 
 
