@@ -14,7 +14,14 @@ ways interleaved within a round:
   decode call: ``mm`` then ``all_reduce``; the all-gather and reduce-scatter of async-TP's
   fallback ops);
 - ``layer``: a hooked ``RowParallelLinear`` without sequence parallelism (an inference
-  engine's layer) against the same layer unhooked, at a decode shape.
+  engine's layer) against the same layer unhooked, at a decode shape;
+- ``overlap_grad``, ``baseline_grad``: the same calls as training makes them, the weight
+  requiring a gradient, through the op's autograd path (``torch_ops``: its thin autograd
+  Function, ``library.eager``), against the same hand-written loop or PyTorch calls wrapped
+  in a minimal autograd Function (one graph node that saves its inputs: what any
+  differentiable op costs). The forward only is timed (each call's graph is dropped, its
+  backward never runs). ``registered_op_us``: the registered custom op
+  (``torch.ops.ficco.*``, what ``torch.compile`` runs) called eagerly, for comparison.
 
 ``--memory``: ``--tokens`` distinct token counts (1, 2, 3, ...) through a hooked
 row-parallel layer with the selector's tables (continuous batching), from ``--threads``
@@ -115,6 +122,25 @@ def _hand_matmul_all_reduce(A: torch.Tensor, W: torch.Tensor, r: int, P: int) ->
     return C
 
 
+# -- PyTorch's own calls (the baseline's) ------------------------------------------------------
+def _mm_all_reduce(A: torch.Tensor, W: torch.Tensor, group) -> torch.Tensor:
+    y = A @ W
+    dist.all_reduce(y, group=group)
+    return y
+
+
+def _gather_mm(A_shard: torch.Tensor, W: torch.Tensor, group, P: int) -> torch.Tensor:
+    full = torch.empty(P * A_shard.shape[0], A_shard.shape[1])
+    dist.all_gather_into_tensor(full, A_shard, group=group)
+    return full @ W
+
+
+def _mm_reduce_scatter(A: torch.Tensor, W: torch.Tensor, group, P: int) -> torch.Tensor:
+    y = torch.empty(A.shape[0] // P, W.shape[1])
+    dist.reduce_scatter_tensor(y, A @ W, group=group)
+    return y
+
+
 # -- timing -----------------------------------------------------------------------------------
 def _per_call_us(fn, calls: int) -> float:
     t0 = time.perf_counter()
@@ -124,7 +150,8 @@ def _per_call_us(fn, calls: int) -> float:
 
 
 def _compare(ways: dict, reps: int, calls: int) -> dict:
-    """Median per-call microseconds of each way, and of ficco's minus the reference's per round."""
+    """Median per-call microseconds of each way, and of the first's (ficco's) minus the
+    second's (the reference's) per round."""
     for fn in ways.values():  # warm-up: first calls decide, allocate
         _per_call_us(fn, 20)
     rounds = {name: [] for name in ways}
@@ -132,9 +159,23 @@ def _compare(ways: dict, reps: int, calls: int) -> dict:
         names = list(ways)
         for name in names[rep % 2:] + names[:rep % 2]:  # alternate which goes first
             rounds[name].append(_per_call_us(ways[name], calls))
-    ficco, ref = (rounds[name] for name in ways)
+    ficco, ref = (rounds[name] for name in list(ways)[:2])
     return {**{f"{name}_us": round(statistics.median(v), 2) for name, v in rounds.items()},
             "overhead_us": round(statistics.median(f - r for f, r in zip(ficco, ref)), 2)}
+
+
+class _AsTrainingOp(torch.autograd.Function):
+    """A hand-written forward as a training op: one autograd node that saves its inputs (the
+    least a differentiable op costs the host; its backward is not timed)."""
+
+    @staticmethod
+    def forward(ctx, forward, A, W, *args):
+        ctx.save_for_backward(A, W)
+        return forward(A, W, *args)
+
+    @staticmethod
+    def backward(ctx, dY):  # pragma: no cover - the benchmark times forwards only
+        raise NotImplementedError
 
 
 def _schedules_run() -> set[str]:
@@ -174,33 +215,53 @@ def _overheads(args) -> dict:
             "ficco": lambda: torch_ops.matmul_all_reduce(A_rs, W_rs, "sum", name),
             "hand": lambda: _hand_matmul_all_reduce(A_rs, W_rs, r, P)}, args.reps, args.calls),
     }
+    Wg_ag, Wg_rs = W_ag.clone().requires_grad_(), W_rs.clone().requires_grad_()  # a training step's weights
+    out["overlap_grad"] = {
+        "all_gather_matmul": _compare({
+            "ficco": lambda: torch_ops.all_gather_matmul(A_shard, [Wg_ag], 0, name, return_A=False),
+            "hand": lambda: _AsTrainingOp.apply(_hand_all_gather_matmul, A_shard, Wg_ag, r, P),
+            "registered_op": lambda: torch.ops.ficco.all_gather_matmul(A_shard, [Wg_ag], 0, name)},
+            args.reps, args.calls),
+        "matmul_reduce_scatter": _compare({
+            "ficco": lambda: torch_ops.matmul_reduce_scatter(A_rs, Wg_rs, "sum", 0, name),
+            "hand": lambda: _AsTrainingOp.apply(_hand_matmul_reduce_scatter, A_rs, Wg_rs, r, P),
+            "registered_op": lambda: torch.ops.ficco.matmul_reduce_scatter(A_rs, Wg_rs, "sum", 0, name)},
+            args.reps, args.calls),
+        "matmul_all_reduce": _compare({
+            "ficco": lambda: torch_ops.matmul_all_reduce(A_rs, Wg_rs, "sum", name),
+            "hand": lambda: _AsTrainingOp.apply(_hand_matmul_all_reduce, A_rs, Wg_rs, r, P),
+            "registered_op": lambda: torch.ops.ficco.matmul_all_reduce(A_rs, Wg_rs, "sum", name)},
+            args.reps, args.calls),
+    }
     assert _schedules_run() == {SCHEDULE}, _schedules_run()
-
-    def mm_all_reduce():
-        y = A_rs @ W_rs
-        dist.all_reduce(y, group=group)
-        return y
-
-    def gather_mm():
-        full = torch.empty(P * args.rows, args.k)
-        dist.all_gather_into_tensor(full, A_shard, group=group)
-        return full @ W_ag
-
-    def mm_reduce_scatter():
-        y = torch.empty(args.rows, args.n)
-        dist.reduce_scatter_tensor(y, A_rs @ W_rs, group=group)
-        return y
 
     torch_ops.configure(schedule="none.sm")
     out["baseline"] = {
         "matmul_all_reduce": _compare({"ficco": lambda: torch_ops.matmul_all_reduce(A_rs, W_rs, "sum", name),
-                                       "pytorch": mm_all_reduce}, args.reps, args.calls),
+                                       "pytorch": lambda: _mm_all_reduce(A_rs, W_rs, group)}, args.reps, args.calls),
         "all_gather_matmul": _compare({
             "ficco": lambda: torch_ops.all_gather_matmul(A_shard, [W_ag], 0, name, return_A=False),
-            "pytorch": gather_mm}, args.reps, args.calls),
+            "pytorch": lambda: _gather_mm(A_shard, W_ag, group, P)}, args.reps, args.calls),
         "matmul_reduce_scatter": _compare({
             "ficco": lambda: torch_ops.matmul_reduce_scatter(A_rs, W_rs, "sum", 0, name),
-            "pytorch": mm_reduce_scatter}, args.reps, args.calls),
+            "pytorch": lambda: _mm_reduce_scatter(A_rs, W_rs, group, P)}, args.reps, args.calls),
+    }
+    out["baseline_grad"] = {
+        "matmul_all_reduce": _compare({
+            "ficco": lambda: torch_ops.matmul_all_reduce(A_rs, Wg_rs, "sum", name),
+            "pytorch": lambda: _AsTrainingOp.apply(_mm_all_reduce, A_rs, Wg_rs, group),
+            "registered_op": lambda: torch.ops.ficco.matmul_all_reduce(A_rs, Wg_rs, "sum", name)},
+            args.reps, args.calls),
+        "all_gather_matmul": _compare({
+            "ficco": lambda: torch_ops.all_gather_matmul(A_shard, [Wg_ag], 0, name, return_A=False),
+            "pytorch": lambda: _AsTrainingOp.apply(_gather_mm, A_shard, Wg_ag, group, P),
+            "registered_op": lambda: torch.ops.ficco.all_gather_matmul(A_shard, [Wg_ag], 0, name)},
+            args.reps, args.calls),
+        "matmul_reduce_scatter": _compare({
+            "ficco": lambda: torch_ops.matmul_reduce_scatter(A_rs, Wg_rs, "sum", 0, name),
+            "pytorch": lambda: _AsTrainingOp.apply(_mm_reduce_scatter, A_rs, Wg_rs, group, P),
+            "registered_op": lambda: torch.ops.ficco.matmul_reduce_scatter(A_rs, Wg_rs, "sum", 0, name)},
+            args.reps, args.calls),
     }
     assert _schedules_run() == {"none.sm"}, _schedules_run()
 

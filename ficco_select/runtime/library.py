@@ -32,6 +32,12 @@ Where they differ from ``torch_ops``' Python signatures, and why:
 Backwards are the mirror ops, as in ``torch_ops``, called through ``torch.ops.ficco`` so
 that AOTAutograd traces them as nodes too: all-gather matmul <-> matmul reduce-scatter,
 dispatch <-> combine; ``matmul_all_reduce``'s input gradient has no collective.
+
+Eager training does not go through the registered ops: ``eager`` runs the same forward and
+the same backward formulas (``ctx.mirror`` says where the formula's mirror op runs) behind a
+thin ``torch.autograd.Function`` each, whose dispatch costs the host less than a custom op's
+(``benchmarks/hook_overhead.py``, its ``grad`` rows); the registered ops are for
+``torch.compile`` and export.
 """
 
 from __future__ import annotations
@@ -108,6 +114,7 @@ def _all_gather_matmul_setup(ctx, inputs, output):
     ctx.save_for_backward(A, *Bs)
     ctx.gather_dim, ctx.group_name, ctx.run_check = gather_dim, group_name, run_check
     ctx.set_materialize_grads(False)  # an unused A gets None: the backward's fused path
+    ctx.mirror = torch.ops.ficco
 
 
 def _all_gather_matmul_backward(ctx, dA, dYs):
@@ -117,8 +124,7 @@ def _all_gather_matmul_backward(ctx, dA, dYs):
     W = Bs[0] if len(Bs) == 1 else torch.cat(Bs, dim=1)
     # d(A_shard) = reduce_scatter(dY @ W^T + dA): every rank's contribution to my shard.
     if dA is None:
-        dA_shard = torch.ops.ficco.matmul_reduce_scatter(dY, W.t(), "sum", ctx.gather_dim, ctx.group_name,
-                                                         ctx.run_check)
+        dA_shard = ctx.mirror.matmul_reduce_scatter(dY, W.t(), "sum", ctx.gather_dim, ctx.group_name, ctx.run_check)
     else:
         dA_shard = funcol.wait_tensor(funcol.reduce_scatter_single(
             dY @ W.t() + dA, "sum", ctx.gather_dim % A.ndim, ctx.group_name))
@@ -149,6 +155,7 @@ def _matmul_reduce_scatter_setup(ctx, inputs, output):
     A, B, reduce_op, scatter_dim, group_name, run_check = inputs
     ctx.save_for_backward(A, B)
     ctx.reduce_op, ctx.scatter_dim, ctx.group_name, ctx.run_check = reduce_op, scatter_dim, group_name, run_check
+    ctx.mirror = torch.ops.ficco
 
 
 def _matmul_reduce_scatter_backward(ctx, dY):
@@ -156,8 +163,8 @@ def _matmul_reduce_scatter_backward(ctx, dY):
     if ctx.reduce_op == "avg":
         dY = dY / _world(ctx.group_name)
     # Every rank's A @ B fed my block: gather the blocks' gradients, then one GEMM.
-    dY_full, (dA,) = torch.ops.ficco.all_gather_matmul(dY.contiguous(), [B.t()], ctx.scatter_dim, ctx.group_name,
-                                                       ctx.run_check)
+    dY_full, (dA,) = ctx.mirror.all_gather_matmul(dY.contiguous(), [B.t()], ctx.scatter_dim, ctx.group_name,
+                                                  ctx.run_check)
     dB = _rows(A).t() @ _rows(dY_full)
     return _as_passed(ctx.run_check, dA, dB, None, None, None, None)
 
@@ -220,14 +227,15 @@ def _all_to_all_matmul_setup(ctx, inputs, output):
     ctx.mark_non_differentiable(X_recv)
     ctx.save_for_backward(X_recv, W)
     ctx.splits, ctx.group_name = (list(output_split_sizes), list(input_split_sizes)), group_name
+    ctx.mirror = torch.ops.ficco
 
 
 def _all_to_all_matmul_backward(ctx, dOut, _dX_recv):
     X_recv, W = ctx.saved_tensors
     output_split_sizes, input_split_sizes = ctx.splits
     # The combine: dOut @ W^T, each source's rows sent back to the rank that routed them.
-    dX = torch.ops.ficco.matmul_all_to_all(dOut.contiguous(), W.t(), input_split_sizes, output_split_sizes,
-                                           ctx.group_name)
+    dX = ctx.mirror.matmul_all_to_all(dOut.contiguous(), W.t(), input_split_sizes, output_split_sizes,
+                                      ctx.group_name)
     return dX, X_recv.t() @ dOut, None, None, None
 
 
@@ -251,15 +259,140 @@ def _matmul_all_to_all_setup(ctx, inputs, output):
     X, W, output_split_sizes, input_split_sizes, group_name = inputs
     ctx.save_for_backward(X, W)
     ctx.splits, ctx.group_name = (list(output_split_sizes), list(input_split_sizes)), group_name
+    ctx.mirror = torch.ops.ficco
 
 
 def _matmul_all_to_all_backward(ctx, dOut):
     X, W = ctx.saved_tensors
     output_split_sizes, input_split_sizes = ctx.splits
     # The dispatch: every rank's dOut rows to the expert that computed them, then @ W^T.
-    dX, dY = torch.ops.ficco.all_to_all_matmul(dOut.contiguous(), W.t(), input_split_sizes, output_split_sizes,
-                                               ctx.group_name)
+    dX, dY = ctx.mirror.all_to_all_matmul(dOut.contiguous(), W.t(), input_split_sizes, output_split_sizes,
+                                          ctx.group_name)
     return dX, X.t() @ dY, None, None, None
 
 
 matmul_all_to_all.register_autograd(_matmul_all_to_all_backward, setup_context=_matmul_all_to_all_setup)
+
+
+# -- eager training: the same formulas behind thin autograd Functions ------------------------
+def _grad(*tensors: torch.Tensor) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t.requires_grad:
+            return True
+    return False
+
+
+class _AllGatherMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(A_shard, gather_dim, group_name, run_check, *Bs):
+        A, outs = ops.all_gather_matmul(A_shard, Bs, gather_dim, group_name, return_A=True, run_check=run_check)
+        return (A, *outs)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        A_shard, gather_dim, group_name, run_check, *Bs = inputs
+        _all_gather_matmul_setup(ctx, (A_shard, Bs, gather_dim, group_name, run_check), (output[0], output[1:]))
+        ctx.mirror = eager
+
+    @staticmethod
+    def backward(ctx, dA, *dYs):
+        dA_shard, dBs = _all_gather_matmul_backward(ctx, dA, list(dYs))[:2]
+        return (dA_shard, None, None, None, *dBs)
+
+
+class _MatmulReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(A, B, reduce_op, scatter_dim, group_name, run_check):
+        return ops.matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, run_check=run_check)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _matmul_reduce_scatter_setup(ctx, inputs, output)
+        ctx.mirror = eager
+
+    @staticmethod
+    def backward(ctx, dY):
+        return (*_matmul_reduce_scatter_backward(ctx, dY)[:2], None, None, None, None)
+
+
+class _MatmulAllReduce(torch.autograd.Function):
+    @staticmethod
+    def forward(A, B, reduce_op, group_name, run_check):
+        return ops.matmul_all_reduce(A, B, reduce_op, group_name, run_check=run_check)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _matmul_all_reduce_setup(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, dY):
+        return (*_matmul_all_reduce_backward(ctx, dY)[:2], None, None, None)
+
+
+class _AllToAllMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(X, W, output_split_sizes, input_split_sizes, group_name):
+        return ops.all_to_all_matmul(X, W, (tuple(output_split_sizes), tuple(input_split_sizes)), group_name)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _all_to_all_matmul_setup(ctx, inputs, output)
+        ctx.mirror = eager
+
+    @staticmethod
+    def backward(ctx, dOut, dX_recv):
+        return _all_to_all_matmul_backward(ctx, dOut, dX_recv)
+
+
+class _MatmulAllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(X, W, output_split_sizes, input_split_sizes, group_name):
+        return ops.matmul_all_to_all(X, W, (tuple(output_split_sizes), tuple(input_split_sizes)), group_name)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _matmul_all_to_all_setup(ctx, inputs, output)
+        ctx.mirror = eager
+
+    @staticmethod
+    def backward(ctx, dOut):
+        return _matmul_all_to_all_backward(ctx, dOut)
+
+
+class eager:  # noqa: N801 - a namespace with ``torch.ops.ficco``'s names, as ``ctx.mirror`` calls them
+    """The registered ops' signatures and results, run eagerly: where a gradient is needed,
+    through their thin autograd Function (the same forward and backward formulas), else the
+    op itself (``ops``)."""
+
+    @staticmethod
+    def all_gather_matmul(A_shard, Bs, gather_dim, group_name, run_check=True):
+        if _grad(A_shard, *Bs):
+            A, *outs = _AllGatherMatmul.apply(A_shard, gather_dim, group_name, run_check, *Bs)
+            return A, outs
+        return ops.all_gather_matmul(A_shard, Bs, gather_dim, group_name, return_A=True, run_check=run_check)
+
+    @staticmethod
+    def matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, run_check=True):
+        if _grad(A, B):
+            return _MatmulReduceScatter.apply(A, B, reduce_op, scatter_dim, group_name, run_check)
+        return ops.matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, run_check=run_check)
+
+    @staticmethod
+    def matmul_all_reduce(A, B, reduce_op, group_name, run_check=True):
+        if _grad(A, B):
+            return _MatmulAllReduce.apply(A, B, reduce_op, group_name, run_check)
+        return ops.matmul_all_reduce(A, B, reduce_op, group_name, run_check=run_check)
+
+    @staticmethod
+    def all_to_all_matmul(X, W, output_split_sizes, input_split_sizes, group_name):
+        if _grad(X, W):
+            return _AllToAllMatmul.apply(X, W, output_split_sizes, input_split_sizes, group_name)
+        return ops.all_to_all_matmul(X, W, (tuple(output_split_sizes), tuple(input_split_sizes)), group_name)
+
+    @staticmethod
+    def matmul_all_to_all(X, W, output_split_sizes, input_split_sizes, group_name):
+        if _grad(X, W):
+            return _MatmulAllToAll.apply(X, W, output_split_sizes, input_split_sizes, group_name)
+        return ops.matmul_all_to_all(X, W, (tuple(output_split_sizes), tuple(input_split_sizes)), group_name)

@@ -51,11 +51,12 @@ Choices a caller should know:
 - An overlapped plan's comm and operator are bound at its first call, in its process group's
   context; each call binds the operator to its inputs and takes its buffers from the
   allocator, as PyTorch's ops do, and none outlives the call; only the dma staging slots persist.
-- Every op is differentiable: where a gradient is needed the call goes through the
-  registered op (``torch.ops.ficco.*``, ``library``), whose autograd formula is the op's one
-  backward: its mirror op, chosen and run the same way (all-gather matmul <-> matmul
-  reduce-scatter, dispatch <-> combine; ``matmul_all_reduce``'s backward has no collective,
-  as Megatron's row-parallel linear). Without a gradient the call runs the op directly.
+- Every op is differentiable: where a gradient is needed the call goes through a thin
+  autograd Function (``library.eager``; under ``torch.compile``, the registered op
+  ``torch.ops.ficco.*``), whose backward is the op's one formula: its mirror op, chosen
+  and run the same way (all-gather matmul <-> matmul reduce-scatter, dispatch <-> combine;
+  ``matmul_all_reduce``'s backward has no collective, as Megatron's row-parallel linear).
+  Without a gradient the call runs the op directly.
 
 ``last_decision`` (the latest call's decision) is kept only where calls are watched:
 telemetry, the debug mode (``configure(check_calls=True)``) or exploration; otherwise it is
@@ -105,6 +106,14 @@ def _name(group) -> str:
     return group if type(group) is str else group.group_name
 
 
+def _autograd():
+    """Where a call that needs a gradient runs: eagerly, the ops' thin autograd Functions
+    (``library.eager``: a custom op's dispatch costs the host more, ``hook_overhead.py``'s
+    grad rows); being compiled, the registered ops (one graph node each). The same forward
+    and backward formulas either way."""
+    return torch.ops.ficco if torch.compiler.is_compiling() else library.eager
+
+
 # -- the ops ----------------------------------------------------------------------------
 def all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_dim: int, group_name, *,
                       return_A: bool = True, run_check: bool = True) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
@@ -116,7 +125,7 @@ def all_gather_matmul(A_shard: torch.Tensor, Bs: Sequence[torch.Tensor], gather_
     module docstring), forward and backward.
     """
     if _needs_grad(A_shard, *Bs):
-        A, outs = torch.ops.ficco.all_gather_matmul(A_shard, list(Bs), gather_dim, _name(group_name), run_check)
+        A, outs = _autograd().all_gather_matmul(A_shard, list(Bs), gather_dim, _name(group_name), run_check)
         return (A if return_A else None), outs
     return ops.all_gather_matmul(A_shard, Bs, gather_dim, group_name, return_A=return_A, run_check=run_check)
 
@@ -129,7 +138,7 @@ def matmul_reduce_scatter(A: torch.Tensor, B: torch.Tensor, reduce_op: str, scat
     gradient of A is an all-gather + matmul. ``run_check``: as ``all_gather_matmul``'s.
     """
     if _needs_grad(A, B):
-        return torch.ops.ficco.matmul_reduce_scatter(A, B, reduce_op, scatter_dim, _name(group_name), run_check)
+        return _autograd().matmul_reduce_scatter(A, B, reduce_op, scatter_dim, _name(group_name), run_check)
     return ops.matmul_reduce_scatter(A, B, reduce_op, scatter_dim, group_name, run_check=run_check)
 
 
@@ -146,7 +155,7 @@ def matmul_all_reduce(A: torch.Tensor, B: torch.Tensor, reduce_op: str = "sum", 
     """
     if _needs_grad(A, B):
         group = dist.group.WORLD if group_name is None else group_name
-        return torch.ops.ficco.matmul_all_reduce(A, B, reduce_op, _name(group), run_check)
+        return _autograd().matmul_all_reduce(A, B, reduce_op, _name(group), run_check)
     return ops.matmul_all_reduce(A, B, reduce_op, group_name, run_check=run_check)
 
 
@@ -161,8 +170,8 @@ def all_to_all_matmul(X: torch.Tensor, W: torch.Tensor, output_split_sizes: Sequ
     that routed the tokens), chosen and run the same way.
     """
     if _needs_grad(X, W):
-        return torch.ops.ficco.all_to_all_matmul(X, W, list(output_split_sizes), list(input_split_sizes),
-                                                 _name(group_name))[0]
+        return _autograd().all_to_all_matmul(X, W, list(output_split_sizes), list(input_split_sizes),
+                                             _name(group_name))[0]
     return ops.all_to_all_matmul(X, W, (tuple(output_split_sizes), tuple(input_split_sizes)), group_name)[0]
 
 
@@ -177,6 +186,6 @@ def matmul_all_to_all(X: torch.Tensor, W: torch.Tensor, output_split_sizes: Sequ
     (``all_to_all_matmul`` of dOut by W^T, the splits swapped), chosen and run the same way.
     """
     if _needs_grad(X, W):
-        return torch.ops.ficco.matmul_all_to_all(X, W, list(output_split_sizes), list(input_split_sizes),
-                                                 _name(group_name))
+        return _autograd().matmul_all_to_all(X, W, list(output_split_sizes), list(input_split_sizes),
+                                             _name(group_name))
     return ops.matmul_all_to_all(X, W, (tuple(output_split_sizes), tuple(input_split_sizes)), group_name)
