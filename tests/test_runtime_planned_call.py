@@ -61,10 +61,11 @@ def _what_runs(calls, times: int) -> dict[str, int]:
     return seen
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["no grad", "grad"])
 @pytest.mark.parametrize("schedule", ["shard.ring.sm", "none.sm"])
-def test_a_planned_call_builds_nothing_and_writes_no_global(fake_group, schedule):
+def test_a_planned_call_builds_nothing_and_writes_no_global(fake_group, schedule, grad):
     torch_ops.configure(selector=Selector(), hardware="cpu", schedule=schedule)
-    calls = _calls(fake_group)
+    calls = _calls(fake_group, requires_grad=grad)
     for call in calls:  # the first calls plan, bind the runners, build the comms
         call()
     assert {d.schedule.name for d in dispatch.decisions().values()} == {schedule}
@@ -103,3 +104,17 @@ def test_each_group_has_its_own_context(fake_group):
     assert {group for (_, group) in dispatch.decisions()} == {fake_group.group_name, other.group_name}
     torch_ops.configure(cache_size=7)  # every group follows the process's settings
     assert one.plans.limit == two.plans.limit == 7 and not one.plans and not two.plans
+
+
+def test_eager_training_takes_the_thin_autograd_path(fake_group):
+    # The registered op's dispatch costs the host more; its formulas are the same (library.eager).
+    torch_ops.configure(selector=Selector(), hardware="cpu", schedule="shard.ring.sm")
+    gen = torch.Generator().manual_seed(0)
+    A, W = torch.rand(16, 16, generator=gen), torch.rand(16, 16, generator=gen).requires_grad_()
+    name = fake_group.group_name
+    y = torch_ops.matmul_all_reduce(A, W, "sum", name)
+    assert type(y.grad_fn).__name__ == "_MatmulAllReduceBackward", y.grad_fn
+    _, [y] = torch_ops.all_gather_matmul(A, [W], 0, name)
+    assert type(y.grad_fn).__name__ == "_AllGatherMatmulBackward", y.grad_fn
+    y.sum().backward()  # the backward's mirror op (a matmul reduce-scatter) runs eagerly too
+    assert W.grad is not None and W.grad.shape == W.shape
