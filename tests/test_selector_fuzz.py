@@ -180,7 +180,7 @@ def test_the_export_the_cases_start_from_loads_and_decides():
 
     with tempfile.TemporaryDirectory() as tmp:
         sel = Selector.load(write_export(Path(tmp, "export"), full_meta()))
-    assert sel.model is not None and sel._scope.gpu_no_harm is not None
+    assert sel.model is not None and sel.rules.gpu_no_harm is not None
     d = sel.select(PROBES[0])
     assert d.source == "model" or d.abstained == "no_harm", d  # the model's pick, or the rule's baseline in its place
 
