@@ -216,3 +216,16 @@ def test_the_rules_of_the_default_export_fit_in_10_kb(trained):
     sizes = [len(json.dumps(doc, indent=1)) for doc in (selector, largest(selector))]
     print(f"selector.json: {sizes[0]} bytes; with every rule at its largest: {sizes[1]} bytes")
     assert sizes[0] < sizes[1] <= MAX_BYTES
+
+
+def test_ficco_export_ships_only_the_rules_and_refuses_what_loading_would(trained):
+    from ficco_select.train.export import export_rules
+
+    meta, selector, _ = trained
+    registered = {**selector, "feature_names": meta["feature_names"], "dataset_digest": "d",
+                  "gpu_no_harm": {**selector["gpu_no_harm"], "quantile": 0.5, "fitted_on": "gpu-calibration.csv"}}
+    assert export_rules(registered, "models:/m/1: selector.json") == selector
+    with pytest.raises(ValueError, match="models:/m/1: selector.json: field 'feature_schema_hash'"):
+        export_rules({**selector, "feature_schema_hash": "another"}, "models:/m/1: selector.json")
+    with pytest.raises(ValueError, match="field 'abstention.fallback'"):
+        export_rules({**selector, "abstention": {"min_margin": 0.1, "fallback": "nowhere"}}, "selector.json")
