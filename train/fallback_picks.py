@@ -61,7 +61,7 @@ def picks(view: RuntimeView, fallback: str, scores: Sequence[np.ndarray] | None 
     """{scenario_id: the schedule `fallback` runs there}, by ``run_fallback``, one call per
     scenario. `scores`: per scenario, the model's scores of its candidates in their order
     (lower is better; ``candidate_scores``), which a gated rule needs."""
-    out = {}
+    out = {}  # (the reason key, low_margin, only names the abstention in a decision's text)
     for i, (sid, s, hw, cands) in enumerate(zip(view.ids, view.scenarios, view.specs, view.candidates)):
         decision = run_fallback(fallback, "low_margin", s, hw, WHY, cands, None if scores is None else scores[i])
         out[sid] = decision.schedule.name
