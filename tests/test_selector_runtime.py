@@ -14,6 +14,7 @@ from ficco_select import Scenario, candidates
 from ficco_select.features import FEATURE_NAMES, candidate_features
 from ficco_select.hardware import load_hardware
 from ficco_select.heuristic import backend_for
+from ficco_select.runtime import policy as policy_module
 from ficco_select.runtime import selector as selector_module
 from ficco_select.runtime.selector import Selector
 from ficco_select.schedule import BACKENDS, BASELINE, SHARD, legal_candidates
@@ -86,15 +87,18 @@ def test_odd_inputs_fall_back_without_raising(odd):
 
 
 def test_a_full_cache_starts_over_and_decisions_stay_right(monkeypatch):
-    monkeypatch.setattr(selector_module, "_CACHE_LIMIT", 3)
-    monkeypatch.setattr(selector_module, "_OBJECTS_LIMIT", 2)
-    sel = Selector.load("/nonexistent/selector/folder")
-    scenarios = [Scenario.from_record({**RECORD, "m": 8 * (i + 1)}) for i in range(10)]
+    from ficco_select.runtime import layers as layers_module
+
+    monkeypatch.setattr(selector_module, "_TABLES_LIMIT", 2)
+    monkeypatch.setattr(layers_module, "MEMO_LIMIT", 3)
+    sel = Selector.load("/nonexistent/selector/folder", layer_tables=False)  # every m kept, no grid
+    scenarios = [Scenario.from_record({**RECORD, "m": 8 * (i + 1), "n": n}) for n in (4096, 8192, 16384)
+                 for i in range(10)]
     want = [Selector.load("/nonexistent/selector/folder").select(s) for s in scenarios]
     for _ in range(3):
         assert [sel.select(s) for s in scenarios] == want
         assert [sel.select(Scenario.from_record(s.as_record())) for s in scenarios] == want
-    assert len(sel._by_id) <= 2 and len(sel._cache) <= 3
+    assert len(sel._tables) <= 2 and all(len(t.decided()) <= 3 for t in sel._tables.values())
 
 
 def test_cached_candidate_lists_equal_candidates():
@@ -311,7 +315,7 @@ def test_errors_while_checking_or_scoring_give_the_heuristic_not_the_baseline(tm
     heuristic = Selector().select(record).schedule
     assert not heuristic.is_baseline, "the heuristic picks the baseline here: nothing tested"
     sel = Selector.load(write_selector(tmp_path / "sel"))
-    monkeypatch.setattr(selector_module, "abstention_reason", lambda scope, s, hw: 1 / 0)
+    monkeypatch.setattr(policy_module, "abstention_reason", lambda scope, s, hw: 1 / 0)
     d = sel.select(record)
     assert (d.schedule, d.source) == (heuristic, "heuristic") and "abstention check failed" in d.reason
     monkeypatch.undo()

@@ -74,11 +74,11 @@ def decide(ctx: GroupContext, key: tuple, group: dist.ProcessGroup, make_scenari
     """The cached, rank-agreed plan of a call shape; `make_scenario` -> Scenario or a reason.
 
     `layer`, `m`: the call's shape without its token count, and the token count. A new m of
-    a layer seen before is looked up in the layer's table (``Selector.layer_table``), which
-    rank 0 built and broadcast at the layer's first call: every rank looks up the same
-    table, so the group agrees on every m without another collective. An m outside the
-    table, a pinned schedule, or a layer without a table is decided per shape: on the
-    group's rank 0, broadcast (one small collective per new shape). A watched call
+    a layer seen before is looked up on the grid of the layer's table (``Selector.layer_table``),
+    which rank 0 built and broadcast at the layer's first call: every rank looks up the same
+    grid, so the group agrees on those m without another collective. An m off the grid, a
+    pinned schedule, or a layer without a table is decided per shape: on the group's rank 0
+    (by the same policy, ``runtime/policy.py``), broadcast (one small collective per new shape). A watched call
     (``Settings.watched``) comes here every time: its decision is kept, and exploration
     counts it.
     """
@@ -133,10 +133,11 @@ def _own_scenario(make_scenario, agreed: Scenario) -> Scenario:
 
 def _from_table(ctx: GroupContext, layer: tuple, m: int, group: dist.ProcessGroup,
                 make_scenario) -> tuple[Scenario, Decision] | None:
-    """The decision for token count `m` from the layer's table (the one the group agreed on
-    at the layer's first call), or None (decide per shape)."""
+    """The decision for token count `m` on the grid of the layer's table (the one the group
+    agreed on at the layer's first call), or None (decide per shape). The grid alone: rank 0's
+    table also keeps the m it decided since, which the other ranks' copies do not know."""
     first, table = _table_entry(ctx, layer, group, make_scenario)
-    decision = table.decide(m) if table is not None else None
+    decision = table.on_grid(m) if table is not None else None
     return None if decision is None else (_own_scenario(make_scenario, first), decision)
 
 

@@ -2,38 +2,34 @@
 
 In serving (continuous batching, decode) and in training with variable sequence lengths,
 ``m`` changes from call to call while the rest of the scenario stays: the layer (op, n, k,
-dtype, world size, hardware, imbalance). Each new ``m`` would be a cache miss, a walk of
-every tree for every candidate. Instead, the first time a layer is seen its decisions are
-computed on a grid of ``m`` in one batch (the grid's feature rows, built for all m at once by
-``features.grid_features``, and one tree walk); from then on any ``m`` of the layer is
-two indexings (``LayerTable.decide``: an index over every m up to the table's end).
+dtype, world size, hardware, imbalance). A layer's table is the selector's one cache: m to
+the decision the direct path gives there (``policy.decide``), so a table and the direct path
+agree at every m by construction.
 
-- The grid: ``GRID_STEPS_PER_OCTAVE`` points per doubling of ``m``, rounded up to valid
-  values (multiples of P for ``ag_gemm``, ``gemm_rs`` and ``gemm_ar``), from the smallest valid ``m`` to
-  the largest inside the model's trained range (``DEFAULT_M_RANGE`` without a model).
-- Where two neighbouring grid points disagree, the interval is bisected (all such intervals
-  in one batch per step) down to adjacent valid ``m``, so the breakpoint is exact; where
-  they agree, the decision is taken to hold in between (a flip and back inside one interval
-  is missed: measured).
-- Between the points decided, an ``m`` gets the decision of the point below it. Its schedule
-  is legal at ``m`` too: legality asks only for enough rows per shard, and ``m`` has more.
-  Where the GPU do-no-harm rule applies (``runtime/no_harm.py``), an overlap pick is judged
-  again at the ``m`` asked (``no_harm.TableGuard``), once per ``m``: the rule's verdict moves
-  with ``m`` between points that agree, and a table never ships an overlap the direct path's
-  rule refuses.
-- At grid points a table's decision is the selector's direct one (tested); between them it
-  is measured against the direct decision (``benchmarks/selector_speed.py``).
-- Outside the grid, or for an ``m`` that is not valid for the layer, ``decide`` answers None
-  and the caller decides that call directly (``Selector.select``).
+- On a layer's second distinct ``m`` (a one-off scenario costs one decision, not a table),
+  its decisions are computed on a grid of ``m`` in one batch (the grid's feature rows, built
+  for all m at once by ``features.grid_features``, and one tree walk):
+  ``GRID_STEPS_PER_OCTAVE`` points per doubling of ``m``, rounded up to valid values
+  (multiples of P for ``ag_gemm``, ``gemm_rs`` and ``gemm_ar``), from the smallest valid
+  ``m`` to the largest inside the model's trained range (``DEFAULT_M_RANGE`` without a
+  model). Where two neighbours disagree, the interval is bisected (all such intervals in one
+  batch per step) down to adjacent valid ``m``, so the grid holds every breakpoint it can see.
+- Any other ``m`` is decided directly on its first ask and kept (``LayerTable.decide``): the
+  model's picks and the GPU do-no-harm rule's verdicts move with ``m`` between points that
+  agree (wave quantization, fixed costs), so no point's answer stands in for another's.
+  From then on that ``m`` is one dict lookup.
+- The grid is what a table says about the whole layer: ``ficco export --layers`` writes it,
+  and the compile pass leaves PyTorch's pattern where every grid point is the baseline.
 
 The selector builds a table (``Selector.layer_table``: it resolves the machine, the m range
-the model may decide, and decides the points); ``build_table`` here lays the grid and
-bisects, knowing nothing of the selector. Precompiled tables: ``ficco export --layers FILE``
-(``ficco_select.train.export.write_tables``) writes the tables of a scenario table's layers into the
-export folder (``layers.json``, generated, deterministic, with the digest
-of the model and selector.json they came from); ``Selector.load`` reads them, so known
-layers never walk trees. A file whose digest is not the folder's is ignored with a warning,
-and so is one that holds anything the direct path could not give (``read_tables``).
+the model may decide, and passes the policy for the points); ``build_table`` here lays the
+grid and bisects, knowing nothing of the selector. Precompiled tables: ``ficco export
+--layers FILE`` (``ficco_select.train.export.write_tables``) writes the tables of a scenario
+table's layers into the export folder (``layers.json``, generated, deterministic, with the
+digest of the model and selector.json they came from); ``Selector.load`` reads them, so
+known layers never walk trees at their grid points. A file whose digest is not the folder's
+is ignored with a warning, and so is one that holds anything the direct path could not give
+(``read_tables``).
 """
 
 from __future__ import annotations
@@ -41,15 +37,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from array import array
-from bisect import bisect_right
-from collections.abc import Callable, Iterable, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from ficco_select.runtime.decision import Decision
-from ficco_select.runtime.no_harm import TableGuard
 from ficco_select.runtime.trees import read_json
 from ficco_select.scenario import LAYER_COLUMNS, MAX_EXTENT, Scenario
 from ficco_select.schedule import legal_candidates, parse
@@ -61,98 +55,88 @@ mixtral on mi300x-8, the pipeline's 100-tree champion) got the direct decision e
 16, 98.1% at 4 and 97.8% at 2; the table's first build took about the same time at 8 and 16."""
 DEFAULT_M_RANGE = (1, 1 << 20)
 """The m range of a table without a model's trained range (a heuristic-only selector)."""
-DENSE_M_LIMIT = 1 << 17
-"""Up to this m a table answers from an index over every m (2 bytes each); beyond, by bisection."""
 TABLES_FILE = "layers.json"
 """Precompiled tables in an export folder (``ficco export --layers``)."""
 
 
-class _Judged:
-    """A guarded interval's place in a table's choices: its pick, judged by the guard at each
-    m asked (``LayerTable.decide``); the m refused, with the baseline's decision there."""
-
-    __slots__ = ("point", "refused")
-
-    def __init__(self, point: int):
-        self.point = point  # the grid point below the interval
-        self.refused: dict[int, Decision] = {}
-
-    def __getstate__(self):
-        return self.point, self.refused
-
-    def __setstate__(self, state):
-        self.point, self.refused = state
+MEMO_LIMIT = 1 << 16
+"""The m beyond its grid points a table keeps decided before it starts over (its grid stays)."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
 class LayerTable:
-    """One layer's decisions at the grid points of ``m`` (ascending); ``step``: valid ``m``
-    are its multiples; ``guard``: the GPU do-no-harm rule over the m between the points, where
-    it applies."""
+    """One layer's decisions over ``m``: at its grid points, decided in one batch; at any other
+    valid ``m``, the direct decision, made on that m's first ask (``decide_points``) and kept.
+    ``scenario``: the layer at one of its m; ``step``: valid m are its multiples."""
 
-    layer: tuple
-    grid: tuple[int, ...]
-    decisions: tuple[Decision, ...]
-    step: int
-    guard: TableGuard | None = dataclasses.field(default=None, compare=False)
-    # The lookup's own layout, so that `decide` is two indexings: for every m up to the grid's
-    # end (at most DENSE_M_LIMIT), the position in _choices of its answer: 0 (None) for an m
-    # the layer cannot have or below the grid, else 1 + the index of the grid point at or
-    # below m; for an m inside a guarded interval (an overlap pick between two points, under
-    # a guard) the interval's _Judged, until the guard lets the pick stand there.
-    # 2 bytes per m: 128 KiB for a table up to m = 65536. Larger m are bisected.
-    _index: array = dataclasses.field(init=False, repr=False, compare=False)
-    _choices: tuple[Decision | _Judged | None, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    __slots__ = ("scenario", "grid", "decisions", "step", "decide_points", "_known")
 
-    def __post_init__(self) -> None:
-        n = len(self.grid)
-        guarded = np.array([self.guard is not None and not d.schedule.is_baseline for d in self.decisions])
-        if 1 + n + int(guarded.sum()) >= 1 << 16:
-            raise ValueError(f"a layer table holds at most {(1 << 15) - 1} points, got {n}")
-        judged = {i: _Judged(i) for i in np.flatnonzero(guarded).tolist()}
-        slot = np.zeros(n, np.int64)  # each guarded point's _Judged, after the decisions
-        slot[list(judged)] = 1 + n + np.arange(len(judged))
-        grid = np.asarray(self.grid)
-        ms = np.arange(min(self.grid[-1], DENSE_M_LIMIT) + 1)
-        at = np.searchsorted(grid, ms, side="right")  # 1 + the grid point at or below m
-        between = (at > 0) & (grid[np.maximum(at - 1, 0)] != ms) & guarded[np.maximum(at - 1, 0)]
-        at = np.where(between, slot[np.maximum(at - 1, 0)], at)
-        at[(ms % self.step != 0) | (ms < self.grid[0])] = 0
-        object.__setattr__(self, "_index", array("H", at.astype(np.uint16).tobytes()))
-        object.__setattr__(self, "_choices", (None, *self.decisions, *judged.values()))
+    def __init__(self, scenario: Scenario, grid: tuple[int, ...], decisions: tuple[Decision, ...], step: int,
+                 decide_points: Callable[[Sequence[int]], list[Decision]],
+                 known: Mapping[int, Decision] | None = None) -> None:
+        self.scenario, self.grid, self.decisions, self.step = scenario, grid, decisions, step
+        self.decide_points = decide_points
+        """The direct decisions at a batch of m (the selector's policy for this layer)."""
+        self._known: dict[int, Decision] = {**(known or {}), **dict(zip(grid, decisions))}
+
+    @property
+    def layer(self) -> tuple:
+        return self.scenario.layer
+
+    # Sent to a group's other ranks (``runtime/dispatch.py``) as its grid alone: there a table
+    # answers the grid's m, the same on every rank, and decides nothing.
+    def __getstate__(self):
+        return self.scenario, self.grid, self.decisions, self.step
+
+    def __setstate__(self, state) -> None:
+        self.scenario, self.grid, self.decisions, self.step = state
+        self.decide_points = None
+        self._known = dict(zip(self.grid, self.decisions))
+
+    def on_grid(self, m: int) -> Decision | None:
+        """The grid's decision at `m`, None off the grid: what every rank holding this table
+        (or a copy sent to it) answers alike."""
+        return self.decisions[at] if type(m) is int and (at := bisect_left(self.grid, m)) < len(self.grid) \
+            and self.grid[at] == m else None
 
     def decide(self, m: int) -> Decision | None:
-        """The decision for token count `m`, or None outside the table, for an m the layer
-        cannot have, or for anything but an int (the caller then decides directly). Never raises."""
+        """The decision for token count `m`: the direct path's, kept. None for an m the layer
+        cannot have or for anything but an int (the caller then decides directly). Never raises."""
         try:
-            if m >= 0:  # a negative index would count from the end
-                choice = self._choices[self._index[m]]
-                return self._judge(m, choice) if type(choice) is _Judged else choice
-            return None
-        except IndexError:  # beyond the dense index
-            if type(m) is not int or m % self.step or m > self.grid[-1]:
-                return None
-            at = bisect_right(self.grid, m) - 1
-            decision = self.decisions[at]
-            if self.guard is None or decision.schedule.is_baseline or self.grid[at] == m:
+            decision = self._known.get(m)
+            if decision is not None and type(m) is int:  # 8.0 and True find 8 and 1: not row counts
                 return decision
-            return self.guard.at(m, decision)
-        except Exception:  # noqa: BLE001 - a float, a string, None: not a row count
+            if not self._valid(m) or self.decide_points is None:
+                return None
+            # Another thread may have decided m meanwhile, or started the kept m over.
+            return self.decide_many([m]).get(m) or self._known.get(m) or self.decide_points([m])[0]
+        except Exception:  # noqa: BLE001 - the caller decides directly, and says why
             return None
 
-    def _judge(self, m: int, judged: _Judged) -> Decision:
-        """The pick of `judged`'s interval at `m`, under the guard; remembered, so that the guard
-        judges each m once: a pick that stands is looked up directly from then on."""
-        refused = judged.refused.get(m)
-        if refused is not None:
-            return refused
-        pick = self.decisions[judged.point]
-        decision = self.guard.at(m, pick)
-        if decision is pick:
-            self._index[m] = 1 + judged.point
-        else:
-            judged.refused[m] = decision
-        return decision
+    def decide_many(self, ms: Iterable[int]) -> dict[int, Decision]:
+        """Decide the valid m of `ms` not decided yet, in one batch; returns them by m."""
+        new = [m for m in dict.fromkeys(ms) if self._valid(m) and m not in self._known]
+        if not new:
+            return {}
+        made = dict(zip(new, self.decide_points(new)))
+        if len(self._known) + len(new) > len(self.grid) + MEMO_LIMIT:
+            self.forget()  # a new dict: readers keep the old one
+        self._known.update(made)
+        return made
+
+    def forget(self) -> None:
+        """Keep the grid's decisions only."""
+        self._known = dict(zip(self.grid, self.decisions))
+
+    def known(self, m: int) -> Decision | None:
+        """The decision kept for `m`, None if it has none yet."""
+        return self._known.get(m) if type(m) is int else None
+
+    def decided(self) -> dict[int, Decision]:
+        """Every decision kept, by m (grid points too)."""
+        return dict(self._known)
+
+    def _valid(self, m) -> bool:
+        return type(m) is int and 1 <= m <= MAX_EXTENT and m % self.step == 0
 
 
 def m_grid(lo: int, hi: int, step: int) -> tuple[int, ...]:
@@ -174,31 +158,40 @@ def layer_step(op: str, world_size: int) -> int:
 
 
 def build_table(scenario: Scenario, lo: int, hi: int, decide: Callable[[Sequence[int]], list[Decision]],
-                also: Iterable[int] = (), guard: TableGuard | None = None) -> LayerTable | None:
+                also: Iterable[int] = (), known: Mapping[int, Decision] | None = None) -> LayerTable:
     """`scenario`'s layer decided on its grid of m in [`lo`, `hi`] (and at the valid m of
-    `also` inside it); `decide(ms)` gives the decisions at the token counts `ms`, in one
-    batch (``Selector.layer_table`` passes its own), under the GPU do-no-harm rule; `guard`:
-    that rule, to judge each overlap pick again at the m between the points. None where the
-    range holds no valid m.
+    `also` inside it); `decide(ms)` gives the direct decisions at the token counts `ms`, in
+    one batch (``Selector.layer_table`` passes the policy's); `known`: decisions made before,
+    by m, kept and not made again. An empty grid where the range holds no valid m: every m is
+    then decided on its first ask.
 
     Where neighbours on the grid disagree, every open interval is bisected at once, down to
-    adjacent valid m: the breakpoint is then exact. Neighbours that agree are taken to agree
-    in between."""
+    adjacent valid m: the grid then holds the breakpoint."""
     step = layer_step(scenario.op, scenario.world_size)
+    known = dict(known or {})
     grid = m_grid(int(lo), min(int(hi), MAX_EXTENT), step)  # no scenario takes a larger m
     if not grid:
-        return None
-    grid = tuple(sorted({*grid, *(m for m in also if m % step == 0 and grid[0] <= m <= grid[-1])}))
-    decided = dict(zip(grid, decide(grid)))
+        return LayerTable(scenario, (), (), step, decide, known)
+    grid = sorted({*grid, *(m for m in also if m % step == 0 and grid[0] <= m <= grid[-1])})
+    decided = {m: known[m] for m in grid if m in known}
+
+    def decide_at(ms: list[int]) -> None:
+        new = [m for m in ms if m not in decided]
+        decided.update(zip(new, (known.pop(m) if m in known else None for m in new)))
+        todo = [m for m in new if decided[m] is None]
+        if todo:
+            decided.update(zip(todo, decide(todo)))
+
+    decide_at(grid)
     same = lambda a, b: (decided[a].schedule, decided[a].source) == (decided[b].schedule, decided[b].source)  # noqa: E731
     open_ = [(a, b) for a, b in zip(grid, grid[1:]) if b - a > step and not same(a, b)]
     while open_:
         mids = [step * ((a + b) // (2 * step)) for a, b in open_]
-        decided.update(zip(mids, decide(mids)))
+        decide_at(mids)
         open_ = [(lo, hi) for (a, b), mid in zip(open_, mids) for lo, hi in ((a, mid), (mid, b))
                  if hi - lo > step and not same(lo, hi)]
     points = tuple(sorted(decided))
-    return LayerTable(scenario.layer, points, tuple(decided[m] for m in points), step, guard)
+    return LayerTable(scenario, points, tuple(decided[m] for m in points), step, decide, known)
 
 
 # -- precompiled tables ------------------------------------------------------------------
@@ -214,17 +207,27 @@ SOURCES = ("model", "heuristic", "cost_model", "fallback")
 """Who may have made a table's decision (``Decision.source``)."""
 
 
-def read_tables(folder: str | Path, backend_of: Callable[[str], str | None] = lambda hardware: None,
-                guard_of: Callable[[Scenario], TableGuard | None] = lambda layer: None) -> dict[tuple, LayerTable]:
+@dataclasses.dataclass(frozen=True)
+class LayerDecider:
+    """What a precompiled table needs from its selector (``read_tables``): the backend its
+    machine decides on, the direct decisions at a batch of m (each m between the points is
+    decided that way on its first ask), and the decisions given at a batch of m under the GPU
+    do-no-harm rule (``policy.no_harm``)."""
+
+    backend: str
+    decide_points: Callable[[Sequence[int]], list[Decision]]
+    judge: Callable[[Sequence[int], Sequence[Decision]], list[Decision]]
+
+
+def read_tables(folder: str | Path,
+                decider_of: Callable[[Scenario], LayerDecider | None] = lambda layer: None) -> dict[tuple, LayerTable]:
     """The precompiled tables of an export folder ({} without ``layers.json``); ValueError
     naming the file, the layer and the field for anything the direct path could not have
     given: a malformed field, a table built from another model (a matching digest says which
     model the file came from, not that its contents were left as written), a grid step other
-    than the layer's, a layer given twice, a decision illegal for its layer at its m (on the
-    backend ``backend_of(hardware)`` gives; a layer whose machine is unknown there is refused
-    too), or an overlap pick that the GPU do-no-harm rule refuses at its m (``guard_of(layer)``:
-    the rule over the layer's table, None where it does not apply; the same guard then judges
-    the m between the points)."""
+    than the layer's, a layer given twice, a layer whose machine the selector does not know
+    (``decider_of(layer)`` None), a decision illegal for its layer at its m, or an overlap
+    pick that the GPU do-no-harm rule refuses at its m."""
     path = Path(folder, TABLES_FILE)
     if not path.exists():
         return {}
@@ -244,15 +247,15 @@ def read_tables(folder: str | Path, backend_of: Callable[[str], str | None] = la
         if layer.layer in first_at:
             raise ValueError(f"{at}: the layer of layers[{first_at[layer.layer]}] again (a layer has one table)")
         first_at[layer.layer] = i
-        _check_legal(layer, grid, decisions, backend_of(layer.hardware), at)
-        guard = guard_of(layer)
-        if guard is not None and (refusals := guard.refusals(grid, decisions)):
-            m, why = refusals[0]
-            raise ValueError(f"{at}: m={m}: the GPU do-no-harm rule refuses this pick ({why})")
-        try:
-            tables[layer.layer] = LayerTable(layer.layer, grid, decisions, step, guard)
-        except ValueError as e:
-            raise ValueError(f"{at}: field 'grid': {e}") from None
+        decider = decider_of(layer)
+        if decider is None:
+            raise ValueError(f"{at}: hardware {layer.hardware!r} is not a machine this export knows (a shipped "
+                             "machine or one of its hardware_specs)")
+        _check_legal(layer, grid, decisions, decider.backend, at)
+        for m, given, judged in zip(grid, decisions, decider.judge(grid, decisions)):
+            if judged is not given:
+                raise ValueError(f"{at}: m={m}: the GPU do-no-harm rule refuses this pick ({judged.reason})")
+        tables[layer.layer] = LayerTable(layer, grid, decisions, step, decider.decide_points)
     return tables
 
 
@@ -309,12 +312,9 @@ def _read_decision(row, at: str) -> Decision:
     return Decision(schedule, source, float(confidence), reason)
 
 
-def _check_legal(layer: Scenario, grid: tuple[int, ...], decisions: tuple[Decision, ...], backend: str | None,
+def _check_legal(layer: Scenario, grid: tuple[int, ...], decisions: tuple[Decision, ...], backend: str,
                  at: str) -> None:
     """ValueError naming `at` and the point whose decision the layer cannot run."""
-    if backend is None:
-        raise ValueError(f"{at}: hardware {layer.hardware!r} is not a machine this export knows (a shipped "
-                         "machine or one of its hardware_specs)")
     for m, decision in zip(grid, decisions):
         try:
             scenario = dataclasses.replace(layer, m=m)
