@@ -37,12 +37,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from ficco_select.runtime.caches import BoundedCache
 from ficco_select.runtime.decision import Decision
 from ficco_select.runtime.trees import read_json
 from ficco_select.scenario import LAYER_COLUMNS, MAX_EXTENT, Scenario
@@ -65,18 +65,23 @@ MEMO_LIMIT = 1 << 16
 
 class LayerTable:
     """One layer's decisions over ``m``: at its grid points, decided in one batch; at any other
-    valid ``m``, the direct decision, made on that m's first ask (``decide_points``) and kept.
-    ``scenario``: the layer at one of its m; ``step``: valid m are its multiples."""
+    valid ``m``, the direct decision, made on that m's first ask (``decide_points``) and kept
+    (the ``MEMO_LIMIT`` most recently used). ``scenario``: the layer at one of its m;
+    ``step``: valid m are its multiples."""
 
-    __slots__ = ("scenario", "grid", "decisions", "step", "decide_points", "_known")
+    __slots__ = ("scenario", "grid", "decisions", "step", "decide_points", "_at_grid", "_kept")
 
     def __init__(self, scenario: Scenario, grid: tuple[int, ...], decisions: tuple[Decision, ...], step: int,
-                 decide_points: Callable[[Sequence[int]], list[Decision]],
+                 decide_points: Callable[[Sequence[int]], list[Decision]] | None,
                  known: Mapping[int, Decision] | None = None) -> None:
         self.scenario, self.grid, self.decisions, self.step = scenario, grid, decisions, step
         self.decide_points = decide_points
         """The direct decisions at a batch of m (the selector's policy for this layer)."""
-        self._known: dict[int, Decision] = {**(known or {}), **dict(zip(grid, decisions))}
+        self._at_grid: dict[int, Decision] = dict(zip(grid, decisions))
+        self._kept: BoundedCache[int, Decision] = BoundedCache(MEMO_LIMIT)
+        for m, decision in (known or {}).items():
+            if m not in self._at_grid:
+                self._kept.put(m, decision)
 
     @property
     def layer(self) -> tuple:
@@ -88,52 +93,50 @@ class LayerTable:
         return self.scenario, self.grid, self.decisions, self.step
 
     def __setstate__(self, state) -> None:
-        self.scenario, self.grid, self.decisions, self.step = state
-        self.decide_points = None
-        self._known = dict(zip(self.grid, self.decisions))
+        self.__init__(*state, decide_points=None)
 
     def on_grid(self, m: int) -> Decision | None:
         """The grid's decision at `m`, None off the grid: what every rank holding this table
         (or a copy sent to it) answers alike."""
-        return self.decisions[at] if type(m) is int and (at := bisect_left(self.grid, m)) < len(self.grid) \
-            and self.grid[at] == m else None
+        return self._at_grid.get(m) if type(m) is int else None
+
+    def known(self, m: int) -> Decision | None:
+        """The decision kept for `m`, None if it has none yet."""
+        if type(m) is not int:  # 8.0 and True find 8 and 1: not row counts
+            return None
+        return self._at_grid.get(m) or self._kept.get(m)
 
     def decide(self, m: int) -> Decision | None:
         """The decision for token count `m`: the direct path's, kept. None for an m the layer
         cannot have or for anything but an int (the caller then decides directly). Never raises."""
         try:
-            decision = self._known.get(m)
-            if decision is not None and type(m) is int:  # 8.0 and True find 8 and 1: not row counts
+            decision = self.known(m)
+            if decision is not None:
                 return decision
             if not self._valid(m) or self.decide_points is None:
                 return None
-            # Another thread may have decided m meanwhile, or started the kept m over.
-            return self.decide_many([m]).get(m) or self._known.get(m) or self.decide_points([m])[0]
+            # Another thread may have decided m meanwhile: the same decision.
+            return self.decide_many([m]).get(m) or self.known(m) or self.decide_points([m])[0]
         except Exception:  # noqa: BLE001 - the caller decides directly, and says why
             return None
 
     def decide_many(self, ms: Iterable[int]) -> dict[int, Decision]:
         """Decide the valid m of `ms` not decided yet, in one batch; returns them by m."""
-        new = [m for m in dict.fromkeys(ms) if self._valid(m) and m not in self._known]
+        new = [m for m in dict.fromkeys(ms) if self._valid(m) and self.known(m) is None]
         if not new:
             return {}
         made = dict(zip(new, self.decide_points(new)))
-        if len(self._known) + len(new) > len(self.grid) + MEMO_LIMIT:
-            self.forget()  # a new dict: readers keep the old one
-        self._known.update(made)
+        for m, decision in made.items():
+            self._kept.put(m, decision)
         return made
 
     def forget(self) -> None:
         """Keep the grid's decisions only."""
-        self._known = dict(zip(self.grid, self.decisions))
-
-    def known(self, m: int) -> Decision | None:
-        """The decision kept for `m`, None if it has none yet."""
-        return self._known.get(m) if type(m) is int else None
+        self._kept.clear()
 
     def decided(self) -> dict[int, Decision]:
         """Every decision kept, by m (grid points too)."""
-        return dict(self._known)
+        return {**dict(self._kept.items()), **self._at_grid}
 
     def _valid(self, m) -> bool:
         return type(m) is int and 1 <= m <= MAX_EXTENT and m % self.step == 0

@@ -37,6 +37,7 @@ from typing import Any
 from ficco_select.hardware import (HardwareError, HardwareSpec, is_spec_path, load_hardware, refuse_known_name,
                                    shipped_names)
 from ficco_select.runtime import policy
+from ficco_select.runtime.caches import BoundedCache
 from ficco_select.runtime.decision import Decision
 from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerDecider, LayerTable, build_table, layer_step, read_tables
 from ficco_select.runtime.loading import DEFAULT_PATH, read_export
@@ -56,26 +57,26 @@ class Selector:
         self.rules = Scope.from_meta(meta) if meta is not None else Scope()
         """The export's rules, parsed once (``runtime/scope.py``): every decision reads them here."""
         self.model = model
-        self.meta = dict(meta or {})
         self.layer_tables = layer_tables
         """Fill a layer's table on a grid of m at its second m (``runtime/layers.py``). False:
         each m is decided on its first ask alone (evaluation, where thousands of one-off
         layers would each fill a grid)."""
-        self._tables: dict[tuple, LayerTable] = {}
+        self._tables: BoundedCache[tuple, LayerTable] = BoundedCache(_TABLES_LIMIT)
         """The one cache of decisions: a layer's table by ``Scenario.layer``; for a machine a
         job names or a spec file, by (its numbers' key, the layer), since the name means what
         the caller's job says now."""
         self._fixed: dict[str, HardwareSpec] = dict(self.rules.specs)
         """Machines that mean one spec for this selector wherever it is asked: the export's own
         (``hardware_specs``, which win over a job's) and the shipped ones met so far."""
-        self._files: dict[str, HardwareSpec] = {}  # spec files read, by path (a job may still refuse the name)
+        self._files: BoundedCache[str, HardwareSpec] = BoundedCache(_MACHINES_LIMIT)
+        """Spec files read, by path (a job may still refuse the name)."""
         # A machine by its numbers: id(spec) -> (spec, its number), and the numbers -> that number,
         # a small int that keys its tables cheaply; never reused, so a cache that starts over
         # can only miss.
-        self._numbers: dict[int, tuple[HardwareSpec, int]] = {}
-        self._machine_ids: dict[tuple, int] = {}
+        self._numbers: BoundedCache[int, tuple[HardwareSpec, int]] = BoundedCache(_MACHINES_LIMIT)
+        self._machine_ids: BoundedCache[tuple, int] = BoundedCache(_MACHINES_LIMIT)
         self._next_id = itertools.count(1)
-        self._warned: set = set()
+        self._warned: BoundedCache[Any, bool] = BoundedCache(_MACHINES_LIMIT)  # what was warned of, once
 
     # -- loading ------------------------------------------------------------------------
     @classmethod
@@ -96,7 +97,8 @@ class Selector:
             return cls(**kw)
         try:  # precompiled layer tables (ficco export --layers): known layers never walk trees at their grid
             if selector.layer_tables:
-                selector._tables.update(read_tables(folder, selector._decider_of))
+                for layer, table in read_tables(folder, selector._decider_of).items():
+                    selector._tables.put(layer, table)
         except Exception as e:  # noqa: BLE001 - tables are built on first sight instead
             log.warning("ficco-select: layer tables at %s not used (%s); building them on first sight", where, e)
         return selector
@@ -137,11 +139,9 @@ class Selector:
         """Forget every decision made on an m's first ask (the next ``select`` of each such
         scenario decides again). The layers' grids are kept: they are the model's, decided for
         a whole layer at once (precompiled, or filled on a layer's second m)."""
-        for key, table in list(self._tables.items()):
-            if table.grid:
-                table.forget()
-            else:
-                self._tables.pop(key, None)
+        self._tables.drop(lambda key, table: bool(table.grid))
+        for table in self._tables.values():
+            table.forget()
 
     def layer_table(self, scenario: Scenario, also: Iterable[int] = ()) -> LayerTable | None:
         """The ``LayerTable`` of `scenario`'s layer (every column but ``m``), with its grid of
@@ -168,7 +168,8 @@ class Selector:
             return Decision(BASELINE, "fallback", 0.0, str(e))
         try:
             table = self._table_of(scenario)
-            if self.layer_tables and not table.grid and not isinstance(table.decide_points, _Refusal) and table.known(scenario.m) is None and table.decided():
+            second_m = table.known(scenario.m) is None and table.decided()
+            if self.layer_tables and not table.grid and second_m and not isinstance(table.decide_points, _Refusal):
                 table = self._fill_grid(scenario, table)  # the layer's second m
             decision = table.decide(scenario.m)
             if decision is None:  # the table's own failure (its policy's is a decision)
@@ -195,9 +196,7 @@ class Selector:
         else:
             scenario, hw = resolved
             table = LayerTable(scenario, (), (), step, functools.partial(self._decide_points, scenario, hw))
-        if len(self._tables) >= _TABLES_LIMIT:
-            self._tables.clear()  # decisions are deterministic: starting over costs only the misses
-        return self._tables.setdefault(key, table)
+        return self._tables.put(key, table)  # two threads that meet a layer at once: the same decisions
 
     def _resolve(self, scenario: Scenario, hw: HardwareSpec | None) -> tuple[Scenario, HardwareSpec] | Decision:
         """`scenario` under its machine's name, and `hw`, the machine its hardware names; or the
@@ -223,8 +222,7 @@ class Selector:
         # A range or slack as wide as the export may give (1e308): the grid stops at the largest m a scenario takes.
         lo, hi = max(1, math.ceil(min(lo / slack, MAX_EXTENT))), math.floor(min(hi * slack, MAX_EXTENT))
         table = build_table(old.scenario, lo, hi, old.decide_points, also, old.decided())
-        self._tables[key] = table
-        return table
+        return self._tables.put(key, table)
 
     def _decide_points(self, scenario: Scenario, hw: HardwareSpec, ms: Sequence[int]) -> list[Decision]:
         """The policy's decisions for `scenario`'s layer at each m of `ms`, in one batch."""
@@ -285,9 +283,7 @@ class Selector:
             elif is_spec_path(value):
                 spec = self._files.get(value)
                 if spec is None:
-                    spec = load_hardware(value)  # read and checked against the shipped names and the job's
-                    _bound(_CACHE_LIMIT, self._files)
-                    self._files[value] = spec
+                    spec = self._files.put(value, load_hardware(value))  # checked against the shipped names and the job's
                 else:
                     refuse_known_name(spec, value)
             else:
@@ -313,21 +309,19 @@ class Selector:
         if held is None or held[0] is not spec:
             numbers = _numbers_of(spec)
             machine = self._machine_ids.get(numbers)
-            if machine is None:
-                _bound(_CACHE_LIMIT, self._machine_ids)
-                machine = self._machine_ids.setdefault(numbers, next(self._next_id))
-            _bound(_CACHE_LIMIT, self._numbers)
-            held = self._numbers[id(spec)] = (spec, machine)  # the spec too: its id is not reused while held
+            if machine is None:  # two threads may number one machine twice: two keys, the same decisions
+                machine = self._machine_ids.put(numbers, next(self._next_id))
+            held = self._numbers.put(id(spec), (spec, machine))  # the spec too: its id is not reused while held
         return (held[1],), spec
 
     def _warn_once(self, key, message: str) -> None:
         if key not in self._warned:
-            self._warned.add(key)
+            self._warned.put(key, True)
             log.warning("ficco-select: %s", message)
 
 
-_CACHE_LIMIT = 1 << 16
-"""Hardware values a by-value cache holds before it starts over."""
+_MACHINES_LIMIT = 1 << 12
+"""Machines (spec files, numbers) and warnings a selector keeps, least recently used out."""
 _TABLES_LIMIT = 1 << 12
 """Layer tables a selector holds before it starts over (a layer's grid: about 300 decisions)."""
 _FIXED = ()
@@ -357,10 +351,3 @@ def _numbers_of(spec: HardwareSpec) -> tuple:
     """Every field of `spec`, hashable: what its decisions depend on (the peaks in dtype order)."""
     return tuple(tuple(sorted(value.items())) if isinstance(value, dict) else value
                  for value in (getattr(spec, f.name) for f in dataclasses.fields(spec)))
-
-
-def _bound(limit: int, *caches: dict) -> None:
-    """Empty the caches, in order, if the first holds `limit` entries."""
-    if len(caches[0]) >= limit:
-        for cache in caches:
-            cache.clear()
