@@ -282,15 +282,11 @@ def te_choices(scenario: Scenario, spec: HardwareSpec) -> list[Schedule]:
 
 
 def cost_model_pick(spec: HardwareSpec) -> Pick:
-    """The calibrated cost model's fastest (noise-free, on `spec`) of what TE runs
-    (``te_choices``)."""
-    from ficco_select.data.simulate import simulate_rows
+    """The policy's cost model (``runtime.no_harm.cost_model_pick``, the ``cost_model``
+    fallback's) choosing among what TE runs (``te_choices``) on `spec`."""
+    from ficco_select.runtime.no_harm import cost_model_pick as policy_pick
 
-    def pick(scenario: Scenario) -> Schedule:
-        rows = simulate_rows([scenario], spec)
-        time_of = dict(zip(rows["schedule"], rows["time_s"]))
-        return min(te_choices(scenario, spec), key=lambda c: time_of[c.name])
-    return pick
+    return lambda scenario: policy_pick(scenario, spec, te_choices(scenario, spec))
 
 
 def te_advice(decisions: dict[str, Decision], model: Model, layout: Layout, hardware: str,
