@@ -118,3 +118,21 @@ def test_eager_training_takes_the_thin_autograd_path(fake_group):
     assert type(y.grad_fn).__name__ == "_AllGatherMatmulBackward", y.grad_fn
     y.sum().backward()  # the backward's mirror op (a matmul reduce-scatter) runs eagerly too
     assert W.grad is not None and W.grad.shape == W.shape
+
+
+def test_a_call_while_another_thread_runs_its_shape_runs_a_copy(fake_group):
+    # The plan's one operator is bound to one call at a time; a call of the same shape from
+    # another thread meanwhile runs a copy of it, and neither keeps a call's tensors after.
+    torch_ops.configure(selector=Selector(), hardware="cpu", schedule="shard.ring.sm")
+    gen = torch.Generator().manual_seed(0)
+    A_shard, W = torch.rand(8, 16, generator=gen), torch.rand(16, 16, generator=gen)
+    name = fake_group.group_name
+    first = torch_ops.all_gather_matmul(A_shard, [W], 0, name)[1][0]
+    runner = dispatch.context(fake_group).plans.values()[0].runner
+    shape_only = dict(vars(runner.operator))
+    with runner.busy:  # as if another thread were inside the call
+        second = torch_ops.all_gather_matmul(A_shard, [W], 0, name)[1][0]
+    assert vars(runner.operator) == shape_only  # untouched by the copy's call
+    torch.testing.assert_close(second[:8], first[:8])  # this rank's own rows (the fake group moves nothing)
+    torch.testing.assert_close(first[:8], A_shard @ W)
+    assert not {"A_full", "W", "out"} & set(vars(runner.operator))  # no call's tensors outlive it
