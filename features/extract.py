@@ -26,7 +26,7 @@ from ficco_select.costs import (
     schedule_times,
     transfer_time,
 )
-from ficco_select.hardware import TOPOLOGIES, HardwareSpec
+from ficco_select.hardware_spec import TOPOLOGIES, HardwareSpec
 from ficco_select.heuristic import backend_for
 from ficco_select.scenario import DTYPES, OPS, Scenario
 from ficco_select.schedule import GRANULARITIES, Schedule, parse

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ficco_select.hardware import TOPOLOGIES, load_hardware
+from ficco_select.hardware import load_hardware
+from ficco_select.hardware_spec import TOPOLOGIES
 
 GOLDEN = Path(__file__).with_name("golden")
 PRESETS = ("mi300x-8", "h100-nvswitch", "l40s-pcie-8")
