@@ -22,7 +22,7 @@ error, never a silent mix. So are the hardware specs of its machines that are no
 is read back, trained on and validated by name, in any process
 (``ficco_select.hardware``'s registry); and, in a measured file, the timing settings its
 rows were taken with (``ficco_timing``: ``ficco_select.data.measure.config.TimingPolicy``'s fields), so
-that rows timed otherwise are never joined to them (``merge``, a resumed ``ficco measure``).
+that rows timed otherwise are never joined to them (``ficco_select.data.dataset_merge``, a resumed ``ficco measure``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import json
 import math
 import os
 import platform
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -269,63 +268,6 @@ def unlike_timing(timing: dict | None, other: dict | None, other_name: str) -> s
             f"{', '.join(f'{k} {other.get(k)}' for k in differ)}")
 
 
-MERGE_KEYS = ("backend", "hardware_fingerprint")
-"""What every input of a merge must share: one backend, one kind of machine."""
-
-
-def merge(paths: Sequence[str | Path]) -> pd.DataFrame:
-    """The datasets `paths` as one (``ficco dataset merge``): the shards of one sweep, each
-    measured on its own node or process (``ficco measure --shard i/N``).
-
-    Refuses an input that is not a valid dataset (``read_valid_dataset``: what training
-    needs), and inputs of different backends or machines (``MERGE_KEYS``) or timed with
-    different settings (``unlike_timing``; inputs that all record none merge as before, and
-    their merge records none), naming the files. A
-    scenario in two inputs is kept once if both hold the same measurement (the same
-    schedules, statuses and times), and refused otherwise, naming it and both files: two
-    different measurements of one scenario are not one sweep's. Rows keep the inputs' order.
-    The inputs' common timing settings are ``read_timing(paths[0])``.
-    """
-    if not paths:
-        raise DatasetError("nothing to merge: give the datasets")
-    frames = [read_valid_dataset(p) for p in paths]
-    first = frames[0]
-    for key in MERGE_KEYS:
-        values = [sorted(set(f[key].astype(str))) for f in frames]
-        for path, got in zip(paths, values):
-            if len(got) != 1 or got != values[0]:
-                raise DatasetError(f"{path}: {key} {', '.join(got)}, {paths[0]} has {', '.join(values[0])}; "
-                                   "a merge joins the shards of one machine's sweep")
-    timings = [read_timing(p) for p in paths]
-    for path, timing in zip(paths[1:], timings[1:]):
-        why = unlike_timing(timing, timings[0], str(paths[0]))
-        if why:
-            raise DatasetError(f"{path}: {why}; a merge joins the shards of one sweep, timed alike: measure them "
-                               "with the same settings")
-    kept: list[pd.DataFrame] = [first]
-    owner = {sid: paths[0] for sid in first["scenario_id"].unique()}
-    measured = {sid: _measurement(g) for sid, g in first.groupby("scenario_id", sort=False)}
-    for path, frame in zip(paths[1:], frames[1:]):
-        drop = []
-        for sid, g in frame.groupby("scenario_id", sort=False):
-            if sid not in owner:
-                owner[sid], measured[sid] = path, _measurement(g)
-            elif _measurement(g) == measured[sid]:
-                drop.append(sid)
-            else:
-                raise DatasetError(f"{path}: scenario {sid} is also in {owner[sid]} with other rows (schedules, "
-                                   "statuses or times); two measurements of one scenario are not one sweep's: "
-                                   "keep one file's")
-        kept.append(frame[~frame["scenario_id"].isin(drop)])
-    return pd.concat(kept, ignore_index=True)
-
-
-def _measurement(rows: pd.DataFrame) -> tuple:
-    """A scenario's rows as what a duplicate must repeat exactly."""
-    return tuple(sorted(zip(rows["schedule"].astype(str), rows["status"].astype(str),
-                            rows["time_s"].astype(float).round(12).fillna(-1.0))))
-
-
 def validate(df: pd.DataFrame, *, max_problems: int = 50) -> list[str]:
     """Check schema and invariants; return problems naming row (0-based) and column."""
     problems: list[str] = []
@@ -445,62 +387,3 @@ def _check_labels(g: pd.DataFrame) -> list[str]:
     elif not 1.0 <= first["ideal_speedup"] <= 2.0 + 1e-9:
         out.append(f"row {g.index[0]}, column 'ideal_speedup': {first['ideal_speedup']} outside [1, 2]")
     return out
-
-
-def info(df: pd.DataFrame) -> dict:
-    """Summary: scenarios, how often each schedule is fastest, speedups over baseline, noise.
-
-    A scenario without a baseline row (a broken file: ``validate`` says where) counts in
-    ``scenarios_without_baseline`` and nowhere else.
-    """
-    missing = [c for c in COLUMNS if c not in df.columns]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise DatasetError(f"column '{missing[0]}' is missing{more}; `ficco dataset validate` lists every problem")
-    ok = df[df["status"] == "ok"]
-    per_scenario = []
-    no_baseline = 0
-    for sid, g in ok.groupby("scenario_id", sort=False, dropna=False):
-        v = g[g["verified"]]
-        base = g[g["schedule"].astype(str).str.startswith("none.")]["time_s"]
-        if base.empty:
-            no_baseline += 1
-            continue
-        if v.empty:
-            continue
-        best = v.loc[v["time_s"].idxmin()]
-        per_scenario.append({"best": best["schedule"], "speedup": float(base.iloc[0] / best["time_s"]),
-                             "ties": int(v["near_best"].sum()),
-                             "baseline_near_best": bool(g.loc[base.index[0], "near_best"])})
-    ps = pd.DataFrame(per_scenario)
-    speedup = ps["speedup"] if len(ps) else pd.Series(dtype=float)
-    family = ps["best"].str.split(".").str[0] if len(ps) else pd.Series(dtype=str)
-    return {
-        "scenarios": int(df["scenario_id"].nunique()),
-        "rows": len(df),
-        "failed_scenarios": int(df.loc[df["status"] == "failed", "scenario_id"].nunique()),
-        "scenarios_without_baseline": no_baseline,
-        "unverified_rows": int((~ok["verified"]).sum()),
-        "noisy_rows": int(ok["noisy"].sum()),
-        "noisy_fraction": round(float(ok["noisy"].mean()), 3) if len(ok) else 0.0,
-        "median_spread": round(float(ok["time_spread"].median()), 3) if len(ok) else None,
-        "by_op": {k: int(v) for k, v in df.groupby("op")["scenario_id"].nunique().items()},
-        "by_world_size": {int(k): int(v) for k, v in df.groupby("world_size")["scenario_id"].nunique().items()},
-        "by_group": {k: int(v) for k, v in df.groupby("group")["scenario_id"].nunique().items()},
-        "fastest_count": {k: int(v) for k, v in ps["best"].value_counts().items()} if len(ps) else {},
-        "fastest_by_granularity": {k: int(v) for k, v in family.value_counts().items()},
-        "speedup_over_baseline": {
-            "min": _r(speedup.min()), "p25": _r(speedup.quantile(0.25)), "median": _r(speedup.median()),
-            "p75": _r(speedup.quantile(0.75)), "max": _r(speedup.max()),
-            "share_above_1.05": _r((speedup > 1.05).mean()),
-        },
-        "mean_near_ties_per_scenario": _r(ps["ties"].mean()) if len(ps) else None,
-        "baseline_within_noise_of_best": _r(ps["baseline_near_best"].mean()) if len(ps) else None,
-        "provenance": {c: sorted(map(str, df[c].dropna().unique()))[:3] for c in
-                       ("backend", "hardware_fingerprint", "torch_version", "ficco_version")}
-                      | {"created_at": [str(df["created_at"].min()), str(df["created_at"].max())]},
-    }
-
-
-def _r(x) -> float | None:
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 3)

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from ficco_select.data.dataset import SCHEMA_VERSION, DatasetError, info, read_dataset, validate, write_parquet_atomic
+from ficco_select.data.dataset import SCHEMA_VERSION, DatasetError, read_dataset, validate, write_parquet_atomic
+from ficco_select.data.dataset_info import info
 from ficco_select.data.measure.gloo import MeasureConfig
 from ficco_select.data.measure.sweep import measure
 from ficco_select.cli.main import main

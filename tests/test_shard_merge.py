@@ -13,7 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from ficco_select.cli.main import main
-from ficco_select.data.dataset import DatasetError, merge, read_dataset, read_timing, write_parquet_atomic
+from ficco_select.data.dataset import DatasetError, read_dataset, read_timing, write_parquet_atomic
+from ficco_select.data.dataset_merge import merge
 from ficco_select.data.measure.sweep import parse_shard, shard_of
 from ficco_select.data.scenarios import packaged, read_scenarios
 from ficco_select.data.simulate import simulate

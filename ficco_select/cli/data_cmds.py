@@ -205,7 +205,7 @@ def validate(path, as_json) -> None:
 def info(path, as_json) -> None:
     """Summarise a dataset: scenarios, how often each schedule is fastest, speedups, noise."""
     from ficco_select.data.dataset import DatasetError, read_dataset
-    from ficco_select.data.dataset import info as summarize
+    from ficco_select.data.dataset_info import info as summarize
 
     with reported(DatasetError, message=naming(path)):
         summary = summarize(read_dataset(path))
@@ -233,7 +233,8 @@ def merge_cmd(paths, out, as_json) -> None:
     an invalid input (as `ficco dataset validate` finds it), other backends, machines or
     timing settings (--reps, --min-rep-s, --warmup), and a scenario measured twice with
     different results."""
-    from ficco_select.data.dataset import DatasetError, dataset_machines, merge, read_timing, write_parquet_atomic
+    from ficco_select.data.dataset import DatasetError, dataset_machines, read_timing, write_parquet_atomic
+    from ficco_select.data.dataset_merge import merge
     from ficco_select.data.locks import OutputLocked, output_lock
     from ficco_select.hardware import HardwareError, machines
 
