@@ -330,7 +330,7 @@ def test_the_unseen_hardware_rule_holds_machines_out_of_the_fit_and_bounds_the_t
 def test_the_fallbacks_picked_once_per_scenario_are_their_own_picks_and_change_no_rule(small):
     framed = with_reference_picks(with_features(small))
     assert reference_picks(framed, "heuristic") == Heuristic(tune=False).predict(small)
-    assert reference_picks(framed, "cost_model") == SimulatorSelector().predict(small)
+    assert reference_picks(framed, "simulator") == SimulatorSelector().predict(small)
     assert reference_picks(small, "heuristic") is None  # a frame without them: decided as before
     make = lambda: XGBTimeRegressor(n_estimators=20)  # noqa: E731
     assert fit_abstention(make, framed) == fit_abstention(make, usable_rows(small))

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ficco_select.data.calibrate import calibrate
+from ficco_select.data.simulate import simulate_rows
 from ficco_select.features import FEATURE_NAMES, pair_features
 from ficco_select.hardware import HardwareSpec, load_hardware
 from ficco_select.heuristic import HeuristicParams, choose, estimates
@@ -199,9 +200,11 @@ def _calibrated(rows: pd.DataFrame, hw: str, devices: int) -> HardwareSpec:
 
 
 class SimulatorSelector(BaseSelector):
-    """The physics alone: the runtime's ``cost_model`` fallback (``no_harm.cost_model_pick``, the
-    analytic model's fastest candidate) on each scenario's machine. Does learning add anything
-    over it?
+    """The physics alone: the argmin of the analytic model (``ficco_select.data.simulate``) on each
+    scenario's machine, picked by the runtime's rule for a model's scores
+    (``decision.pick_with_margin``: ties by name). Does learning add anything over it? (The
+    runtime's ``cost_model`` fallback, ``no_harm.cost_model_pick``, reads the same model but
+    breaks its ties, baselines of two engines, say, by candidate order.)
 
     ``fit`` calibrates the model (``ficco_select.data.calibrate``) on the training rows a machine
     *measured* (>= 4 scenarios of it), never on the test fold. A machine without measured
@@ -223,16 +226,22 @@ class SimulatorSelector(BaseSelector):
     def predict(self, df):
         ok = usable_rows(df)
         legal = legal_schedules(ok)
-        specs = getattr(self, "specs_", {})
-        given = reference_picks(ok, "cost_model")  # the spec as given: decided once per scenario
         out = {}
+        specs = getattr(self, "specs_", {})
         for hw, rows in ok.groupby("hardware"):
-            if hw not in specs and given is not None:
-                out.update((sid, given[sid]) for sid in rows["scenario_id"].unique().tolist())
-            else:
-                out.update(picks(runtime_view(rows, specs), COST_MODEL))
-        # (a pick without a usable row in the frame cannot be timed: the baseline, as the runtime's tables score it)
-        return {sid: out[sid] if out[sid] in legal[sid] else BASELINE.name for sid in legal}
+            if hw not in specs and (given := reference_picks(rows, "simulator")) is not None:
+                out.update(given)  # the spec as given: decided once per scenario (with_reference_picks)
+                continue
+            records = scenario_records(rows)
+            ids = [r.pop("scenario_id") for r in records]
+            scenarios = [Scenario.from_record(r) for r in records]
+            model = simulate_rows(scenarios, specs.get(hw) or load_hardware(hw))
+            sid_of = {s.scenario_id: sid for s, sid in zip(scenarios, ids)}
+            sids = [sid_of[s] for s in model["scenario_id"].tolist()]
+            model = model.assign(scenario_id=sids)[[name in legal[sid] for sid, name in
+                                                    zip(sids, model["schedule"].tolist())]]
+            out.update(_argmin_choice(model, model["time_s"].to_numpy()))
+        return {sid: out.get(sid, BASELINE.name) for sid in legal}  # (no candidate the model knows)
 
 
 FEATURE_COLUMNS = tuple(f"x.{name}" for name in FEATURE_NAMES)
@@ -253,20 +262,23 @@ def with_features(df: pd.DataFrame) -> pd.DataFrame:
                       pd.DataFrame(X, columns=list(FEATURE_COLUMNS))], axis=1)
 
 
-REFERENCE_PICKS = {"heuristic": "pick.heuristic", COST_MODEL: "pick.cost_model"}
+REFERENCE_PICKS = {"heuristic": "pick.heuristic", COST_MODEL: "pick.cost_model", "simulator": "pick.simulator"}
 """Where ``with_reference_picks`` keeps each scenario's pick by the runtime's ``heuristic`` and
-``cost_model`` fallbacks on its machine's spec as given (in every row of it)."""
+``cost_model`` fallbacks, and by the ``simulator`` row, on its machine's spec as given (in
+every row of it)."""
 
 
 def with_reference_picks(df: pd.DataFrame) -> pd.DataFrame:
-    """`df` with the picks of ``REFERENCE_PICKS`` as columns: what the runtime's dispatch
-    (``runtime.fallbacks.run_fallback``, through ``fallback_picks``) runs for each scenario.
-    Both depend on the scenario and its machine only, not on a fold: the validation folds of
-    every shipped-policy fit, and the simulator's row on machines it does not calibrate, read
-    them instead of deciding each scenario again. A pick may lie outside the frame's rows
-    (a candidate without a usable row); its readers score it as the baseline."""
+    """`df` with the picks of ``REFERENCE_PICKS`` as columns: the fallbacks' are what the
+    runtime's dispatch (``runtime.fallbacks.run_fallback``, through ``fallback_picks``) runs for
+    each scenario. All depend on the scenario and its machine only, not on a fold: the
+    validation folds of every shipped-policy fit, and the simulator's row on machines it does
+    not calibrate, read them instead of deciding each scenario again. A fallback's pick may
+    lie outside the frame's rows (a candidate without a usable row); its readers score it
+    as the baseline."""
     view = runtime_view(usable_rows(df))
-    chosen = {who: picks(view, who) for who in REFERENCE_PICKS}
+    chosen = {"heuristic": picks(view, "heuristic"), COST_MODEL: picks(view, COST_MODEL),
+              "simulator": SimulatorSelector().predict(df)}
     sids = df["scenario_id"]
     return df.assign(**{column: sids.map(chosen[who]).to_numpy(object) for who, column in REFERENCE_PICKS.items()})
 
