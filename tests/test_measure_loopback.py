@@ -21,7 +21,8 @@ from ficco_select.data.dataset import SCHEMA_VERSION, read_dataset, validate
 from ficco_select.data.measure.gloo import MeasureConfig
 from ficco_select.data.measure.loopback import LoopbackError
 from ficco_select.data.measure.loopback_scenario import loopback_rows
-from ficco_select.data.measure.sweep import measure, parts_dir
+from ficco_select.data.measure.resume import parts_dir
+from ficco_select.data.measure.sweep import measure
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import candidates
 from ficco_select.signatures import SIGNATURE_COLUMNS
@@ -209,10 +210,10 @@ def test_cuda_sweep_on_the_gpu(tmp_path):
 def test_cuda_memory_an_earlier_scenario_left_cached_counts_as_free():
     """An adapt run on an H100 refused its second round ("11.2 GiB free" of 80): the
     caching allocator still held the first round's buffers."""
-    from ficco_select.data.measure.sweep import _free_bytes
+    from ficco_select.data.measure.preflight import free_bytes
 
-    before = _free_bytes(True, None)
+    before = free_bytes(True, None)
     held = torch.empty(int(0.25 * before), dtype=torch.uint8, device="cuda")
     del held  # freed, but kept reserved by the caching allocator
     assert torch.cuda.memory_reserved() > 0.2 * before
-    assert _free_bytes(True, None) > 0.9 * before
+    assert free_bytes(True, None) > 0.9 * before

@@ -11,6 +11,10 @@ Two row sources feed the same sweep (parts, resume, failed rows, progress, summa
   tests the plumbing (its times are not labels);
 - the cuda backend's node mode (``ficco_select.data.measure.node``): a gloo-launched process per
   GPU, spawned like the cpu backend's ranks (``ranks="node"``).
+
+What a sweep refuses before it starts, and which scenarios fit in memory:
+``ficco_select.data.measure.preflight``; what it keeps of `out` and of an interrupted run's
+committed parts: ``ficco_select.data.measure.resume``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from ficco_select.data.dataset import DatasetError, provenance, read_dataset, read_timing, unlike_timing, write_parquet_atomic
+from ficco_select.data.dataset import provenance, write_parquet_atomic
 from ficco_select.data.locks import output_lock
 from ficco_select.data.measure.config import MeasureConfig, MeasureError
 from ficco_select.data.measure.fabric import Fabric, inside
@@ -37,19 +41,12 @@ from ficco_select.data.measure.harness import failed_rows
 from ficco_select.data.measure.loopback import LoopbackError
 from ficco_select.data.measure.loopback_scenario import loopback_rows
 from ficco_select.data.measure.node import NodeOptions
+from ficco_select.data.measure.preflight import check_machines, check_memory, describe, loopback_device, node_options
+from ficco_select.data.measure.resume import check_parts_timing, earlier_rows, merge_parts, parts_dir
 from ficco_select.data.scenarios import read_scenarios, table_machines
-from ficco_select.executor.operators import rank_buffer_bytes
-from ficco_select.hardware import HardwareError, HardwareSpec, load_hardware, machines
+from ficco_select.hardware import HardwareSpec, machines
 from ficco_select.scenario import Scenario
-from ficco_select.schedule import candidates, hardware_problem
-
-
-def parts_dir(out: str | Path) -> Path:
-    """Where finished scenarios are committed, one file each, until the dataset is complete:
-    beside `out`'s real path (symlinks resolved), as its lock is, so that a rerun through
-    another name for it resumes."""
-    out = Path(out).resolve()
-    return out.with_name(out.name + ".parts")
+from ficco_select.schedule import candidates
 
 
 def measure(scenarios: Sequence[Scenario], *, backend: str = "cpu", config: MeasureConfig,
@@ -152,23 +149,23 @@ def _plan(scenarios: Sequence[Scenario], *, backend: str, config: MeasureConfig,
         raise ValueError(f"ranks {ranks!r}: 'loopback' (virtual ranks on one device) or 'node' (a process per GPU)")
     if ranks == "node" and backend != "cuda":
         raise ValueError(f"ranks 'node': a process per GPU is the cuda backend's mode, not {backend!r}'s")
-    _check_machines(scenarios, backend)
-    node = _node_options(scenarios, backend, device) if ranks == "node" else None
+    check_machines(scenarios, backend)
+    node = node_options(scenarios, backend, device) if ranks == "node" else None
     # In the fingerprint: the cuda modes label differently, and a fabric is another network.
     mode = ranks if backend == "cuda" else (f"fabric-{fabric.rate}" if fabric is not None else None)
-    device = None if node else _loopback_device(scenarios, backend, device)
+    device = None if node else loopback_device(scenarios, backend, device)
     distributed = device is None and under_torchrun()
     is_rank0 = not distributed or int(os.environ.get("RANK", "0")) == 0
-    _check_memory(scenarios, backend, device, node,
-                  local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if distributed else None)
+    check_memory(scenarios, backend, device, node,
+                 local_ranks=int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if distributed else None)
     parts = parts_dir(out) if out is not None else None
     wanted = {s.scenario_id for s in scenarios}
     timing = config.timing()
-    earlier = _earlier_rows(out, backend, mode, timing) if out is not None and is_rank0 else None
+    earlier = earlier_rows(out, backend, mode, timing) if out is not None and is_rank0 else None
     done = set(earlier["scenario_id"]) if earlier is not None else set()
     if parts is not None and parts.is_dir() and is_rank0:
         committed = [p for p in sorted(parts.glob("*.parquet")) if p.stem in wanted]
-        _check_parts_timing(committed, timing)
+        check_parts_timing(committed, timing)
         done |= {p.stem for p in committed}
     if distributed:
         init_from_env(config.timeout_s * 2)
@@ -229,13 +226,13 @@ def _commit(plan: SweepPlan, scenario_rows: list[dict]) -> None:
 
 def _assemble(plan: SweepPlan, rows: list[dict], failed: list[str]) -> pd.DataFrame:
     """The dataset: with `out`, its earlier rows plus the committed parts, written
-    (``_merge_parts``); else this run's `rows`. Its ``attrs["sweep"]`` counts what the sweep did."""
+    (``merge_parts``); else this run's `rows`. Its ``attrs["sweep"]`` counts what the sweep did."""
     kept_parts = 0
     if plan.parts is None:
         df = pd.DataFrame(rows).assign(**provenance(plan.backend, plan.mode))
     else:
-        df, kept_parts = _merge_parts(plan.out, plan.parts, plan.earlier, [s.scenario_id for s in plan.scenarios],
-                                      plan.timing)
+        df, kept_parts = merge_parts(plan.out, plan.parts, plan.earlier, [s.scenario_id for s in plan.scenarios],
+                                     plan.timing)
     ok = df[df["status"] == "ok"]
     df.attrs["sweep"] = {
         "scenarios": len(plan.scenarios),
@@ -251,200 +248,7 @@ def _assemble(plan: SweepPlan, rows: list[dict], failed: list[str]) -> pd.DataFr
     return df
 
 
-# -- helpers of the stages -----------------------------------------------------------------
-def _earlier_rows(out: str | Path, backend: str, mode: str | None, timing: dict) -> pd.DataFrame | None:
-    """The rows already in `out`, or None if there is no `out` yet. Refuses an `out` that
-    is not a dataset, or was measured by another backend, on another machine or with other
-    timing settings (``unlike_timing``): appending would mix labels, replacing would destroy
-    them."""
-    out = Path(out)
-    if not out.exists():
-        return None
-    try:
-        df = read_dataset(out)
-    except DatasetError as e:
-        raise ValueError(f"--out {out}: exists and is not a dataset this run can add to ({e}); "
-                         "choose another --out") from None
-    here = provenance(backend, mode)
-    for col in ("backend", "hardware_fingerprint"):
-        theirs = sorted(set(df[col].astype(str))) if col in df.columns else ["?"]
-        if theirs != [str(here[col])]:
-            raise ValueError(f"--out {out}: holds rows with {col} {', '.join(theirs)}, this run measures "
-                             f"{here[col]}; one dataset holds one machine's measurements: choose another --out")
-    why = unlike_timing(read_timing(out), timing, "this run")
-    if why:
-        raise ValueError(f"--out {out}: {why}; one dataset is timed alike: rerun with its settings, or choose "
-                         "another --out")
-    return df
-
-
-def _check_parts_timing(committed: list[Path], timing: dict) -> None:
-    """Refuse committed parts (an interrupted run's) timed with other settings than this run's:
-    counted as done, they would join this run's rows in one dataset."""
-    for part in committed:
-        why = unlike_timing(read_timing(part), timing, "this run")
-        if why:
-            raise ValueError(f"{part}: a committed part of an earlier run, {why}; rerun with its settings, or "
-                             f"remove {part.parent} to measure those scenarios again")
-
-
-def _merge_parts(out: str | Path, parts: Path, earlier: pd.DataFrame | None,
-                 ids: list[str], timing: dict) -> tuple[pd.DataFrame, int]:
-    """`out` = its earlier rows + this table's committed parts, written atomically only if
-    there are new parts; then those parts (only) are removed. Returns (rows, parts of other
-    scenarios left in `parts`)."""
-    have = set(earlier["scenario_id"]) if earlier is not None else set()
-    by_id = {p.stem: p for p in parts.glob("*.parquet")} if parts.is_dir() else {}
-    new = [sid for sid in dict.fromkeys(ids) if sid in by_id and sid not in have]
-    frames = ([earlier] if earlier is not None else []) + [pd.read_parquet(by_id[sid]) for sid in new]
-    df = pd.concat(frames, ignore_index=True)
-    if new or earlier is None:
-        write_parquet_atomic(df, out, timing=timing)
-    for sid in ids:  # ours only, and only once `out` holds them
-        if sid in by_id:
-            by_id[sid].unlink()
-    others = len(list(parts.glob("*.parquet"))) if parts.is_dir() else 0
-    if parts.is_dir() and not any(parts.iterdir()):
-        parts.rmdir()
-    return df, others
-
-
-def _check_machines(scenarios: Sequence[Scenario], backend: str) -> None:
-    """Rows carry only the machine they ran on: refused, before any work starts, is a
-    scenario whose hardware is unknown or does not suit the backend (a GPU preset on the
-    cpu backend, the cpu on the cuda backend; ``schedule.hardware_problem``)."""
-    for i, s in enumerate(scenarios, start=1):
-        try:
-            problem = hardware_problem(s, backend, load_hardware(s.hardware))
-        except HardwareError as e:
-            problem = f"column 'hardware': {e}"
-        if problem:
-            raise ValueError(f"row {i} (scenario {s.scenario_id}: {_what(s)}), {problem}")
-
-
-MEMORY_SHARE = 0.8
-"""Share of the free memory a scenario's buffers may take; a larger one is refused."""
-
-
-def _check_memory(scenarios: Sequence[Scenario], backend: str, device: str | None, node: NodeOptions | None,
-                  local_ranks: int | None) -> None:
-    """Refuse, before any rank starts, a scenario whose buffers cannot fit in this machine's
-    free memory (host memory for gloo ranks and CPU loopback, the GPU's for cuda), naming
-    the row, the largest dimension and the bytes needed (``ops.rank_buffer_bytes``).
-
-    local_ranks: ranks of a scenario on this machine (None: all of them, as when spawned
-    or virtual; torchrun's LOCAL_WORLD_SIZE under torchrun).
-    """
-    on_gpu = backend == "cuda" and device is not None or node is not None
-    free = _free_bytes(on_gpu, device)
-    if free is None:
-        return
-    for i, s in enumerate(scenarios, start=1):
-        ranks_here = 1 if node is not None else local_ranks or s.world_size
-        need = ranks_here * rank_buffer_bytes(s)
-        if need > MEMORY_SHARE * free:
-            col = max(("m", "n", "k"), key=lambda c: getattr(s, c))
-            where = "the GPU" if on_gpu else "this machine"
-            raise ValueError(f"row {i} (scenario {s.scenario_id}: {_what(s)}), column '{col}': its buffers need {_size(need)} "
-                             f"({ranks_here} rank(s) x {_size(need // ranks_here)}), {where} has "
-                             f"{_size(free)} free; shrink {col}")
-
-
-def _free_bytes(on_gpu: bool, device: str | None) -> int | None:
-    """Free memory where the buffers go: the GPU's, or the host's; None where it is unknown
-    (no CUDA: refused elsewhere with its own message)."""
-    if on_gpu:
-        if not torch.cuda.is_available():
-            return None
-        # The caching allocator keeps an earlier scenario's buffers reserved, which
-        # mem_get_info counts as used: handed back first, they are free for this one.
-        torch.cuda.empty_cache()
-        return torch.cuda.mem_get_info(device or 0)[0]
-    return _host_available_bytes()
-
-
-def fitting(scenarios: Sequence[Scenario], *, backend: str, device: str | None = None,
-            ranks: str = "loopback") -> list[Scenario]:
-    """The scenarios whose buffers fit in free memory as ``measure`` would run them (its
-    check's rule: every rank of a loopback scenario on the one device, one rank per GPU in
-    node mode): a grid to measure from, where ``measure`` would refuse the rest."""
-    node = ranks == "node"
-    on_gpu = backend == "cuda" and (node or (device or "cuda") != "cpu")
-    free = _free_bytes(on_gpu, device)
-    if free is None:
-        return list(scenarios)
-    return [s for s in scenarios if (1 if node else s.world_size) * rank_buffer_bytes(s) <= MEMORY_SHARE * free]
-
-
-def _what(s: Scenario) -> str:
-    """What a scenario is, as messages say it beside its id."""
-    return f"{s.group} {s.op} m={s.m} n={s.n} k={s.k} P={s.world_size}"
-
-
-def _host_available_bytes() -> int | None:
-    """MemAvailable of /proc/meminfo (Linux), else None (the check is skipped)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if n < 1024 or unit == "PiB":
-            return f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"
-
-
-def _node_options(scenarios: Sequence[Scenario], backend: str, device: str | None) -> NodeOptions:
-    """The cuda backend's node mode: refused, before any work starts, where it cannot run."""
-    if device is not None:
-        raise ValueError(f"device {device!r}: in node mode rank r runs on GPU r; give no device")
-    if under_torchrun():
-        raise ValueError("ranks 'node' spawns its own ranks; run it without torchrun")
-    need = max((s.world_size for s in scenarios), default=0)
-    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if have < need:
-        raise ValueError(f"ranks 'node': scenarios of world size {need} need {need} GPUs, {have} visible "
-                         "here; use ranks 'loopback' (virtual ranks on one GPU)")
-    return NodeOptions()
-
-
-def _loopback_device(scenarios: Sequence[Scenario], backend: str, device: str | None) -> str | None:
-    """The device the loopback executor runs on, or None for the cpu backend's gloo ranks.
-
-    Refuses, before any work starts, what cannot give honest rows: a cuda scenario whose
-    hardware is ``cpu``, a backend/device mismatch, a cuda sweep without CUDA or under torchrun.
-    """
-    if backend == "cpu":
-        if device not in (None, "cpu"):
-            raise ValueError(f"device {device!r}: the cpu backend runs on device 'cpu' (loopback) or None "
-                             "(gloo ranks); use backend 'cuda' for a GPU")
-    elif backend == "cuda":
-        device = device or "cuda"
-        if torch.device(device).type != "cuda":
-            raise ValueError(f"device {device!r}: the cuda backend measures on a CUDA device ('cuda' or "
-                             "'cuda:<index>')")
-    else:
-        raise ValueError(f"backend {backend!r}: measure runs 'cpu' or 'cuda' (use `ficco simulate` for sim)")
-    if device is None:
-        return None
-    if under_torchrun():
-        raise ValueError(f"the loopback executor ({backend} backend) runs every scenario's ranks as "
-                         "virtual ranks in one process; run it without torchrun")
-    if backend == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--backend cuda: CUDA is not available here (torch {torch.__version__}, "
-                         f"built for CUDA {torch.version.cuda or 'none'}, "
-                         f"{torch.cuda.device_count()} device(s) visible); run it on a machine with an "
-                         "NVIDIA GPU, or measure with --backend cpu")
-    return device
-
-
+# -- the row sources, each scenario's failure recorded ------------------------------------
 def _measure_loopback(scenarios: list[Scenario], config: MeasureConfig, backend: str, device: str,
                       on_scenario, bar) -> list[str]:
     """Measure scenarios one by one in loopback on `device`; a scenario whose run fails
@@ -459,7 +263,7 @@ def _measure_loopback(scenarios: list[Scenario], config: MeasureConfig, backend:
         except (LoopbackError, torch.OutOfMemoryError) as e:
             reason = str(e).splitlines()[0]
             rows = failed_rows(s, reason, backend)
-            failures.append(f"{s.scenario_id} ({_what(s)}): {reason}")
+            failures.append(f"{s.scenario_id} ({describe(s)}): {reason}")
             _check_device(device, after=s)
         on_scenario(rows)
         bar.update(len(rows))
@@ -502,10 +306,11 @@ def _measure_surviving_failures(scenarios: list[Scenario], config: MeasureConfig
             reason = str(e).splitlines()[0]
             on_scenario(failed_rows(culprit, reason, backend))
             bar.update(len(candidates(culprit, backend)))
-            failures.append(f"{culprit.scenario_id} ({_what(culprit)}): {reason}")
+            failures.append(f"{culprit.scenario_id} ({describe(culprit)}): {reason}")
     return failures
 
 
+# -- `ficco measure`: the table, its shards, the summary -----------------------------------
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per scenario: baseline time, best verified schedule, its time, speedup and the share
     of the ideal overlap gain it realizes, (speedup - 1) / (ideal - 1)."""

@@ -203,7 +203,7 @@ def cuda_machine(name: str, start: HardwareSpec, grid: Sequence[Scenario], out_d
     adapted spec and the measured rows are the result. `device` ``cpu``: the path's stand-in
     on this machine's CPU (the loopback executor on CPU threads, the cpu backend's
     schedules; tests)."""
-    from ficco_select.data.measure.sweep import fitting
+    from ficco_select.data.measure.preflight import fitting
 
     backend = "cpu" if device == "cpu" else "cuda"
     grid, measure_here, _ = _measured_as(name, fitting(grid, backend=backend, device=device, ranks=ranks), out_dir,
