@@ -2,7 +2,7 @@
 parallelism (what inference engines run), forward only, timed under each way of running its
 all-reduces.
 
-The block is ``e2e_tp.Block``, sharded by ``tp.parallelize(..., sequence_parallel=False)``
+The block is ``e2e_block.Block``, sharded by ``tp.parallelize(..., sequence_parallel=False)``
 (activations replicated): RMSNorm -> fused q/k/v projection (column-parallel, this rank's
 heads; no communication) -> causal attention -> output projection (row-parallel: GEMM, then
 all-reduce) -> residual; RMSNorm -> fused gate/up projection (column-parallel) -> SiLU(gate)
@@ -61,7 +61,8 @@ from e2e_ranks import (  # noqa: E402 - what the end-to-end benchmarks share
     timed,
     warm,
 )
-from e2e_tp import HEAD_DIM, Block, _fabric_spec  # noqa: E402 - the training step's block and fabric
+from e2e_block import HEAD_DIM, Block  # noqa: E402 - the block the end-to-end benchmarks time
+from e2e_tp import _fabric_spec  # noqa: E402 - the training step's shaped fabric
 
 FIXED = ("none.sm", "shard.ring.sm", "ficco.d2.ring.gemm_per_step.m.sm", "ficco.d2.a2a.gemm_per_step.m.sm")
 """Fixed rules: the baseline through ficco's executor, the reduce-scatter + all-gather form at

@@ -2,12 +2,12 @@
 forward + backward + optimizer step, timed under each way of running its collectives, and
 the telemetry loop closed on it.
 
-The block (per rank, Megatron-style sequence parallelism): RMSNorm -> fused q/k/v projection
-(column-parallel: all-gather the sequence) -> causal attention over this rank's heads ->
-output projection (row-parallel: reduce-scatter the sequence) -> residual; RMSNorm -> fused
-gate/up projection (column-parallel) -> SiLU(gate) * up -> down projection (row-parallel)
--> residual. Eight GEMMs with a collective each per step (four forward, four for the inputs'
-gradients).
+The block (``e2e_block.Block``; per rank, Megatron-style sequence parallelism): RMSNorm ->
+fused q/k/v projection (column-parallel: all-gather the sequence) -> causal attention over
+this rank's heads -> output projection (row-parallel: reduce-scatter the sequence) ->
+residual; RMSNorm -> fused gate/up projection (column-parallel) -> SiLU(gate) * up -> down
+projection (row-parallel) -> residual. Eight GEMMs with a collective each per step (four
+forward, four for the inputs' gradients).
 
 Three phases:
 1. **Explore** (per configuration, fresh ranks): ``--explore-steps`` steps with
@@ -38,11 +38,12 @@ Ways:
   replaced by a local copy of the same shape. ``comm / compute`` = (pytorch - compute-only)
   / compute-only says whether communication or compute dominates a configuration.
 
-With ``--dtensor``, the ways a DTensor user has, on the same block in torchtitan's form
-(unfused ``wq``/``wk``/``wv``/``wo``, ``w1``/``w2``/``w3``, input (batch, seq / P, hidden)) and
-torchtitan's plan (``SequenceParallel`` norms, ``PrepareModuleInput``, ``ColwiseParallel`` /
-``RowwiseParallel``), each from the same full weights; speedups still over ``pytorch`` (so
-``dtensor``'s says what DTensor itself costs against the plain tensor-parallel step):
+With ``--dtensor``, the ways a DTensor user has (``e2e_dtensor.py``), on the same block in
+torchtitan's form (unfused ``wq``/``wk``/``wv``/``wo``, ``w1``/``w2``/``w3``, input (batch,
+seq / P, hidden)) and torchtitan's plan (``SequenceParallel`` norms, ``PrepareModuleInput``,
+``ColwiseParallel`` / ``RowwiseParallel``), each from the same full weights; speedups still
+over ``pytorch`` (so ``dtensor``'s says what DTensor itself costs against the plain
+tensor-parallel step):
 - ``dtensor``: the plan, eager;
 - ``dtensor-compiled``: the plan under ``torch.compile`` (Inductor);
 - ``dtensor-compiled+micro-pipeline``: the same with Inductor's async-TP pass
@@ -72,7 +73,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import json
 import os
 import subprocess
@@ -83,7 +83,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
 import torch.nn.functional as F
-from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_ranks import (  # noqa: E402 - what the end-to-end benchmarks share
@@ -98,8 +97,9 @@ from e2e_ranks import (  # noqa: E402 - what the end-to-end benchmarks share
     timed,
     warm,
 )
+from e2e_block import HEAD_DIM, Block  # noqa: E402 - the block the end-to-end benchmarks time
+from e2e_dtensor import DTENSOR, compiling, dtensor_ways  # noqa: E402 - the ways of --dtensor
 
-HEAD_DIM = 32
 RETRAIN = ("--splits", "family,hardware", "--selectors", "fast")
 """What the retraining evaluates before it registers: the pipeline's selectors, its two grouped hold-outs."""
 FIXED = ("none.sm", "shard.ring.sm")
@@ -107,36 +107,6 @@ FICCO = ("ficco.d2.a2a.gemm_per_step.m.sm",)
 """The best single ficco schedule as a fixed rule (where legal, else the baseline) among those
 that at least half the cpu catalog's scenarios have: capture 0.811 on its second sweep
 (data/measured/cpu_catalog_repeat.parquet), against 0.851 for the baseline everywhere."""
-DTENSOR = ("dtensor", "dtensor-compiled", "dtensor-compiled+micro-pipeline", "ficco-styles", "dtensor-compiled+ficco")
-"""The ways of ``--dtensor``: a DTensor user's."""
-
-
-class Block(nn.Module):
-    """The full (unsharded) Llama-style block; ``parallelize`` shards it."""
-
-    def __init__(self, hidden: int, heads: int, ffn: int, P: int) -> None:
-        super().__init__()
-        self.heads, self.P = heads, P
-        self.norm1, self.norm2 = nn.RMSNorm(hidden), nn.RMSNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
-        self.o = nn.Linear(hidden, hidden, bias=False)
-        self.gate_up = nn.Linear(hidden, 2 * ffn, bias=False)
-        self.down = nn.Linear(ffn, hidden, bias=False)
-        with torch.no_grad():  # rank r's rows of the fused weights: its heads' q, k, v; its gate and up
-            q, k, v = self.qkv.weight.chunk(3)
-            self.qkv.weight.copy_(torch.cat([torch.cat([w.chunk(P)[r] for w in (q, k, v)]) for r in range(P)]))
-            g, u = self.gate_up.weight.chunk(2)
-            self.gate_up.weight.copy_(torch.cat([torch.cat([g.chunk(P)[r], u.chunk(P)[r]]) for r in range(P)]))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (seq / P, batch, hidden), this rank's shard
-        qkv = self.qkv(self.norm1(x))  # (seq, batch, 3 * hidden / P)
-        seq, batch, width = qkv.shape
-        heads = self.heads // self.P
-        q, k, v = (t.reshape(seq, batch, heads, -1).permute(1, 2, 0, 3) for t in qkv.chunk(3, dim=-1))
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True).permute(2, 0, 1, 3).reshape(seq, batch, -1)
-        h = x + self.o(attn)
-        gate, up = self.gate_up(self.norm2(h)).chunk(2, dim=-1)
-        return h + self.down(F.silu(gate) * up)
 
 
 # -- PyTorch's async-TP fallback ops, differentiable -------------------------------------------
@@ -188,151 +158,6 @@ def _compute_only(layer, P: int, rank: int) -> None:
         layer.forward = lambda x: F.linear(torch.cat([x] * P), layer.weight)
     else:
         layer.forward = lambda x: F.linear(x, layer.weight).chunk(P)[rank].contiguous()
-
-
-# -- the DTensor ways ---------------------------------------------------------------------------
-class DTBlock(nn.Module):
-    """The same block in torchtitan's form (its names, unfused projections) for DTensor plans."""
-
-    def __init__(self, hidden: int, heads: int, ffn: int) -> None:
-        super().__init__()
-        self.attention_norm, self.ffn_norm = nn.RMSNorm(hidden), nn.RMSNorm(hidden)
-        self.attention, self.feed_forward = _DTAttention(hidden, heads), _DTFeedForward(hidden, ffn)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (batch, seq / P, hidden), this rank's shard
-        h = x + self.attention(self.attention_norm(x))
-        return h + self.feed_forward(self.ffn_norm(h))
-
-
-class _DTAttention(nn.Module):
-    def __init__(self, hidden: int, heads: int) -> None:
-        super().__init__()
-        self.head_dim = hidden // heads
-        self.wq, self.wk, self.wv, self.wo = (nn.Linear(hidden, hidden, bias=False) for _ in range(4))
-
-    def forward(self, x):
-        batch, seq, _ = x.shape
-        q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # this rank's heads
-        return self.wo(attn.transpose(1, 2).reshape(batch, seq, -1))
-
-
-class _DTFeedForward(nn.Module):
-    def __init__(self, hidden: int, ffn: int) -> None:
-        super().__init__()
-        self.w1, self.w3 = nn.Linear(hidden, ffn, bias=False), nn.Linear(hidden, ffn, bias=False)
-        self.w2 = nn.Linear(ffn, hidden, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
-def dtensor_plan(colwise, rowwise, prepare_input) -> dict:
-    """torchtitan's tensor-parallel plan of a block, in the given styles."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import SequenceParallel
-
-    return {
-        "attention_norm": SequenceParallel(),
-        "attention": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        **{f"attention.{w}": colwise() for w in ("wq", "wk", "wv")},
-        "attention.wo": rowwise(output_layouts=Shard(1)),
-        "ffn_norm": SequenceParallel(),
-        "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "feed_forward.w1": colwise(), "feed_forward.w3": colwise(),
-        "feed_forward.w2": rowwise(output_layouts=Shard(1)),
-    }
-
-
-def dtensor_ways(config: dict, P: int, rank: int) -> dict:
-    """{way: {"model", "x", "opt", "parallel"}} of ``--dtensor``: each way its own parallelized
-    copy of the same full block (compiled ways: ``model`` is the compiled module), one input."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
-    from ficco_select.runtime.dtensor import FiccoColwiseParallel, FiccoPrepareModuleInput, FiccoRowwiseParallel
-
-    mesh = init_device_mesh("cpu", (P,))
-    hidden = config["hidden"]
-    torch.manual_seed(1)  # the same full weights and input on every rank
-    full = DTBlock(hidden, config["heads"], 3 * hidden)
-    x = torch.randn(config["batch"], config["seq"], hidden).chunk(P, dim=1)[rank].clone()
-    pytorch_styles = (ColwiseParallel, RowwiseParallel, PrepareModuleInput)
-    ficco_styles = (FiccoColwiseParallel, FiccoRowwiseParallel, FiccoPrepareModuleInput)
-    ways = {}
-    for way in DTENSOR:
-        parallel = parallelize_module(copy.deepcopy(full), mesh,
-                                      dtensor_plan(*(ficco_styles if way == "ficco-styles" else pytorch_styles)))
-        if "compiled" in way:
-            # Its own class: Dynamo guards the module's type, so each compiled way compiles its own
-            # graphs under its settings (same-typed modules would share the first way's).
-            parallel.__class__ = type(f"DTBlock[{way}]", (DTBlock,), {})
-        model = torch.compile(parallel) if "compiled" in way else parallel
-        ways[way] = {"model": model, "x": x, "opt": torch.optim.SGD(parallel.parameters(), lr=1e-4),
-                     "parallel": parallel}
-    return ways
-
-
-def _fused_count():
-    """A post-grad custom pass that counts the symmetric-memory fused ops that Inductor's
-    micro-pipeline pass (which runs before it) left in the graphs. Made on use: importing
-    Inductor costs each rank (which imports this file) about a second of CPU."""
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-
-    class FusedCount(CustomGraphPass):
-        def __init__(self) -> None:
-            self.fused = 0
-
-        def __call__(self, graph) -> None:
-            self.fused += sum(n.op == "call_function" and str(n.target).startswith("symm_mem.fused")
-                              for n in graph.nodes)
-
-        def uuid(self) -> None:  # Inductor's FX graph cache bypassed: the count always runs
-            return None
-
-    return FusedCount()
-
-
-@contextlib.contextmanager
-def compiling(way: str, group, notes: dict):
-    """Around a compiled way's warm-up step (its forward and backward compile in it): the
-    way's Inductor settings. Writes to `notes` what the passes did (rank 0 prints it) and,
-    for the micro-pipeline, why it does not run (then the way is not timed)."""
-    import torch._inductor.config as inductor_config
-
-    if way == "dtensor-compiled+ficco":
-        from ficco_select.runtime.compile import install_pass
-
-        with install_pass() as ficco_pass:
-            yield
-        done = [r for r in ficco_pass.rewrites if r.rewritten]
-        notes[way] = (f"ficco's pass: {len(ficco_pass.rewrites)} matches, {len(done)} rewritten"
-                      + "".join(f"\n    {r.line()}" for r in ficco_pass.rewrites))
-    elif way == "dtensor-compiled+micro-pipeline":
-        counter = _fused_count()
-        nccl = dist.is_nccl_available()
-        if nccl:  # what the pass wants of the group (on gloo it returns before asking)
-            symm_mem.enable_symm_mem_for_group(group.group_name)
-        error = None
-        with inductor_config.patch(_micro_pipeline_tp=True, post_grad_custom_post_pass=counter):
-            try:
-                yield
-            except Exception as e:  # noqa: BLE001 - the way cannot run here: said, not timed
-                error = f"{type(e).__name__}: {str(e)[:200]}"
-        ok = torch.tensor([int(error is None and counter.fused > 0)])
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # every rank times the same ways
-        if not ok.item():
-            notes[way] = "not on this backend: " + (error or (
-                f"Inductor's micro-pipeline pass fused nothing ({counter.fused} symm_mem ops; it needs NCCL and "
-                f"symmetric memory; this job is {dist.get_backend(group)}, "
-                f"torch.distributed.is_nccl_available() = {nccl})"))
-    else:
-        yield
 
 
 # -- one rank ----------------------------------------------------------------------------------
