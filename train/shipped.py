@@ -88,6 +88,15 @@ class ShippedPolicy(BaseSelector):
         self.fitted_on_ = weakref.ref(df)  # lets UnguardedShipped reuse this fit
         return self
 
+    def __getstate__(self) -> dict:
+        # The runtime selectors are made from model_ and meta_ (and hold locks): made again on load.
+        return {k: v for k, v in super().__getstate__().items() if k not in ("runtime_", "unguarded_")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if "model_" in state:
+            self._runtimes()
+
     def _runtimes(self) -> None:
         """The runtime selector on ``meta_``, and the same without the GPU do-no-harm rule."""
         self.runtime_ = RuntimeSelector(self.model_, self.meta_, layer_tables=False)
