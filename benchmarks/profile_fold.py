@@ -28,15 +28,15 @@ from ficco_select.train.training_data import SAMPLED_PER_PRESET, default_trainin
 
 PARTS = {
     "shipped policy's fit": "shipped.py:*(fit)",
-    "  its abstention rule": "shipped.py:*(fit_abstention)",
-    "  its rule for unseen machines": "shipped.py:*(fit_unseen_hardware)",
-    "  validation outcomes": "shipped.py:*(_validation_outcomes)",
+    "  its abstention rule": "abstention_fit.py:*(fit_abstention)",
+    "  its rule for unseen machines": "unseen_fit.py:*(fit_unseen_hardware)",
+    "  validation outcomes": "validation_outcomes.py:*(_validation_outcomes)",
     "XGBoost fits": "xgboost/sklearn.py:*(fit)",
     "  boosting rounds": "xgboost/core.py:*(update)",
     "  quantile matrices": "xgboost/core.py:*(_init)",
     "heuristic's estimates": "train/selectors.py:*(_prepare)",
     "cost model's times (simulate_rows)": "data/simulate.py:*(simulate_rows)",
-    "fixed rules' picks": "runtime/decision.py:*(fixed_rule_pick)",
+    "fallbacks' picks (the runtime's)": "runtime/fallbacks.py:*(run_fallback)",
 }
 """Parts of a fold, by the function whose cumulative time they are (parts overlap)."""
 

@@ -84,8 +84,8 @@ def fixed_rule_pick(fallback: str, names: list[str], scores, baseline: str) -> s
     """The schedule a fixed-rule fallback runs among a scenario's candidates `names` (scores:
     the model's, lower is better): its schedule where the scenario has it, else `baseline`;
     gated (``GATED`` + a schedule name), the one of the two the model predicts faster, ties
-    to the baseline. The runtime's rule; the abstention fit decides whole columns of
-    scenarios by it (``ficco_select.train.shipped``, tested against this one)."""
+    to the baseline. The runtime's rule (``fallbacks.run_fallback``), which the abstention
+    fit's validation outcomes call too (``ficco_select.train.fallback_picks``)."""
     name = fallback.removeprefix(GATED)
     if name not in names:
         return baseline
