@@ -69,7 +69,7 @@ class LayerTable:
     (the ``MEMO_LIMIT`` most recently used). ``scenario``: the layer at one of its m;
     ``step``: valid m are its multiples."""
 
-    __slots__ = ("scenario", "grid", "decisions", "step", "decide_points", "_at_grid", "_kept")
+    __slots__ = ("scenario", "grid", "decisions", "step", "decide_points", "_at_grid", "_kept", "grid_get", "kept_get")
 
     def __init__(self, scenario: Scenario, grid: tuple[int, ...], decisions: tuple[Decision, ...], step: int,
                  decide_points: Callable[[Sequence[int]], list[Decision]] | None,
@@ -79,6 +79,8 @@ class LayerTable:
         """The direct decisions at a batch of m (the selector's policy for this layer)."""
         self._at_grid: dict[int, Decision] = dict(zip(grid, decisions))
         self._kept: BoundedCache[int, Decision] = BoundedCache(MEMO_LIMIT)
+        # The selector's hot path (an int m, checked by the Scenario): two C calls, no frame.
+        self.grid_get, self.kept_get = self._at_grid.get, self._kept.peek
         for m, decision in (known or {}).items():
             if m not in self._at_grid:
                 self._kept.put(m, decision)

@@ -126,7 +126,9 @@ def _scores(model: TreeEnsemble, scenarios: Sequence[Scenario], reasons: Sequenc
     if not blocks:
         return {}
     try:
-        X = np.concatenate([grid_features(first, [scenarios[i].m for i in at], cands, hw).reshape(-1, model.n_features)
+        # One m: the scalar path (candidate_features, equal bit for bit), cheaper for a single point.
+        X = np.concatenate([candidate_features(scenarios[at[0]], cands, hw) if len(at) == 1 else
+                            grid_features(first, [scenarios[i].m for i in at], cands, hw).reshape(-1, model.n_features)
                             for first, cands, at in blocks.values()])
         scores = model.predict(X)
     except Exception:  # noqa: BLE001 - each scenario then scores alone, and a failure there names itself

@@ -30,6 +30,7 @@ import functools
 import itertools
 import logging
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from ficco_select.runtime.layers import DEFAULT_M_RANGE, LayerDecider, LayerTabl
 from ficco_select.runtime.loading import DEFAULT_PATH, read_export
 from ficco_select.runtime.scope import Scope
 from ficco_select.runtime.trees import TreeEnsemble
-from ficco_select.scenario import MAX_EXTENT, Scenario
+from ficco_select.scenario import LAYER_COLUMNS, MAX_EXTENT, SCENARIO_COLUMNS, Scenario
 from ficco_select.schedule import BASELINE, backend_for
 
 log = logging.getLogger("ficco_select.runtime.selector")
@@ -111,12 +112,23 @@ class Selector:
         threads that decide the same m at once write the same decision."""
         try:
             if type(scenario) is Scenario:  # the hot path: a layer met before, on a fixed machine
-                table = self._tables.get(scenario.layer)
+                table = self._tables.peek(scenario.layer)
                 if table is not None:
-                    decision = table.known(scenario.m)
+                    decision = table.grid_get(scenario.m) or table.kept_get(scenario.m)
                     if decision is not None:
                         return decision
-        except Exception:  # noqa: BLE001 - the slow path says what is wrong
+            elif type(scenario) is dict:
+                key = _RECORD_KEY(scenario)
+                # Exact int and float numbers and a group the Scenario would take: a bool (equal
+                # to 1 in a key), another type or an empty group takes the slow way, which says why.
+                if type(key[2]) is int and type(key[3]) is int and type(key[4]) is int and type(key[8]) is float \
+                        and type(key[0]) is str and key[0].strip():
+                    table = self._tables.peek(key[1:2] + key[3:])  # the layer: every column but group and m
+                    if table is not None:
+                        decision = table.grid_get(key[2]) or table.kept_get(key[2])
+                        if decision is not None:
+                            return decision
+        except Exception:  # noqa: BLE001 - no imbalance, unhashable values: the slow path says what is wrong
             pass
         return self._select_slow(scenario)
 
@@ -351,3 +363,9 @@ def _numbers_of(spec: HardwareSpec) -> tuple:
     """Every field of `spec`, hashable: what its decisions depend on (the peaks in dtype order)."""
     return tuple(tuple(sorted(value.items())) if isinstance(value, dict) else value
                  for value in (getattr(spec, f.name) for f in dataclasses.fields(spec)))
+
+
+_RECORD_KEY = operator.itemgetter(*SCENARIO_COLUMNS)
+"""A record's scenario columns as a tuple, in one C call (KeyError without ``imbalance``)."""
+if LAYER_COLUMNS != SCENARIO_COLUMNS[1:2] + SCENARIO_COLUMNS[3:]:  # select() slices a record's key so
+    raise ImportError("LAYER_COLUMNS must be SCENARIO_COLUMNS without group and m, in order")
