@@ -122,6 +122,10 @@ def test_a_table_answers_its_grid_decides_every_other_m_once_and_sends_its_grid_
     assert table.on_grid(24) is None and table.decide(25) is None and table.decide(-8) is None
     table.decide_many([32, 40, 24, 32, 7])
     assert asked[-1] == [32, 40]  # one batch, the new valid m alone
+    # With a model a selector decides an m off the grid with its nearest neighbours in its interval, one batch.
+    table.neighbours = 4
+    assert table.decide(56).reason == "m=56" and asked[-1] == [56, 48, 64]  # 40 was decided before
+    assert table.decide(48) is table.known(48) and asked[-1] == [56, 48, 64]
     # The other ranks get the grid (``runtime/dispatch.py``): they answer it and decide nothing.
     copy = pickle.loads(pickle.dumps(table))
     assert copy.decide(1000).reason == "point 2" and copy.decide(24) is None and copy.on_grid(24) is None

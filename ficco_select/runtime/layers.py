@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -69,7 +70,8 @@ class LayerTable:
     (the ``MEMO_LIMIT`` most recently used). ``scenario``: the layer at one of its m;
     ``step``: valid m are its multiples."""
 
-    __slots__ = ("scenario", "grid", "decisions", "step", "decide_points", "_at_grid", "_kept", "grid_get", "kept_get")
+    __slots__ = ("scenario", "grid", "decisions", "step", "decide_points", "neighbours", "_at_grid", "_kept",
+                 "grid_get", "kept_get")
 
     def __init__(self, scenario: Scenario, grid: tuple[int, ...], decisions: tuple[Decision, ...], step: int,
                  decide_points: Callable[[Sequence[int]], list[Decision]] | None,
@@ -77,6 +79,10 @@ class LayerTable:
         self.scenario, self.grid, self.decisions, self.step = scenario, grid, decisions, step
         self.decide_points = decide_points
         """The direct decisions at a batch of m (the selector's policy for this layer)."""
+        self.neighbours = 1
+        """How many valid m of its grid interval an m off the grid is decided with, nearest
+        first (the selector's choice: a model scores a batch in one tree walk, about the cost of
+        one point; the heuristic decides point by point)."""
         self._at_grid: dict[int, Decision] = dict(zip(grid, decisions))
         self._kept: BoundedCache[int, Decision] = BoundedCache(MEMO_LIMIT)
         # The selector's hot path (an int m, checked by the Scenario): two C calls, no frame.
@@ -118,7 +124,7 @@ class LayerTable:
             if not self._valid(m) or self.decide_points is None:
                 return None
             # Another thread may have decided m meanwhile: the same decision.
-            return self.decide_many([m]).get(m) or self.known(m) or self.decide_points([m])[0]
+            return self.decide_many(self._near(m)).get(m) or self.known(m) or self.decide_points([m])[0]
         except Exception:  # noqa: BLE001 - the caller decides directly, and says why
             return None
 
@@ -139,6 +145,20 @@ class LayerTable:
     def decided(self) -> dict[int, Decision]:
         """Every decision kept, by m (grid points too)."""
         return {**dict(self._kept.items()), **self._at_grid}
+
+    def _near(self, m: int) -> list[int]:
+        """`m` and up to ``neighbours - 1`` more valid m of its grid interval, nearest first:
+        continuous batching and variable sequence lengths ask the m around one they asked."""
+        at = bisect_right(self.grid, m)
+        if self.neighbours <= 1 or not 0 < at < len(self.grid):
+            return [m]
+        lo, hi, step = self.grid[at - 1], self.grid[at], self.step
+        near = [m]
+        for k in range(1, self.neighbours):  # below, then above, one step further each time
+            near += [other for other in (m - k * step, m + k * step) if lo < other < hi]
+            if len(near) >= self.neighbours or (m - k * step <= lo and m + k * step >= hi):
+                break
+        return near[:self.neighbours]
 
     def _valid(self, m) -> bool:
         return type(m) is int and 1 <= m <= MAX_EXTENT and m % self.step == 0

@@ -99,7 +99,7 @@ class Selector:
         try:  # precompiled layer tables (ficco export --layers): known layers never walk trees at their grid
             if selector.layer_tables:
                 for layer, table in read_tables(folder, selector._decider_of).items():
-                    selector._tables.put(layer, table)
+                    selector._tables.put(layer, selector._batching(table))
         except Exception as e:  # noqa: BLE001 - tables are built on first sight instead
             log.warning("ficco-select: layer tables at %s not used (%s); building them on first sight", where, e)
         return selector
@@ -207,8 +207,15 @@ class Selector:
             table = LayerTable(scenario, (), (), step, _Refusal(resolved))
         else:
             scenario, hw = resolved
-            table = LayerTable(scenario, (), (), step, functools.partial(self._decide_points, scenario, hw))
+            decide = functools.partial(self._decide_points, scenario, hw)
+            table = self._batching(LayerTable(scenario, (), (), step, decide))
         return self._tables.put(key, table)  # two threads that meet a layer at once: the same decisions
+
+    def _batching(self, table: LayerTable) -> LayerTable:
+        """`table`, deciding an m off its grid with its nearest neighbours where a model scores
+        them in one batch (``LayerTable.neighbours``)."""
+        table.neighbours = NEIGHBOURS if self.model is not None else 1
+        return table
 
     def _resolve(self, scenario: Scenario, hw: HardwareSpec | None) -> tuple[Scenario, HardwareSpec] | Decision:
         """`scenario` under its machine's name, and `hw`, the machine its hardware names; or the
@@ -233,7 +240,7 @@ class Selector:
         slack = self.rules.range_slack.get(hw.kind, {}).get("m", 1.0) if "m" in trained else 1.0
         # A range or slack as wide as the export may give (1e308): the grid stops at the largest m a scenario takes.
         lo, hi = max(1, math.ceil(min(lo / slack, MAX_EXTENT))), math.floor(min(hi * slack, MAX_EXTENT))
-        table = build_table(old.scenario, lo, hi, old.decide_points, also, old.decided())
+        table = self._batching(build_table(old.scenario, lo, hi, old.decide_points, also, old.decided()))
         return self._tables.put(key, table)
 
     def _decide_points(self, scenario: Scenario, hw: HardwareSpec, ms: Sequence[int]) -> list[Decision]:
@@ -295,7 +302,8 @@ class Selector:
             elif is_spec_path(value):
                 spec = self._files.get(value)
                 if spec is None:
-                    spec = self._files.put(value, load_hardware(value))  # checked against the shipped names and the job's
+                    # Read and checked against the shipped names and the job's.
+                    spec = self._files.put(value, load_hardware(value))
                 else:
                     refuse_known_name(spec, value)
             else:
@@ -334,6 +342,9 @@ class Selector:
 
 _MACHINES_LIMIT = 1 << 12
 """Machines (spec files, numbers) and warnings a selector keeps, least recently used out."""
+NEIGHBOURS = 16
+"""Valid m of its grid interval an m off the grid is decided with, where a model decides (the
+first pass of a 10,000-call decode stream, ``benchmarks/selector_speed.py``)."""
 _TABLES_LIMIT = 1 << 12
 """Layer tables a selector holds before it starts over (a layer's grid: about 300 decisions)."""
 _FIXED = ()
