@@ -48,7 +48,6 @@ from ficco_select.scenario import LAYER_COLUMNS, MAX_EXTENT, SCENARIO_COLUMNS, S
 from ficco_select.schedule import BASELINE, backend_for
 
 log = logging.getLogger("ficco_select.runtime.selector")
-_MISSING = object()
 
 
 class Selector:
@@ -314,15 +313,12 @@ class Selector:
             self._warn_once(("hw", value), f"hardware {value!r}: {e!r}")
         return spec
 
-    def _machine_key(self, value: str, spec: HardwareSpec | None | object = _MISSING
-                     ) -> tuple[object, HardwareSpec | None]:
+    def _machine_key(self, value: str) -> tuple[object, HardwareSpec | None]:
         """(how decisions for hardware `value` are kept, the machine it names now): ``_FIXED``
-        for a machine that means one spec for this selector (kept by the scenario alone),
-        else a key of the machine's numbers (kept beside the scenario); the spec None where no machine
-        has that name here (its decision is kept for nothing). `spec`: the machine, if
-        resolved already."""
-        if spec is _MISSING:
-            spec = self._spec(value)
+        for a machine that means one spec for this selector (its tables kept by the layer
+        alone), else a key of the machine's numbers (kept beside the layer); the spec None
+        where no machine has that name here."""
+        spec = self._spec(value)
         if spec is None or self._fixed.get(value) is spec:
             return _FIXED, spec
         held = self._numbers.get(id(spec))
