@@ -21,19 +21,22 @@ from ficco_select.scenario import Scenario
 from ficco_select.train.export import KEEP_VERSIONS, publish
 from helpers.exports import write_selector
 
-SECONDS = float(os.environ.get("FICCO_SWAP_SECONDS", "4"))
-"""How long exports swap under the loading loop (the unit tier: a few seconds)."""
+EXPORTS = int(os.environ.get("FICCO_SWAP_EXPORTS", "30"))
+"""How many exports at least swap under the loading loop; counts, not seconds, so that a loaded
+machine runs the same test, only slower."""
+LOADS = 60
+"""How many loads at least the loading loop makes while exports swap."""
 LAYERS = [Scenario(group="g", op="ag_gemm", m=8, n=4096, k=4096, dtype="bfloat16", world_size=8,
                    hardware="h100-nvswitch")]
 
 LOADER = """
-import json, sys, time, logging
+import json, sys, logging
 logging.disable(logging.WARNING)
 from ficco_select.runtime.selector import Selector
-out, seconds = sys.argv[1], float(sys.argv[2])
+from pathlib import Path
+out, enough, stop = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 counts = {"loads": 0, "missing": 0, "mixed": 0, "seen": []}
-stop = time.monotonic() + seconds
-while time.monotonic() < stop:
+while not stop.exists():
     sel = Selector.load(out)
     counts["loads"] += 1
     if sel.model is None:
@@ -42,6 +45,8 @@ while time.monotonic() < stop:
         counts["mixed"] += 1  # layers.json of another export: refused for its digest
     else:
         counts["seen"].append(sel.rules.run_id)
+    if counts["loads"] == enough:
+        print("enough", flush=True)
 counts["seen"] = sorted(set(counts["seen"]))
 print(json.dumps(counts))
 """
@@ -57,15 +62,21 @@ def writer(tag: str, margin: float):
 def test_loads_never_see_a_missing_or_mixed_export_while_exports_swap(tmp_path):
     out = tmp_path / "selector"
     publish(out, writer("A", 0.0))
-    loader = subprocess.Popen([sys.executable, "-c", LOADER, str(out), str(SECONDS)], stdout=subprocess.PIPE,
-                              text=True, cwd=str(tmp_path.parent))
-    exports, stop = 0, time.monotonic() + SECONDS
-    while time.monotonic() < stop:
+    stop = tmp_path / "stop"
+    loader = subprocess.Popen([sys.executable, "-c", LOADER, str(out), str(LOADS), str(stop)],
+                              stdout=subprocess.PIPE, text=True, cwd=str(tmp_path.parent))
+    os.set_blocking(loader.stdout.fileno(), False)
+    exports, loaded_enough, deadline = 0, "", time.monotonic() + 600
+    while (exports < EXPORTS or not loaded_enough) and time.monotonic() < deadline and loader.poll() is None:
         publish(out, writer("B" if exports % 2 == 0 else "A", 0.001 * (exports % 7)))
         exports += 1
-    counts = json.loads(loader.communicate(timeout=60 + SECONDS)[0])
+        loaded_enough += loader.stdout.readline() or ""
+    stop.touch()
+    os.set_blocking(loader.stdout.fileno(), True)
+    report = loaded_enough + loader.communicate(timeout=120)[0]
+    counts = json.loads(report.splitlines()[-1])
     print(f"exports {exports}, loads {counts['loads']}, missing {counts['missing']}, mixed {counts['mixed']}")
-    assert exports > 20 and counts["loads"] > 50, (exports, counts)
+    assert exports >= EXPORTS and counts["loads"] >= LOADS, (exports, counts)
     assert counts["missing"] == 0 and counts["mixed"] == 0, counts
     assert counts["seen"] == ["A", "B"]
     assert len([p for p in tmp_path.iterdir() if p.name.startswith(".selector.v")]) == KEEP_VERSIONS + 1
