@@ -43,8 +43,8 @@ from ficco_select.signatures import SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES, 
 
 
 @functools.lru_cache(maxsize=4096)
-def _schedule_table(op: str, P: int, extent_m: int, extent_n: int, dtype: str, dma: bool, m_below_P: int = 0
-                    ) -> tuple:
+def _schedule_table(op: str, P: int, extent_m: int, extent_n: int, dtype: str, engines: tuple[str, ...],
+                    m_below_P: int = 0) -> tuple:
     """Legal schedules of every scenario sharing (op, P, extents, dtype), as column arrays.
 
     Legality depends on the shape only through the shard extents compared with the
@@ -56,14 +56,15 @@ def _schedule_table(op: str, P: int, extent_m: int, extent_n: int, dtype: str, d
     n = extent_n if op in ("gemm_rs", "gemm_ar") else extent_n * P
     probe = Scenario(group="probe", op=op, m=m, n=n, k=P, dtype=dtype, world_size=P, hardware="sim",
                      imbalance=1.0)
-    schedules = [c for c in candidates(probe, "sim") if dma or c.engine != "dma"]
+    schedules = [c for c in candidates(probe, "sim") if c.engine in engines]
     return (np.array([c.name for c in schedules], dtype=object),
             np.array([c.granularity for c in schedules], dtype=object),
             np.array([c.degree for c in schedules], dtype=float),
             np.array([c.pattern == "a2a" for c in schedules]),
             np.array([c.compute == "gemm_per_step" for c in schedules]),
             np.array([c.split == "n" for c in schedules]),
-            np.array([c.engine == "dma" for c in schedules]))
+            np.array([c.engine == "dma" for c in schedules]),
+            np.array([c.engine == "switch" for c in schedules]))
 
 
 def build_rows(scenarios: Sequence[Scenario], hw: HardwareSpec) -> dict[str, np.ndarray]:
@@ -72,14 +73,14 @@ def build_rows(scenarios: Sequence[Scenario], hw: HardwareSpec) -> dict[str, np.
     cap = lambda x, P: min(x, max(4, P) + 1)  # noqa: E731 - extents beyond the largest degree are alike
     tables = [_schedule_table(s.op, s.world_size, cap(s.m // s.world_size, s.world_size),
                               cap(s.n // (1 if s.op in ("gemm_rs", "gemm_ar") else s.world_size), s.world_size),
-                              s.dtype, hw.copy_engines > 0, s.m if s.m < s.world_size else 0) for s in scenarios]
+                              s.dtype, hw.engines, s.m if s.m < s.world_size else 0) for s in scenarios]
     counts = np.array([len(t[0]) for t in tables])
     cols: dict[str, np.ndarray] = {}
     for col in ("group", "op", "m", "n", "k", "dtype", "world_size", "hardware", "imbalance"):
         cols[col] = np.repeat(np.array([getattr(s, col) for s in scenarios]), counts)
     cols["scenario_id"] = np.repeat(np.array([s.scenario_id for s in scenarios]), counts)
     for name, i in (("schedule", 0), ("_gran", 1), ("_d", 2), ("_a2a", 3), ("_per_step", 4),
-                    ("_split_n", 5), ("_dma", 6)):
+                    ("_split_n", 5), ("_dma", 6), ("_switch", 7)):
         cols[name] = np.concatenate([t[i] for t in tables]) if tables else np.array([])
     cols["_bytes"] = np.repeat(np.array([s.dtype_bytes for s in scenarios], dtype=float), counts)
     cols["_op"] = np.repeat(np.array([OP_CODES[s.op] for s in scenarios]), counts)
@@ -121,7 +122,8 @@ def _times(cols: dict[str, np.ndarray], hw: HardwareSpec) -> tuple[dict[str, np.
     t = schedule_times(hw, op=cols["_op"], m=cols["m"].astype(float), n=cols["n"].astype(float),
                        k=cols["k"].astype(float), P=P, imbalance=cols["imbalance"].astype(float),
                        dtype_bytes=cols["_bytes"], peak=cols["_peak"], gran=cols["_gran"], degree=cols["_d"], a2a=cols["_a2a"],
-                       per_step=cols["_per_step"], split_n=cols["_split_n"], dma=cols["_dma"])
+                       per_step=cols["_per_step"], split_n=cols["_split_n"], dma=cols["_dma"],
+                       switch=cols.get("_switch", False))
     # More ranks than devices (the cpu backend's 4 ranks on 2 cores) time-share them.
     return t, np.maximum(1.0, P / hw.devices)
 

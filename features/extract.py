@@ -24,6 +24,8 @@ from ficco_select.costs import (
     gemm_time,
     rank_work,
     schedule_times,
+    switch_bytes,
+    switch_time,
     transfer_time,
 )
 from ficco_select.hardware_spec import TOPOLOGIES, HardwareSpec
@@ -31,7 +33,7 @@ from ficco_select.heuristic import backend_for
 from ficco_select.scenario import DTYPES, OPS, Scenario
 from ficco_select.schedule import GRANULARITIES, Schedule, parse
 
-FEATURE_SCHEMA_VERSION = 2
+FEATURE_SCHEMA_VERSION = 3
 
 SCENARIO_FEATURES = (
     *[f"op_{op}" for op in OPS],
@@ -46,7 +48,7 @@ SCENARIO_FEATURES = (
 )
 SCHEDULE_FEATURES = (
     *[f"gran_{g}" for g in GRANULARITIES],
-    "degree", "pattern_a2a", "gemm_per_step", "split_n", "engine_dma",
+    "degree", "pattern_a2a", "gemm_per_step", "split_n", "engine_dma", "engine_switch",
     "log2_pieces", "log2_piece_rows", "log2_piece_bytes", "log2_piece_gemm_est", "log2_piece_comm_est",
     "log2_over_baseline_est", "log2_over_bound_est",
 )
@@ -67,6 +69,7 @@ def schedule_axes(names: Sequence[str]) -> dict[str, np.ndarray]:
         "gemm_per_step": np.array([s.compute == "gemm_per_step" for s in parsed], dtype=float),
         "split_n": np.array([s.split == "n" for s in parsed], dtype=float),
         "engine_dma": np.array([s.engine == "dma" for s in parsed], dtype=float),
+        "engine_switch": np.array([s.engine == "switch" for s in parsed], dtype=float),
     }
 
 
@@ -222,6 +225,8 @@ def _feature_rows(hw: HardwareSpec, P: float, layout: _CandidateLayout, *, op_co
         gemm = gemm_time(hw, gemm_M, N / layout.gemm_N_div, K, b, peak)
         comm_bytes = shard_bytes / layout.comm_bytes_div
         comm = transfer_time(hw, comm_bytes, layout.concurrent, layout.dma, P)
+        if layout.any_switch:  # a switch step moves the step's pieces in one operation
+            comm = np.where(layout.switch, switch_time(hw, switch_bytes(op_code, comm_bytes, P)), comm)
         gemm, comm = gemm.T, comm.T  # the estimates first: gemm[i] is entry i, one value or one per m
         t_comp = gemm[0]
         ring = (P - 1) * comm[0]
@@ -263,7 +268,8 @@ def _feature_rows(hw: HardwareSpec, P: float, layout: _CandidateLayout, *, op_co
     over_base, over_bound = _whole_schedule(
         hw, op=per_row(op_code), m=per_row(m), n=per_row(nn), k=per_row(k), P=np.full(n_schedules, P),
         imbalance=per_row(imb), dtype_bytes=per_row(b), peak=per_row(peak), gran=layout.gran,
-        degree=layout.degree, a2a=layout.a2a, per_step=layout.per_step, split_n=layout.split_n, dma=layout.dma[3:])
+        degree=layout.degree, a2a=layout.a2a, per_step=layout.per_step, split_n=layout.split_n, dma=layout.dma[3:],
+        switch=layout.switch[3:])
     X[..., _WHOLE_AT] = np.stack((over_base, over_bound), axis=-1)
     return X
 
@@ -293,6 +299,10 @@ class _CandidateLayout:
     """(3 + n,): peers sent to at once: 1, 1, 1, then P - 1 for a2a, else 1."""
     dma: np.ndarray
     """(3 + n,) bool: the transfer runs on copy engines."""
+    switch: np.ndarray
+    """(3 + n,) bool: the switch carries the step (``costs.switch_time``)."""
+    any_switch: bool
+    """Whether any candidate uses the switch (the common case, none, skips its cost call)."""
     gran: np.ndarray
     """(n,): each candidate's ``GRANULARITY_CODES`` (for ``_whole_schedule``)."""
     degree: np.ndarray
@@ -333,10 +343,13 @@ def _layout(world_size: int, schedules: tuple, remember: bool = False) -> _Candi
             comm_bytes_div=np.concatenate([[1.0, 2.0, 4.0], d]),
             concurrent=np.concatenate([[1.0, 1.0, 1.0], np.where(a2a, P - 1, 1.0)]),
             dma=np.concatenate([[False] * 3, cols["engine_dma"] > 0]),
+            switch=np.concatenate([[False] * 3, cols["engine_switch"] > 0]),
+            any_switch=bool((cols["engine_switch"] > 0).any()),
             gran=np.select([cols[f"gran_{g}"] > 0 for g in GRANULARITY_CODES], list(GRANULARITY_CODES.values())),
             degree=cols["degree"], a2a=a2a, per_step=cols["gemm_per_step"] > 0, split_n=split_n)
         for array in dataclasses.astuple(layout):
-            array.flags.writeable = False  # shared between calls
+            if isinstance(array, np.ndarray):
+                array.flags.writeable = False  # shared between calls
         _LAYOUTS[key] = layout
     if remember:
         if len(_LAYOUTS_BY_ID) >= _LAYOUTS_LIMIT:
@@ -360,7 +373,8 @@ def _probe() -> tuple[list[dict], list[str], dict[str, HardwareSpec]]:
     specs["probe-no-dma"] = HardwareSpec(name="probe-no-dma", **{**base, "topology": "switch", "copy_engines": 0})
     specs["probe-library"] = HardwareSpec(name="probe-library", **{  # every fitted term on
         **base, "topology": "switch", "gemm_mem_efficiency": 0.5, "coll_latency_us": 14.0, "coll_bw_gbps": 280.0,
-        "step_sync_us": 1.0, "overlap_efficiency": 0.8, "overlap_call_us": 20.0, "fp8_gemm_efficiency": 1.2})
+        "step_sync_us": 1.0, "overlap_efficiency": 0.8, "overlap_call_us": 20.0, "fp8_gemm_efficiency": 1.2,
+        "switch_reduce": True, "switch_latency_us": 9.0, "switch_bw_gbps": 250.0})
     records, names = [], []
     for name, spec in specs.items():
         for op in OPS:
@@ -368,7 +382,7 @@ def _probe() -> tuple[list[dict], list[str], dict[str, HardwareSpec]]:
                 rec = dict(group="probe", op=op, m=m * P, n=n * P, k=k, dtype="bfloat16", world_size=P,
                            hardware=name, imbalance=1.5 if op == "a2a_gemm" else 1.0)
                 backend = backend_for(spec)
-                for c in candidates(Scenario(**rec), backend):
+                for c in candidates(Scenario(**rec), backend, spec):
                     records.append(rec)
                     names.append(c.name)
     return records, names, specs

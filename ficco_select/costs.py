@@ -141,6 +141,32 @@ def sm_all_reduce_time(hw: HardwareSpec, message_bytes, P, shots):
     return shots * transfer_time(hw, shard, P - 1, False, P) + reduction_time(hw, OP_CODES["gemm_ar"], shard, P)
 
 
+def switch_bytes(op, shard_bytes, P):
+    """Bytes through one device's port when the switch carries a collective of shards of
+    `shard_bytes` (what one rank owes one peer): a reduce-scatter or all-reduce sends the
+    rank's whole buffer, P shards, once (the switch adds them; multimem ``ld_reduce``); an
+    all-gather receives the P - 1 other shards, each sent once and multicast (``st``)."""
+    return np.where(op == OP_CODES["ag_gemm"], (P - 1) * shard_bytes, P * shard_bytes)
+
+
+def switch_time(hw: HardwareSpec, port_bytes):
+    """Seconds for one operation the switch reduces or multicasts, moving `port_bytes`
+    through a device's port: ``switch_latency_us`` + bytes / ``switch_bw_gbps`` (no adds on
+    the GPU: the switch adds). Infinite on a machine whose switch has no bandwidth."""
+    port_bytes = np.asarray(port_bytes, dtype=float)
+    rate = hw.switch_bw_gbps * GB
+    if rate <= 0:
+        return np.where(port_bytes > 0, np.inf, 0.0)
+    return np.where(port_bytes > 0, hw.switch_latency_us * US + port_bytes / rate, 0.0)
+
+
+def switch_collective_time(hw: HardwareSpec, op, shard_bytes, P):
+    """Seconds for the baseline's whole collective in the switch (``none.switch``): one
+    operation; an all-reduce's reduction and multicast are one pass through the port, both
+    directions at once."""
+    return switch_time(hw, switch_bytes(op, shard_bytes, P))
+
+
 def reduction_time(hw: HardwareSpec, op, shard_bytes, P):
     """Seconds a reduce-scatter (``gemm_rs``, and the first half of ``gemm_ar``'s all-reduce)
     spends adding the P - 1 partial shards it receives (read two, write one, at memory
@@ -228,12 +254,13 @@ def scenario_estimates(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_byt
 
 
 def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_bytes, peak, gran, degree, a2a, per_step,
-                   split_n, dma) -> dict[str, np.ndarray]:
+                   split_n, dma, switch=False) -> dict[str, np.ndarray]:
     """The analytic time of whole schedules along their pipelines, one entry per
     (scenario, schedule); every argument an array (or a scalar) of that length.
 
     `op`, `gran`: ``OP_CODES``, ``GRANULARITY_CODES``; `imbalance`: max / mean expert load
-    (a2a_gemm); `a2a`, `per_step`, `split_n`, `dma`: the schedule's axes as booleans.
+    (a2a_gemm); `a2a`, `per_step`, `split_n`, `dma`, `switch`: the schedule's axes as
+    booleans (`dma` copy engines, `switch` the switch engine, neither ``sm``).
     Returns ``time_s`` (the schedule), ``t_comp_s`` and ``t_comm_s`` (the whole GEMM and
     the whole collective, each alone), and the per-rank GEMM (``M``, ``N``, ``K``) and
     shard (``shard_rows``, ``shard_cols``). One device per rank: the simulator scales for
@@ -273,6 +300,11 @@ def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_bytes, 
     g_step = np.where(a2a, np.where(per_step, g_step_batched, P * g_piece),
                       np.where(per_step, g_shard / dd, g_piece))
     c_step = np.where(is_ar & a2a, 2 * c_piece, c_piece)
+    switch = np.asarray(switch, dtype=bool)
+    if switch.any():
+        step_switch = switch_time(hw, switch_bytes(op, piece_bytes, P))
+        c_step = np.where(switch, step_switch, c_step)
+        rs_adds = np.where(switch, 0.0, rs_adds)
     g_step_c = contended(hw, g_step, c_step, dma)
     # Local work that overlaps the first transfer: the local shard (ring), or the first
     # local piece (a2a pattern, GEMM per piece); a per-step a2a GEMM waits for its step.
@@ -286,7 +318,10 @@ def schedule_times(hw: HardwareSpec, *, op, m, n, k, P, imbalance, dtype_bytes, 
     # gemm_ar's reduce-scatter + all-gather form: the reduced blocks' all-gather comes last.
     all_gather = collective_time(hw, OP_CODES["ag_gemm"], shard_bytes, P)
     t_over = np.where(is_ar & ~np.asarray(a2a, dtype=bool), t_over + all_gather, t_over)
-    time = np.where(gran == GRANULARITY_CODES["none"], t_comm_whole + g_whole, t_over)
+    whole_comm = t_comm_whole
+    if switch.any():
+        whole_comm = np.where(switch, switch_collective_time(hw, op, shard_bytes, P), t_comm_whole)
+    time = np.where(gran == GRANULARITY_CODES["none"], whole_comm + g_whole, t_over)
 
     return {"time_s": time, "t_comp_s": g_whole, "t_comm_s": t_comm_whole, "M": M_whole, "N": N_whole, "K": K_whole,
             "shard_rows": shard_rows, "shard_cols": shard_cols}

@@ -31,7 +31,7 @@ def _field(unit: str, role: str, default: Any = dataclasses.MISSING, **bounds) -
     return dataclasses.field(default=default, metadata={"unit": unit, "role": role, **bounds})
 
 
-ROLES = ("label", "count", "peak", "topology", "rate", "latency", "fraction", "ceiling", "kind")
+ROLES = ("label", "count", "peak", "topology", "rate", "latency", "fraction", "ceiling", "kind", "flag")
 """What a spec field is. The lists that treat fields alike derive from the roles
 (``fields_of``): validation, machine sampling (``ficco_select.data.machines``), recalibration
 (``ficco_select.data.calibrate.RECALIBRATED``), perturbation (``ficco_select.train.adapt.PERTURBED``) and the
@@ -43,7 +43,8 @@ A rate or latency with a default of 0 is a model term a spec may leave out: 0 tu
 - ``ceiling``: a bandwidth that caps a rate where measurements show it, GB/s; 0 (off) on every
   trained machine. Machine sampling, perturbation and recalibration leave it as the spec
   says; the runtime's range check reads it, so a machine with one is not one the model saw.
-- ``kind``: one of ``KINDS``."""
+- ``kind``: one of ``KINDS``. ``flag``: true or false, what the machine has; machine sampling,
+  perturbation and recalibration leave it as the spec says."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -122,6 +123,19 @@ class HardwareSpec:
                                         sample=(0.5, 2.0))
     """An fp8 GEMM's efficiency relative to ``gemm_efficiency`` (of the fp8 peak), in (0, 2]:
     fp8 kernels reach another fraction of their peak than bf16's. 1 (the default): the same."""
+    switch_reduce: bool = _field("", "flag", False)
+    """Whether the fabric reduces and multicasts in the switch (NVLink SHARP: NCCL's NVLS
+    algorithms, PyTorch's symmetric-memory ``multimem`` ops): the ``switch`` engine's schedules
+    are legal only where it is true. True on the NVSwitch and NVL72 nodes of Hopper and
+    Blackwell; false on A100 (its NVSwitch has no SHARP), PCIe, MI300X and the cpu."""
+    switch_latency_us: float = _field("us", "latency", 0.0)
+    """Fixed cost of one operation the switch reduces or multicasts (a whole collective, or one
+    step of a decomposed schedule), us."""
+    switch_bw_gbps: float = _field("GB/s", "rate", 0.0)
+    """Bytes per second one device's port moves through the switch while it reduces or
+    multicasts, GB/s: an all-reduce or reduce-scatter of S bytes per rank sends each rank's S
+    once (the switch adds), an all-gather receives the P - 1 other shards (sent once,
+    multicast). 0 on a machine without ``switch_reduce``."""
     kind: str = _field("", "kind", "")
     """``gpu`` or ``cpu`` (``KINDS``): a GPU node, whose ranks are its devices, or the cpu
     backend's kind, whose ranks are processes time-sharing its cores (a shaped fabric's
@@ -141,7 +155,9 @@ class HardwareSpec:
 
     @property
     def engines(self) -> tuple[str, ...]:
-        return ("sm", "dma") if self.copy_engines > 0 else ("sm",)
+        """The engines this machine has: ``sm`` always, ``dma`` with copy engines, ``switch``
+        where the fabric reduces in the switch."""
+        return ("sm", *(("dma",) if self.copy_engines > 0 else ()), *(("switch",) if self.switch_reduce else ()))
 
     def beyond_devices(self, world_size: int) -> str | None:
         """The device-count rule: why `world_size` ranks are beyond this machine (a GPU spec
@@ -233,6 +249,12 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
         # number of a machine without copy engines (a dataset stores them all the same).
         may_be_off = _FIELDS[f].default == 0 or (f.startswith("dma_") and not spec["copy_engines"])
         number(f, spec[f], low_open=not may_be_off, high=LARGEST[_FIELDS[f].metadata["role"]], high_open=False)
+    for f in fields_of("flag"):
+        if not isinstance(spec[f], bool):
+            raise HardwareError(f"{where}: field '{f}' must be true or false, got {spec[f]!r}")
+    if spec["switch_reduce"] and not spec["switch_bw_gbps"]:
+        raise HardwareError(f"{where}: field 'switch_bw_gbps' must be above 0 where switch_reduce is true "
+                            "(the switch engine's bandwidth)")
     for f in fields_of("fraction"):
         meta = _FIELDS[f].metadata
         number(f, spec[f], low=meta.get("low", 0.0), high=meta.get("high", math.inf),

@@ -9,7 +9,9 @@ against what decomposing costs, the paper's trade-off, for a handful of schedule
 
 1. **Candidates.** The shard-level ring and, at each finer degree d, the ring with one GEMM
    per step and (P >= 3) the all-to-all pattern with one GEMM per step or per piece (an MoE
-   step's uneven chunks cannot be batched), pieces along m, on each engine the machine has.
+   step's uneven chunks cannot be batched), pieces along m, on each engine the machine has
+   (the switch: the all-to-all pattern only, and ``none.switch``, the whole collective in the
+   switch, whose time is the GEMM then ``costs.switch_collective_time``).
    (A ring's GEMM per piece and pieces along n are the best schedule of under 1% of the
    simulated bf16 scenarios: fewer, larger GEMMs win.)
 2. **A back-of-the-envelope time for each.**
@@ -36,7 +38,7 @@ import dataclasses
 import numpy as np
 
 from ficco_select.costs import (OP_CODES, US, collective_time, contended, gemm_time, overlapped, scenario_estimates,
-                                transfer_time)
+                                switch_bytes, switch_collective_time, switch_time, transfer_time)
 from ficco_select.hardware import HardwareSpec
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import BASELINE, SHARD, Schedule, degrees, is_legal
@@ -102,6 +104,9 @@ class _Families:
     a2a: np.ndarray
     per_piece: np.ndarray
     dma: np.ndarray
+    switch: np.ndarray
+    whole: np.ndarray
+    """``none.switch``: the whole collective in the switch, then the GEMM (no overlap)."""
 
 
 _FAMILIES: dict[tuple, _Families] = {}
@@ -112,17 +117,21 @@ def _families(s: Scenario, hw: HardwareSpec, backend: str) -> _Families:
     engines = hw.engines if backend != "cpu" else ("sm",)
     key = (s.world_size, engines)
     if key not in _FAMILIES:
-        out = [dataclasses.replace(SHARD, engine=e) for e in engines]
+        ring_engines = [e for e in engines if e != "switch"]  # the switch has no ring
+        out = [Schedule(granularity="none", engine="switch")] if "switch" in engines else []
+        out += [dataclasses.replace(SHARD, engine=e) for e in ring_engines]
         for d in degrees(s.world_size):
             out += [Schedule(granularity="ficco", degree=d, pattern="ring", compute="gemm_per_step", split="m",
-                             engine=e) for e in engines]
+                             engine=e) for e in ring_engines]
             if s.world_size >= 3:  # all-to-all; per piece too: an MoE step's uneven chunks cannot be batched
                 out += [Schedule(granularity="ficco", degree=d, pattern="a2a", compute=compute, split="m", engine=e)
                         for compute in ("gemm_per_step", "gemm_per_piece") for e in engines]
-        _FAMILIES[key] = _Families(tuple(out), np.array([1 if c.granularity == "shard" else c.degree for c in out], float),
+        _FAMILIES[key] = _Families(tuple(out), np.array([c.degree for c in out], float),
                                    np.array([c.pattern == "a2a" for c in out]),
                                    np.array([c.compute == "gemm_per_piece" for c in out]),
-                                   np.array([c.engine == "dma" for c in out]))
+                                   np.array([c.engine == "dma" for c in out]),
+                                   np.array([c.engine == "switch" for c in out]),
+                                   np.array([c.granularity == "none" for c in out]))
     return _FAMILIES[key]
 
 
@@ -141,10 +150,16 @@ def _estimated_times(s: Scenario, hw: HardwareSpec, est: dict[str, float], f: _F
         steps = np.where(f.a2a, d, (P - 1) * d)
         step = transfer_time(hw, est["shard_bytes"] / d, np.where(f.a2a, P - 1, 1), f.dma, P)
         comm = steps * step * np.where(f.a2a & is_ar, 2.0, 1.0)
+        if f.switch.any():  # a switch step: the step's pieces in one operation, reduced in the switch
+            op = OP_CODES[s.op]
+            comm = np.where(f.switch, steps * switch_time(hw, switch_bytes(op, est["shard_bytes"] / d, P)), comm)
         slowed = contended(hw, gemm, comm, f.dma)
         time = (overlapped(hw, slowed, comm) + fill * np.minimum(gemm, comm) / steps
                 + steps * hw.step_sync_us * US + hw.overlap_call_us * US)
         if is_ar:  # the ring form's all-gather of the reduced blocks comes last
-            time = time + np.where(f.a2a, 0.0, collective_time(hw, OP_CODES["ag_gemm"], est["shard_bytes"], P))
+            time = time + np.where(f.a2a | f.whole, 0.0, collective_time(hw, OP_CODES["ag_gemm"], est["shard_bytes"], P))
+        if f.whole.any():
+            whole = est["t_comp"] + switch_collective_time(hw, OP_CODES[s.op], est["shard_bytes"], P)
+            time = np.where(f.whole, whole, time)
     return np.asarray(time, float)
 

@@ -8,6 +8,17 @@ space"). Names, by granularity:
     ficco.d<d>.<pattern>.<compute>.<split>.<engine>    every shard split again into d pieces
 
 e.g. ``none.sm``, ``shard.ring.sm``, ``ficco.d4.a2a.gemm_per_step.m.dma``.
+
+Engines: ``sm`` (kernels on the compute units move the bytes), ``dma`` (copy engines) and
+``switch`` (the NVSwitch reduces and multicasts: NVLS, PyTorch's ``multimem`` ops). A switch
+operation reaches every peer at once, so the switch runs the baseline's whole collective
+(``none.switch``: a reduce-scatter or all-reduce reduced in the switch, an all-gather by
+multicast stores) and the all-to-all pattern's steps along m (``ficco.d<d>.a2a.*.m.switch``:
+each step's pieces reduced or multicast while the next step's GEMM runs); it has no ring
+(``shard.ring.switch`` is not a schedule) and no all-to-all of tokens (legal for ``ag_gemm``,
+``gemm_rs`` and ``gemm_ar`` only), and is legal only on a spec with ``switch_reduce``.
+For ``gemm_ar`` the engine of ``none`` is the small all-reduce's algorithm: ``none.sm`` the
+collective library's (NCCL), ``none.switch`` the one-call multimem all-reduce.
 ``parse(name)`` round-trips ``schedule.name``. ``candidates(scenario, backend)``
 enumerates the legal schedules of a scenario on a backend.
 
@@ -37,13 +48,15 @@ Granularity = Literal["none", "shard", "ficco"]
 Pattern = Literal["ring", "a2a"]
 Compute = Literal["gemm_per_piece", "gemm_per_step"]
 Split = Literal["m", "n"]
-Engine = Literal["sm", "dma"]
+Engine = Literal["sm", "dma", "switch"]
 
 GRANULARITIES = ("none", "shard", "ficco")
 PATTERNS = ("ring", "a2a")
 COMPUTES = ("gemm_per_piece", "gemm_per_step")
 SPLITS = ("m", "n")
-ENGINES = ("sm", "dma")
+ENGINES = ("sm", "dma", "switch")
+SWITCH_OPS = ("ag_gemm", "gemm_rs", "gemm_ar")
+"""Ops whose collective the switch carries: multicast (all-gather) or in-switch reduction."""
 
 
 class ScheduleError(ValueError):
@@ -63,7 +76,8 @@ class Schedule:
     split: str | None = None
     """Dimension a shard is split along into pieces (``m`` rows, ``n`` columns); ficco only."""
     engine: str = "sm"
-    """Who moves the bytes: ``sm`` (kernels/threads sharing the compute units) or ``dma`` (copy engines)."""
+    """Who moves the bytes: ``sm`` (kernels/threads sharing the compute units), ``dma`` (copy
+    engines) or ``switch`` (the NVSwitch reduces and multicasts; kernels issue the requests)."""
 
     def __post_init__(self) -> None:
         if self.granularity not in GRANULARITIES:
@@ -79,6 +93,10 @@ class Schedule:
                   and self.split in SPLITS)
         if not ok:
             raise ScheduleError(f"inconsistent axes for granularity {self.granularity!r}: {self!r}")
+        if self.engine == "switch" and (self.granularity == "shard" or (self.granularity == "ficco" and (
+                self.pattern != "a2a" or self.split != "m"))):
+            raise ScheduleError(f"engine 'switch' reaches every peer at once: it runs none.switch and "
+                                f"ficco.d<d>.a2a.<compute>.m.switch only, not {self.name}")
 
     @property
     def name(self) -> str:
@@ -123,7 +141,7 @@ def parse(name: str) -> Schedule:
         raise ScheduleError(f"invalid schedule name {name!r}: {e}") from None
     raise ScheduleError(
         f"invalid schedule name {name!r}; expected none.<engine>, shard.ring.<engine> or "
-        "ficco.d<d>.<ring|a2a>.<gemm_per_piece|gemm_per_step>.<m|n>.<sm|dma>"
+        "ficco.d<d>.<ring|a2a>.<gemm_per_piece|gemm_per_step>.<m|n>.<sm|dma|switch>"
     )
 
 
@@ -133,7 +151,9 @@ class BackendCaps:
     """What a backend can honestly execute."""
 
     engines: tuple[str, ...]
-    """Engines it really has (the cpu backend has no DMA engine)."""
+    """Engines whose schedules it offers as candidates (the cpu backend has no DMA engine and
+    no switch; its executor runs the switch's schedules on a shared-memory stand-in, for
+    verification, but never offers them)."""
     dtypes: tuple[str, ...]
     max_world_size: int
 
@@ -141,9 +161,9 @@ class BackendCaps:
 BACKENDS: dict[str, BackendCaps] = {
     # gloo moves bytes with CPU threads that share the cores with the GEMMs: that is `sm`.
     "cpu": BackendCaps(engines=("sm",), dtypes=("float32", "bfloat16"), max_world_size=8),
-    "cuda": BackendCaps(engines=("sm", "dma"), dtypes=("float32", "bfloat16", "float16"), max_world_size=64),
+    "cuda": BackendCaps(engines=("sm", "dma", "switch"), dtypes=("float32", "bfloat16", "float16"), max_world_size=64),
     # fp8 GEMMs need scaled matmuls the executor does not run yet: only the simulator has fp8.
-    "sim": BackendCaps(engines=("sm", "dma"), dtypes=("float32", "bfloat16", "float16", "float8_e4m3fn"),
+    "sim": BackendCaps(engines=("sm", "dma", "switch"), dtypes=("float32", "bfloat16", "float16", "float8_e4m3fn"),
                        max_world_size=1024),
 }
 
@@ -188,10 +208,11 @@ def backend_for(kind: str, *, runs: bool = False) -> str:
 
 
 def engines_on(backend: str, spec: HardwareSpec) -> tuple[str, ...]:
-    """Engines whose schedules `backend` has for a scenario on `spec`: the simulator models
-    ``dma`` only on a machine with copy engines."""
+    """Engines whose schedules `backend` has for a scenario on `spec`: on a GPU, ``dma`` only
+    on a machine with copy engines and ``switch`` only where the spec's fabric reduces in the
+    switch (``switch_reduce``)."""
     engines = BACKENDS[backend].engines
-    return tuple(e for e in engines if e in spec.engines) if backend == "sim" else engines
+    return tuple(e for e in engines if e in spec.engines) if backend in ("sim", "cuda") else engines
 
 
 def degrees(world_size: int) -> tuple[int, ...]:
@@ -215,6 +236,8 @@ def is_legal(schedule: Schedule, scenario: Scenario, backend: str) -> bool:
     if backend_problem(scenario, backend) is not None:
         return False
     if schedule.engine not in BACKENDS[backend].engines:
+        return False
+    if schedule.engine == "switch" and scenario.op not in SWITCH_OPS:
         return False
     if schedule.granularity != "ficco":
         return True
@@ -245,23 +268,28 @@ def all_schedules(world_size: int, engines: tuple[str, ...] = ENGINES) -> list[S
     out: list[Schedule] = []
     for engine in engines:
         out.append(Schedule(granularity="none", engine=engine))
-        out.append(Schedule(granularity="shard", pattern="ring", engine=engine))
+        if engine != "switch":
+            out.append(Schedule(granularity="shard", pattern="ring", engine=engine))
         for d in degrees(world_size):
             for pattern in PATTERNS:
                 for compute in COMPUTES:
                     for split in SPLITS:
+                        if engine == "switch" and (pattern != "a2a" or split != "m"):
+                            continue
                         out.append(Schedule(granularity="ficco", degree=d, pattern=pattern,
                                             compute=compute, split=split, engine=engine))
     return out
 
 
-def candidates(scenario: Scenario, backend: str) -> list[Schedule]:
-    """Legal schedules of `scenario` on `backend`, baseline first; [] if it cannot run."""
-    return list(legal_candidates(scenario, backend))
+def candidates(scenario: Scenario, backend: str, spec: HardwareSpec | None = None) -> list[Schedule]:
+    """Legal schedules of `scenario` on `backend`, baseline first; [] if it cannot run. With
+    `spec`, only its engines' (``engines_on``): a GPU without copy engines has no ``dma``
+    schedule, one whose fabric does not reduce in the switch no ``switch`` schedule."""
+    return list(legal_candidates(scenario, backend, spec))
 
 
-def legal_candidates(scenario: Scenario, backend: str) -> tuple[Schedule, ...]:
-    """``candidates(scenario, backend)`` as a tuple, shared: the runtime selector's path.
+def legal_candidates(scenario: Scenario, backend: str, spec: HardwareSpec | None = None) -> tuple[Schedule, ...]:
+    """``candidates(scenario, backend, spec)`` as a tuple, shared: the runtime selector's path.
 
     Cached per legality key: what ``is_legal`` reads of a scenario is its op, world size P
     and dtype, and the shard extents (rows m // P; columns n for gemm_rs, gemm_ar) only through
@@ -271,11 +299,14 @@ def legal_candidates(scenario: Scenario, backend: str) -> tuple[Schedule, ...]:
     P = scenario.world_size
     top = _max_degree(P)
     op = scenario.op
+    if backend not in BACKENDS:
+        return ()
+    engines = BACKENDS[backend].engines if spec is None else engines_on(backend, spec)
     key = (op, P, scenario.dtype, backend, min(scenario.m // P, top),
-           min(scenario.n, top) if op in ("gemm_rs", "gemm_ar") else 0)
+           min(scenario.n, top) if op in ("gemm_rs", "gemm_ar") else 0, engines)
     legal = _LEGAL.get(key)
     if legal is None:
-        legal = _enumerate_legal(scenario, backend)
+        legal = tuple(s for s in _enumerate_legal(scenario, backend) if s.engine in engines)
         if len(_LEGAL) >= _LEGAL_LIMIT:
             _LEGAL.clear()
         _LEGAL[key] = legal

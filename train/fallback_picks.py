@@ -53,7 +53,7 @@ def runtime_view(ok: pd.DataFrame, specs: Mapping[str, HardwareSpec] | None = No
     scenarios = [Scenario.from_record(r) for r in records]
     hws = [of[s.hardware] for s in scenarios]
     return RuntimeView(ids=first["scenario_id"].tolist(), scenarios=scenarios, specs=hws,
-                       candidates=[legal_candidates(s, backend_for(hw)) for s, hw in zip(scenarios, hws)],
+                       candidates=[legal_candidates(s, backend_for(hw), hw) for s, hw in zip(scenarios, hws)],
                        records=records)
 
 

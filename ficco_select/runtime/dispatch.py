@@ -177,10 +177,20 @@ def _explore(ctx: GroupContext, plan: Plan) -> Plan:
     n, every = plan.calls, ctx.settings.explore_every
     if n % every:
         return plan
-    runnable = candidates(plan.scenario, _backend(plan.scenario))
+    runnable = _runnable(plan.scenario)
     pick = runnable[(n // every - 1) % len(runnable)]
     decision = Decision(pick, "explore", 0.0, f"exploration: call {n} of this shape")
     return Plan(plan.scenario, decision, runs_natively(decision), verified=plan.verified)
+
+
+def _runnable(scenario: Scenario) -> list:
+    """The schedules a call may run: its backend's, on its machine's engines where a spec
+    describes the machine (no switch schedule on a fabric without the switch's reduction)."""
+    try:
+        spec = load_hardware(scenario.hardware)
+    except HardwareError:
+        spec = None
+    return candidates(scenario, _backend(scenario), spec)
 
 
 def _backend(scenario: Scenario) -> str:

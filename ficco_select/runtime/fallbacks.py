@@ -36,7 +36,7 @@ def run_fallback(fallback: str, key: str, s: Scenario, hw: HardwareSpec, why: st
     said = f"{why}; the fitted fallback for {key}"
     if fallback == "baseline":
         return Decision(BASELINE, "fallback", 0.0, f"{said} is the baseline", key)
-    cands = legal_candidates(s, backend_for(hw)) if cands is None else cands
+    cands = legal_candidates(s, backend_for(hw), hw) if cands is None else cands
     if fallback == COST_MODEL:
         return Decision(cost_model_pick(s, hw, cands) if cands else BASELINE, COST_MODEL, 0.0,
                         f"{said} is the cost model", key)

@@ -97,7 +97,8 @@ def predicted_gains(scenarios: Sequence[Scenario], hw: HardwareSpec,
             a2a=column([c is not None and c.pattern == "a2a" for c in picks], bool),
             per_step=column([c is not None and c.compute == "gemm_per_step" for c in picks], bool),
             split_n=column([c is not None and c.split == "n" for c in picks], bool),
-            dma=column([c is not None and c.engine == "dma" for c in picks], bool))["time_s"]
+            dma=column([c is not None and c.engine == "dma" for c in picks], bool),
+            switch=column([c is not None and c.engine == "switch" for c in picks], bool))["time_s"]
         baseline, picked = t[:len(scenarios)], t[len(scenarios):]
         return baseline * 1e6, baseline / picked
 

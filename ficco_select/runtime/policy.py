@@ -120,7 +120,7 @@ def _scores(model: TreeEnsemble, scenarios: Sequence[Scenario], reasons: Sequenc
     blocks: dict[tuple, tuple[Scenario, tuple, list[int]]] = {}  # (layer, id(cands)): (a scenario, cands, its rows)
     for i, s in enumerate(scenarios):
         if not reasons[i][1]:
-            cands = legal_candidates(s, backend)  # shared tuples: one per legality key
+            cands = legal_candidates(s, backend, hw)  # shared tuples: one per legality key
             if cands:
                 blocks.setdefault((s.layer, id(cands)), (s, cands, []))[2].append(i)
     if not blocks:
@@ -156,7 +156,7 @@ def _model_or_fallback(rules: Scope, model: TreeEnsemble | None, s: Scenario, hw
 
 def _model_decision(rules: Scope, model: TreeEnsemble, s: Scenario, hw: HardwareSpec,
                     scores: np.ndarray | None, warn: Warn) -> Decision:
-    cands = legal_candidates(s, backend_for(hw.kind))
+    cands = legal_candidates(s, backend_for(hw.kind), hw)
     if not cands:
         return heuristic(s, hw, "no legal candidate schedule to score")
     if scores is None:
