@@ -15,6 +15,10 @@ Kinds of point (``Point.kind``):
 - ``sm_collective``: an all-reduce run by SM loads and stores on symmetric memory, not by the
   collective library (``SM_ALL_REDUCES``): its time, predicted with the ``sm`` transfers a
   schedule's steps use (``sm_all_reduce_time``), not the library's terms.
+- ``switch_collective``: a collective the switch reduces or multicasts (NVLS, ``multimem``:
+  ``published_kinds.SWITCH_COLLECTIVES``): its time, predicted with ``switch_collective_time``.
+  A collective + GEMM whose baseline runs such a collective has ``none.switch`` for its serial
+  baseline (``Point.baseline_schedule``).
 - ``gemm``: one device's matmul: its time.
 - ``bandwidth``: a reported bus or copy-engine bandwidth, no time: compared in GB/s. An
   all-to-all that SM loads and stores move (``SM_ALL_TO_ALLS``, a MoE dispatch or combine) is
@@ -36,7 +40,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ficco_select.costs import GB, OP_CODES, US, collective_time, gemm_time, sm_all_reduce_time, transfer_time
+from ficco_select.costs import (GB, OP_CODES, US, collective_time, gemm_time, sm_all_reduce_time,
+                                switch_collective_time, transfer_time)
+from ficco_select.data.published_kinds import LIBRARY_BASELINE, baseline_schedule, reduces_in_switch, switch_method
 from ficco_select.hardware import HardwareSpec, load_hardware, preset_for_device, spec_field
 from ficco_select.scenario import DTYPE_ALIASES, DTYPES, Scenario
 
@@ -101,7 +107,8 @@ class Point:
     """1-based row of the table, header excluded."""
     source: str
     kind: str
-    """overlap, baseline, collective, sm_collective, gemm or bandwidth (the module's docstring)."""
+    """overlap, baseline, collective, sm_collective, switch_collective, gemm or bandwidth (the
+    module's docstring)."""
     hardware: str
     """The preset of the published device (``preset_for_device``); "" where no preset is that
     device (an export variant with other links, say): such a point is read, not compared."""
@@ -132,6 +139,9 @@ class Point:
     ``SM_ALL_TO_ALLS``: 1); 0 for the collective library's."""
     table: str = ""
     """The file the row was read from ("" for a point made in code): what an error names."""
+    baseline_schedule: str = LIBRARY_BASELINE
+    """The serial schedule the row's baseline runs (``overlap``, ``baseline``): ``none.sm`` (the
+    library's collective, then the GEMM), or ``none.switch`` where the collective is the switch's."""
 
     @property
     def speedup(self) -> float:
@@ -190,7 +200,7 @@ def _point(row: int, r: dict[str, str]) -> Point:
     op = r["op"]
     if op in OP_CODES:
         method = r["method"]
-        schedule = next((s for name, s in METHOD_SCHEDULES.items() if name in method), "")
+        schedule = next((s for name, s in METHOD_SCHEDULES.items() if name in method), "") or switch_method(method)
         baseline_us = _number(r, "baseline_time_us")
         if schedule or r["method_time_us"]:
             method_us = _number(r, "method_time_us")
@@ -204,7 +214,8 @@ def _point(row: int, r: dict[str, str]) -> Point:
             raise PublishedError(f"column 'speedup': {r['speedup']!r}, where the row's times make it "
                                  f"{ratio:.3g} (baseline_time_us / method_time_us)")
         return Point(**common, kind="overlap" if schedule else "baseline", op=op, schedule=schedule,
-                     **_shape(r), baseline_us=baseline_us, method_us=method_us)
+                     **_shape(r), baseline_us=baseline_us, method_us=method_us,
+                     baseline_schedule=baseline_schedule(r["baseline"]))
     plain = re.match(r"plain (all_gather|reduce_scatter|all_reduce|all_to_all|GEMM|p2p copy)", op)
     if plain is None:
         raise PublishedError(f"column 'op': {op!r} is neither an operator ({', '.join(OP_CODES)}) nor a plain "
@@ -223,7 +234,11 @@ def _point(row: int, r: dict[str, str]) -> Point:
         shots = next((n for name, n in SM_ALL_REDUCES.items() if name in r["baseline"]), 0)
         if shots and what != "all_reduce":
             raise PublishedError(f"column 'baseline': {r['baseline']!r} is an all-reduce, the op says {what}")
-        return Point(**common, kind="sm_collective" if shots else "collective", op=what, world_size=P,
+        if shots and reduces_in_switch(r["baseline"]):
+            raise PublishedError(f"column 'baseline': {r['baseline']!r} names both an SM all-reduce and one "
+                                 "the switch reduces; a row times one of them")
+        kind = "sm_collective" if shots else "switch_collective" if reduces_in_switch(r["baseline"]) else "collective"
+        return Point(**common, kind=kind, op=what, world_size=P,
                      dtype=_dtype(r), shots=shots,
                      message_bytes=_noted(float(size.group(1)) * _UNITS[size.group(2)], "message", size.group(0)),
                      baseline_us=_number(r, "baseline_time_us"))
@@ -290,11 +305,17 @@ def _shape(r: dict[str, str], gemm: bool = False) -> dict:
 # -- the simulator against the points --------------------------------------------------------
 def within_devices(point: Point, hw: HardwareSpec) -> None:
     """PublishedError naming the table, row and column if `point` ran on more GPUs than `hw`
-    has: a spec describes one node, and its terms say nothing of a larger job."""
+    has (a spec describes one node, and its terms say nothing of a larger job), or reduced in
+    the switch where `hw`'s switch does not (``switch_reduce``)."""
+    where = f"{point.table or 'published points'}: row {point.row}"
     beyond = hw.beyond_devices(point.world_size)
     if beyond:
-        column = "world_size" if point.kind in ("overlap", "baseline", "collective", "sm_collective") else "gpus"
-        raise PublishedError(f"{point.table or 'published points'}: row {point.row}, column '{column}': {beyond}")
+        timed = ("overlap", "baseline", "collective", "sm_collective", "switch_collective")
+        column = "world_size" if point.kind in timed else "gpus"
+        raise PublishedError(f"{where}, column '{column}': {beyond}")
+    if (point.kind == "switch_collective" or point.baseline_schedule != LIBRARY_BASELINE) and not hw.switch_reduce:
+        raise PublishedError(f"{where}, column 'baseline': a collective the switch reduces, where {hw.name}'s "
+                             "switch does not (switch_reduce: false)")
 
 
 def predict(point: Point, hw: HardwareSpec) -> dict[str, float]:
@@ -306,7 +327,7 @@ def predict(point: Point, hw: HardwareSpec) -> dict[str, float]:
 
         times = simulate_rows([point.scenario(hw.name)], hw).set_index("schedule")["time_s"]
         overlapped = times[~times.index.str.startswith("none.")]
-        out = {"time_us": float(times[BASELINE_SCHEDULE]) / US, "best_us": float(overlapped.min()) / US}
+        out = {"time_us": float(times[point.baseline_schedule]) / US, "best_us": float(overlapped.min()) / US}
         if point.kind == "overlap":
             out["method_us"] = float(times[point.schedule]) / US if point.schedule in times.index else math.nan
         return out
@@ -319,6 +340,8 @@ def predict(point: Point, hw: HardwareSpec) -> dict[str, float]:
         return {"time_us": float(collective_time(hw, OP_CODES[COLLECTIVES[point.op]], shard, P)) / US}
     if point.kind == "sm_collective":
         return {"time_us": float(sm_all_reduce_time(hw, point.message_bytes, P, point.shots)) / US}
+    if point.kind == "switch_collective":
+        return {"time_us": float(switch_collective_time(hw, OP_CODES[COLLECTIVES[point.op]], shard, P)) / US}
     if point.op == "copy":  # one copy-engine copy between two devices
         return {"bandwidth_gbps": point.message_bytes / float(transfer_time(hw, point.message_bytes, 1, True, 2)) / GB}
     if point.op == "all_to_all" and point.shots:  # one step of P - 1 concurrent sm transfers
@@ -355,7 +378,7 @@ def compare(points: list[Point], specs: dict[str, HardwareSpec] | None = None) -
         if "time_us" in p:
             row.update(measured_us=point.baseline_us, predicted_us=round(p["time_us"], 2),
                        ape=_ape(p["time_us"], point.baseline_us))
-        if point.kind in ("collective", "sm_collective"):
+        if point.kind in ("collective", "sm_collective", "switch_collective"):
             row["message_mib"] = point.message_bytes / (1 << 20)
         if point.kind == "sm_collective":
             row["shots"] = point.shots
@@ -391,6 +414,8 @@ def _summaries(rows: list[dict]) -> dict[str, dict]:
             "collective_ape_median": median([r["ape"] for r in mine if r["kind"] == "collective"]),
             "sm_collectives": sum(r["kind"] == "sm_collective" for r in mine),
             "sm_collective_ape_median": median([r["ape"] for r in mine if r["kind"] == "sm_collective"]),
+            "switch_collectives": sum(r["kind"] == "switch_collective" for r in mine),
+            "switch_collective_ape_median": median([r["ape"] for r in mine if r["kind"] == "switch_collective"]),
             "gemms": sum(r["kind"] == "gemm" for r in mine),
             "gemm_ape_median": median([r["ape"] for r in mine if r["kind"] == "gemm"]),
             "bandwidths": sum(r["kind"] == "bandwidth" for r in mine),
@@ -399,96 +424,13 @@ def _summaries(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
-# -- fitting a preset's model terms to the points ---------------------------------------------
-FITTED = ("gemm_efficiency", "gemm_mem_efficiency", "coll_latency_us", "coll_bw_gbps", "step_sync_us",
-          "dma_mem_contention", "overlap_efficiency", "overlap_call_us")
-"""The spec numbers ``fit`` fits by default: the GEMM's efficiency and the bandwidth its
-operands reach (what bounds a piece with few rows), the collective library's latency and
-bus bandwidth, a decomposed schedule's per-step cost and the GEMM's slowdown beside
-copy-engine transfers, the realized fraction of ideal overlap and an overlapped call's
-fixed cost (on request: ``fp8_gemm_efficiency`` to fp8 ``gemm`` rows, ``sm_comm_latency_us`` and
-``sm_bw_gbps`` to ``sm_collective`` rows). The data-sheet numbers (peaks, memory and link bandwidth, units,
-tiles) stay as published; a fixed cost the times cannot tell from the others (a GEMM's
-launch, a copy's issue latency) stays as the preset says."""
-FIT_KINDS = ("overlap", "collective")
-"""The points a fit reads by default: each overlap point's baseline and method times, each
-collective's time. ``fused`` (on request) adds each ``baseline`` point that times a fused
-overlap kernel: its baseline time, and the kernel's time against the simulator's fastest
-overlapped schedule, one-sided (a fused kernel is the finest overlap a library ships, so
-the best schedule the model knows may be slower, not faster). It is not a default: on
-h100-nvswitch's rows the fused kernels' losses and async-TP's measured wins cannot both
-be met by one set of terms (``docs/published.md``). GEMM and bandwidth rows are checks there: the GEMM rows were measured in
-other setups (a best shape found by a sweep, the L2 not flushed). A preset without overlap
-points fits its GEMM efficiency and bus bandwidth to them (``kinds``)."""
-KINDS = ("overlap", "baseline", "collective", "sm_collective", "gemm", "bandwidth", "fused")
-NEGLIGIBLE = 1e-3
-"""A fitted fraction or fixed cost below this is written as 0: the data say the term is absent."""
+_FIT_NAMES = ("FITTED", "FIT_KINDS", "KINDS", "NEGLIGIBLE", "fit")
 
 
-def _written(field: str, value: float) -> float:
-    """A fitted number as a preset holds it: 3 significant digits; 0 where the term vanished
-    and may be off (a term a spec may leave out, a contention factor)."""
-    may_be_off = spec_field(field).default == 0 or field == "dma_mem_contention"
-    return 0.0 if value < NEGLIGIBLE and may_be_off else float(f"{max(value, NEGLIGIBLE):.3g}")
+def __getattr__(name: str):
+    """The fit's names (``published_fit``), where callers import them from here."""
+    if name in _FIT_NAMES:
+        from ficco_select.data import published_fit
 
-
-def _is_fused(point: Point) -> bool:
-    """A ``baseline`` point that times a fused overlap kernel (a ``fused`` point of a fit)."""
-    return point.kind == "baseline" and math.isfinite(point.method_us)
-
-
-def fit(points: list[Point], spec: HardwareSpec, *, fields: tuple[str, ...] = FITTED,
-        kinds: tuple[str, ...] = FIT_KINDS) -> tuple[HardwareSpec, dict]:
-    """`spec` with `fields` fitted to the points of its preset whose kind is in `kinds`: least
-    squares on the log ratios of predicted to measured times (bandwidths for ``bandwidth``
-    points), fractions kept in (0, 1]. Returns the fitted spec and what it was fitted to: the
-    rows, their sources, and the APE medians before and after."""
-    from scipy.optimize import least_squares
-
-    extra = ("fp8_gemm_efficiency", "sm_comm_units", "gemm_launch_us", "dma_latency_us", "dma_bw_gbps",
-             "sm_comm_latency_us", "sm_bw_gbps")
-    unknown = [f for f in fields if f not in FITTED and f not in extra]
-    if unknown:
-        raise PublishedError(f"cannot fit field '{unknown[0]}' (fitted: {', '.join(FITTED + extra)})")
-    fused = "fused" in kinds
-    mine = [p for p in points if p.hardware == spec.name and (p.kind in kinds or fused and _is_fused(p))]
-    if not mine:
-        raise PublishedError(f"no {' or '.join(kinds)} points of {spec.name} to fit to")
-    for p in mine:
-        within_devices(p, spec)
-    fractions = [f for f in fields if f in ("gemm_efficiency", "gemm_mem_efficiency", "dma_mem_contention", "sm_comm_units",
-                                            "overlap_efficiency")]
-
-    def spec_at(x: np.ndarray) -> HardwareSpec:
-        return dataclasses.replace(spec, **{f: float(np.exp(v)) for f, v in zip(fields, x)})
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        hw = spec_at(x)
-        out = []
-        for p in mine:
-            predicted = predict(p, hw)
-            if p.kind == "bandwidth":
-                out.append(np.log(predicted["bandwidth_gbps"] / p.bandwidth_gbps))
-                continue
-            out.append(np.log(predicted["time_us"] / p.baseline_us))
-            if p.kind == "overlap":
-                out.append(np.log(predicted["method_us"] / p.method_us))
-            elif fused and _is_fused(p):  # one-sided: a schedule slower than the kernel is no error
-                out.append(min(np.log(predicted["best_us"] / p.method_us), 0.0))
-        return np.array(out)
-
-    def start_of(f: str) -> float:
-        if f == "sm_bw_gbps" and not 0 < spec.sm_bw_gbps < spec.link_bw_gbps:
-            return spec.link_bw_gbps / 2  # off (0) or at the link's rate, it moves nothing: a fit there cannot move
-        return max(getattr(spec, f), 0.5 if f.endswith("_us") else 0.05)
-
-    start = np.log([start_of(f) for f in fields])
-    low = np.full(len(fields), -np.inf)
-    high = np.array([0.0 if f in fractions else np.log(2.0) if f == "fp8_gemm_efficiency" else np.inf
-                     for f in fields])
-    result = least_squares(residuals, np.minimum(start, high - 1e-9), bounds=(low, high), x_scale=1.0)
-    fitted = dataclasses.replace(spec, **{f: _written(f, v) for f, v in zip(fields, np.exp(result.x))})
-    before, after = compare(mine, {spec.name: spec}), compare(mine, {spec.name: fitted})
-    return fitted, {"rows": [p.row for p in mine], "sources": sorted({p.source for p in mine}),
-                    "fields": {f: getattr(fitted, f) for f in fields},
-                    "before": before["presets"][spec.name], "after": after["presets"][spec.name]}
+        return getattr(published_fit, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,6 +26,15 @@ point's preset, once per point, and the call is:
   another schedule's loss does not say that the picked schedule loses, so it is counted
   apart (``unverifiable_all_lose``) instead of as wrong.
 
+A *switch pick* (``none.switch``, or a schedule on the ``switch`` engine: the collective
+reduced or multicast in the NVSwitch) is judged by its twin alone: right where the twin pays
+(>= 1.05), wrong where it loses (< 1), else unverifiable. Another method's win or loss says
+nothing of the switch, and the library's serial baseline is not its twin: without a twin the
+call is unverifiable. ``none.switch`` *is* the measured baseline where the point's baseline runs
+its collective in the switch (``Point.baseline_schedule``: NCCL's LDMC all-reduce, say), and is
+judged as the baseline there; at such a point the library's ``none.*`` is the switch pick's
+counterpart: no measured twin, unverifiable.
+
 Points on a device no preset describes are not decided: their rows are listed as not
 compared, as ``compare`` lists them.
 """
@@ -38,6 +47,7 @@ from pathlib import Path
 import pandas as pd
 
 from ficco_select.data.published import MAX_ROWS, Point, PublishedError, _number, read_published
+from ficco_select.data.published_kinds import LIBRARY_BASELINE, is_switch
 
 PAYS = 1.05
 """A measured speedup at or above this pays: overlap is worth running there."""
@@ -97,7 +107,8 @@ def judge_calls(path: str | Path, selector=None, *, fallback: str | None = None)
         scenario = first.scenario(first.hardware)
         decision = selector.select(scenario) if fallback is None else selector.decide_as(scenario, fallback)
         measured = [methods[p.row] for p in group if p.row in methods]
-        verdict, why, twin = judge(decision.schedule.name, decision.schedule.is_baseline, measured)
+        verdict, why, twin = judge(decision.schedule.name, decision.schedule.is_baseline, measured,
+                                   measured_baseline=first.baseline_schedule)
         calls.append({
             "rows": [p.row for p in group], "url": first.source, "device": devices[first.row],
             "hardware": first.hardware, "op": first.op, "m": first.m, "n": first.n, "k": first.k,
@@ -112,11 +123,17 @@ def judge_calls(path: str | Path, selector=None, *, fallback: str | None = None)
             "points": calls, "summary": _summary(calls), "not_compared": not_compared}
 
 
-def judge(pick: str, baseline: bool, measured: list[Measured]) -> tuple[str, str, float | None]:
+def judge(pick: str, baseline: bool, measured: list[Measured], *,
+          measured_baseline: str = LIBRARY_BASELINE) -> tuple[str, str, float | None]:
     """The verdict on picking `pick` (`baseline`: a ``none.*`` schedule) where `measured`
-    were timed: (verdict, why, the twin's speedup or None)."""
+    were timed over the serial `measured_baseline` (``none.sm``, or ``none.switch`` where the
+    point's baseline reduces in the switch): (verdict, why, the twin's speedup or None)."""
     twins = [m.speedup for m in measured if m.schedule == pick]
     twin = max(twins) if twins else None
+    if baseline and is_switch(pick) != is_switch(measured_baseline):
+        return _by_twin(pick, twin, f"the baseline measured here is {measured_baseline}")
+    if is_switch(pick) and not baseline:
+        return _by_twin(pick, twin, "a switch schedule")
     if not measured:
         return "unverifiable", "no overlapped method was timed here", twin
     best = max(measured, key=lambda m: m.speedup)
@@ -135,6 +152,17 @@ def judge(pick: str, baseline: bool, measured: list[Measured]) -> tuple[str, str
     if best.speedup < LOSES:
         return "unverifiable", f"no measured twin; every measured method loses (best {best.speedup:.3f})", twin
     return "unverifiable", f"no measured twin; the best measured, {best.label} {best.speedup:.3f}, wins by < 5%", twin
+
+
+def _by_twin(pick: str, twin: float | None, what: str) -> tuple[str, str, float | None]:
+    """A pick judged by its twin alone: another method's time says nothing of it."""
+    if twin is None:
+        return "unverifiable", f"{pick}: no measured twin ({what})", None
+    if twin >= PAYS:
+        return "right", f"{pick}: its twin pays {twin:.3f}", twin
+    if twin < LOSES:
+        return "wrong", f"{pick}: its twin loses: {twin:.3f}", twin
+    return "unverifiable", f"{pick}: its twin wins by less than 5% ({twin:.3f})", twin
 
 
 def _summary(calls: list[dict]) -> dict:

@@ -161,16 +161,16 @@ def _override_specs(overrides) -> dict:
 
 
 def _published_lines(report: dict) -> list[str]:
-    lines = [f"{'row':>4} {'kind':<13} {'hardware':<14} {'point':<24} {'measured':>10} {'predicted':>10} {'APE':>6}  "
+    lines = [f"{'row':>4} {'kind':<17} {'hardware':<14} {'point':<24} {'measured':>10} {'predicted':>10} {'APE':>6}  "
              "speedup measured / predicted (APE), wins as measured"]
     for r in report["points"]:
         point = (f"{r['op']} {r['m']}x{r['n']}x{r['k']}" if r["kind"] in ("overlap", "baseline", "gemm")
-                 else f"{r['op']} {r.get('message_mib', 0):g} MiB" if r["kind"] == "collective"
+                 else f"{r['op']} {r.get('message_mib', 0):g} MiB" if r["kind"] in ("collective", "switch_collective")
                  else f"{r['op']} x{r['shots']} {r['message_mib']:g} MiB" if r["kind"] == "sm_collective" else r["op"])
         unit = "GB/s" if r["kind"] == "bandwidth" else "us"
         measured = r.get("measured_gbps", r.get("measured_us"))
         predicted = r.get("predicted_gbps", r.get("predicted_us"))
-        line = (f"{r['row']:>4} {r['kind']:<13} {r['hardware']:<14} {point:<24} {measured:>8.1f}{unit:>2} "
+        line = (f"{r['row']:>4} {r['kind']:<17} {r['hardware']:<14} {point:<24} {measured:>8.1f}{unit:>2} "
                 f"{predicted:>8.1f}{unit:>2} {r['ape']:>6.1%}")
         if r["kind"] == "overlap":
             line += (f"  {r['schedule']} {r['speedup']:.3f} / {r['predicted_speedup']:.3f} ({r['speedup_ape']:.1%}), "
@@ -183,7 +183,7 @@ def _published_lines(report: dict) -> list[str]:
         if s["overlap_points"]:
             parts.append(f"overlap speedup APE {s['speedup_ape_median']:.1%}, wins or loses as measured "
                          f"{s['wins_as_measured']}/{s['overlap_points']}")
-        for kind in ("collective", "sm_collective", "gemm", "bandwidth"):
+        for kind in ("collective", "sm_collective", "switch_collective", "gemm", "bandwidth"):
             if s[f"{kind}s"]:
                 parts.append(f"{kind} APE {s[f'{kind}_ape_median']:.1%} ({s[f'{kind}s']})")
         lines.append(f"{preset}: median " + "; ".join(parts))
