@@ -95,7 +95,7 @@ def test_a_collective_without_its_message_or_a_table_without_a_column_is_refused
 
 def test_the_committed_table_reads_whole_with_a_url_on_every_row():
     points = read_published(packaged())
-    assert len(points) == 193 and all(p.source.startswith("https://") for p in points)
+    assert len(points) == 209 and all(p.source.startswith("https://") for p in points)
     assert sum(p.kind == "sm_collective" for p in points) == 45
     assert sum(p.kind == "overlap" for p in points) == 9
 

@@ -157,8 +157,11 @@ def test_sim_validate_published_prints_the_calls_and_their_counts(no_export):
     res = CliRunner().invoke(main, ["sim", "validate", "--published", str(VALIDATION)])
     assert res.exit_code == 0, res.output
     assert "by the heuristic alone: no exported model" in res.output
-    assert ("calls on 35 points: right 20, wrong 3 (twin loses by more than 10%: 0), unverifiable 12 "
+    # GB300 TP8 (rows 84-94) times NCCL's LDMC all-reduce, a switch collective: none.sm there has no
+    # measured twin (m = 256, 512, 1024: unverifiable), none.switch is the baseline measured.
+    assert ("calls on 35 points: right 20, wrong 1 (twin loses by more than 10%: 0), unverifiable 14 "
             "(every measured method loses: 6); decided by heuristic 35") in res.output
+    assert "pick none.sm (heuristic); measured fused@row94 1.095 -> UNVERIFIABLE: none.sm: no measured twin" in res.output
     assert "calls not compared (no preset is their device): rows 57, 58, 59" in res.output
     assert "rows 23,24" in res.output and "-> RIGHT: the baseline, where every measured method loses" in res.output
 
