@@ -65,8 +65,9 @@ def test_the_schema_check_finds_what_te_refuses():
 @pytest.mark.parametrize("op", ["ag_gemm", "gemm_rs"])
 def test_every_schedule_family_maps_to_a_te_method_and_back_where_te_runs_it(op, P):
     s = Scenario(group="g", op=op, m=8192, n=8192, k=8192, dtype="bfloat16", world_size=P, hardware="h100-nvswitch")
-    seen = set()
+    seen, engines = set(), set()
     for schedule in candidates(s, "cuda"):
+        engines.add(schedule.engine)
         entry, lost = A.te_entry(op, schedule, P)
         layer = "qkv_fprop" if op == "ag_gemm" else "proj_fprop"
         if schedule.is_baseline:
@@ -74,7 +75,8 @@ def test_every_schedule_family_maps_to_a_te_method_and_back_where_te_runs_it(op,
             seen.add("none")
             continue
         assert te_problems({layer: entry}) == [], schedule.name
-        ran = A.schedule_of_te(op, entry, P)
+        multicast = schedule.engine == "switch"  # userbuffers on a multicast GPU (UB_SKIPMC unset)
+        ran = A.schedule_of_te(op, entry, P, multicast=multicast)
         assert ran in candidates(s, "cuda")  # what TE runs is a schedule ficco scores
         if schedule.granularity == "shard":  # TE runs the shard ring itself, on SMs or copy engines
             assert entry["method"] == "ring_exchange" and entry["use_ce"] == (schedule.engine == "dma")
@@ -83,12 +85,16 @@ def test_every_schedule_family_maps_to_a_te_method_and_back_where_te_runs_it(op,
             assert entry == {"method": "pipeline", "num_sm": A.PIPELINE_NUM_SM, "cga_size": 2,
                              "num_splits": schedule.degree, "set_sm_margin": True}
             assert (ran == schedule) == (lost == "")  # what TE cannot run is said
-            assert ran.degree == schedule.degree and ran.split == "m" and ran.engine == "sm"
+            assert ran.degree == schedule.degree and ran.split == "m" and ran.engine == ("switch" if multicast else "sm")
+        elif multicast:  # an all-gather in the switch: TE's all-gather ring is point to point, on SMs
+            assert entry["method"] == "ring_exchange" and lost == A.TE_NO_SWITCH_ALL_GATHER
+            assert ran == parse("shard.ring.sm") and entry["use_ce"] is False
         else:  # finer rings, and pieces of an all-gather: TE's ring moves whole shards
             assert entry["method"] == "ring_exchange" and "whole shards" in lost
             assert ran == parse(f"shard.ring.{schedule.engine}")
         seen.add(entry["method"])
     assert seen == ({"none", "ring_exchange"} if op == "ag_gemm" else {"none", "ring_exchange", "pipeline"})
+    assert engines == {"sm", "dma", "switch"}  # h100-nvswitch reduces in the switch: its schedules are mapped too
 
 
 def decisions(plan: dict) -> dict:

@@ -207,6 +207,11 @@ TE_MAPPING = (
 the left, TE's nearest setting on the right."""
 
 
+TE_NO_SWITCH_ALL_GATHER = ("TE userbuffers have no in-switch all-gather overlap (ring_exchange sends point to "
+                           "point; multicast serves only its pipeline and bulk collectives)")
+"""What TE cannot run of a switch all-gather (``advise_switch``: TE's multicast, source lines)."""
+
+
 def te_entry(op: str, schedule: Schedule, world_size: int) -> tuple[dict | None, str]:
     """TE's ``ub_cfgs`` entry for `schedule` on a GEMM of `op` over `world_size` ranks (None:
     no overlap), and what of the decision it cannot express ("" if nothing)."""
@@ -215,6 +220,8 @@ def te_entry(op: str, schedule: Schedule, world_size: int) -> tuple[dict | None,
     ring = {"method": "ring_exchange", "num_sm": 1, "cga_size": 1, "set_sm_margin": False, "aggregate": False,
             "use_ce": schedule.engine == "dma"}
     if op == "ag_gemm":
+        if schedule.engine == "switch":
+            return ring, TE_NO_SWITCH_ALL_GATHER
         return ring, "" if schedule.granularity == "shard" else "TE's ring moves whole shards"
     # At two ranks the pieces of a ring go to the one peer: TE's pipeline of chunks.
     if schedule.granularity == "shard" or (schedule.pattern == "ring" and world_size > 2):
@@ -231,16 +238,19 @@ def te_entry(op: str, schedule: Schedule, world_size: int) -> tuple[dict | None,
     return entry, "; ".join(lost)
 
 
-def schedule_of_te(op: str, entry: dict | None, world_size: int) -> Schedule:
+def schedule_of_te(op: str, entry: dict | None, world_size: int, multicast: bool = False) -> Schedule:
     """The schedule TE runs for `entry` on a GEMM of `op` over `world_size` ranks (None: no
-    overlap): how a preset's entry is scored on the simulator beside ficco's advice."""
+    overlap): how a preset's entry is scored on the simulator beside ficco's advice. With
+    `multicast` (userbuffers on a multicast GPU, ``UB_SKIPMC`` unset) a pipeline's chunks are
+    reduce-scattered in the switch (``advise_switch.TE_MULTICAST_SOURCE``)."""
     if entry is None:
         return parse("none.sm")
     if entry["method"] == "ring_exchange":
         return parse(f"shard.ring.{'dma' if entry.get('use_ce', True) else 'sm'}")
     if entry["method"] == "pipeline" and op == "gemm_rs":
-        pattern = "a2a" if world_size > 2 else "ring"  # one peer: the same schedule
-        return parse(f"ficco.d{entry.get('num_splits', 4)}.{pattern}.gemm_per_step.m.sm")
+        pattern = "a2a" if world_size > 2 or multicast else "ring"  # one peer: the same schedule; no ring in the switch
+        engine = "switch" if multicast else "sm"
+        return parse(f"ficco.d{entry.get('num_splits', 4)}.{pattern}.gemm_per_step.m.{engine}")
     raise ValueError(f"method {entry['method']!r} on {op}: not a schedule ficco scores")
 
 

@@ -10,6 +10,8 @@ import click
 from ficco_select.cli.output import json_option, refuse_existing_out, reported, show
 
 FORMATS = ("te", "vllm", "torchtitan")
+SWITCH_SOURCES = {"te": ("nccl", "te"), "vllm": ("nccl", "vllm", "torch"), "torchtitan": ("nccl", "torch")}
+"""Whose source each format's switch advice is read from (``advise_switch.SOURCES``)."""
 
 
 @click.command("advise")
@@ -44,6 +46,7 @@ def advise(model_name, hidden, ffn, heads, kv_heads, layers, gated, tp, seq, mic
     """What to set in each framework for a model's layers on a machine, from the selector."""
     from ficco_select.runtime.selector import Selector
     from ficco_select.train import advise as A
+    from ficco_select.train import advise_switch as S
 
     if out is not None:
         if fmt != "te":
@@ -76,14 +79,21 @@ def advise(model_name, hidden, ffn, heads, kv_heads, layers, gated, tp, seq, mic
             with open(out, "x") as f:  # refused above if it exists; "x": nor if it appeared since
                 f.write(text)
         lines = ([] if out else [text.rstrip()]) + _flag_lines(result["te"], out)
+        switch = S.te_switch(decisions, result["te"], model, layout)
     elif fmt == "vllm":
         result["vllm"] = (A.vllm_advice(selector.select, model, layout, hardware) if sequence_parallel else
                           {"thresholds": {}, "sp_min_token_num": None, "flags": [],
                            "notes": ["without sequence parallelism vLLM's pass has nothing to overlap"]})
         lines = _vllm_lines(result["vllm"])
+        switch = S.vllm_switch(selector.select, model, layout, hardware, result["vllm"]["sp_min_token_num"])
     else:
         result["torchtitan"] = A.torchtitan_advice(selector.select, model, layout, hardware)
         lines = _torchtitan_lines(result["torchtitan"])
+        switch = S.torchtitan_switch(decisions, model, layout, result["torchtitan"]["async_tp"])
+    result["switch"] = S.as_json(switch)  # GEMMs decided *.switch only: none where the spec has no switch_reduce
+    if switch:
+        result["switch_sources"] = {k: S.SOURCES[k] for k in SWITCH_SOURCES[fmt]}
+    lines += [a.line() for a in switch]
     measured = (["the model learned this machine's own measured rows: the GPU rule steps aside"]
                 if result["measured_machine"] else [])
     show(as_json, result, lambda: [*lines, *_source_lines(result["decisions"]), *measured])
