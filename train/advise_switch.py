@@ -27,7 +27,8 @@ NCCL_SOURCE = {"repo": "NVIDIA/nccl", "commit": "5067397c2676d5aed50042fc39e5c8e
                        "(NVLS for AllGather, ReduceScatter, AllReduce)"}
 TE_MULTICAST_SOURCE = {"repo": TE_SOURCE["repo"], "commit": TE_SOURCE["commit"],
                        "path": "transformer_engine/common/comm_gemm_overlap/userbuffers/userbuffers-host.cpp "
-                               "(UB_SKIPMC, use_mc), userbuffers/userbuffers.cu (reducescatter2_userbuff_stridedoutput: "
+                               "(UB_SKIPMC, use_mc), userbuffers/userbuffers.cu "
+                               "(reducescatter2_userbuff_stridedoutput: "
                                "userbuffers_fp16_sum_inplace_gpu_mc_rs_oop, multimem.ld_reduce), comm_gemm_overlap.cpp "
                                "(CommOverlapBase::split_overlap_rs; CommOverlapP2PBase: ring_exchange, no multicast), "
                                "transformer_engine/pytorch/module/base.py (initialize_ub: no ub_cfgs key for it)"}
@@ -60,6 +61,8 @@ class SwitchAdvice:
     """One GEMM decided ``*.switch``: what the framework runs for it, in its terms."""
 
     gemm: str
+    op: str
+    """The op decided (vLLM's row-parallel kinds: ``gemm_ar`` below the pass, ``gemm_rs`` above)."""
     schedule: str
     setting: str = ""
     """The nearest setting the framework has that puts this collective in the switch ("" if none)."""
@@ -74,7 +77,7 @@ class SwitchAdvice:
         where = f" at {_counts(self.tokens)} tokens" if self.tokens else ""
         said = self.no_switch or self.setting
         knobs = " ".join((*self.env, *self.flags))
-        return f"switch: {self.gemm}{where}: {self.schedule}: {said}" + (f" [{knobs}]" if knobs else "")
+        return f"switch: {self.gemm} ({self.op}){where}: {self.schedule}: {said}" + (f" [{knobs}]" if knobs else "")
 
 
 def nccl_env(op: str) -> tuple[str, ...]:
@@ -108,22 +111,22 @@ def te_switch(decisions: dict[str, Decision], te: dict, model: Model, layout: La
             runs = schedule_of_te(gemm.op, entry, layout.tp, multicast=True)
         env = ("UB_SKIPMC=0",) if pipeline else ()
         if runs.is_baseline:
-            out.append(SwitchAdvice(gemm=name, schedule=schedule, env=nccl_env(gemm.op),
+            out.append(SwitchAdvice(gemm=name, op=gemm.op, schedule=schedule, env=nccl_env(gemm.op),
                                     setting=_nccl_whole(gemm.op, "no overlap (Megatron's switches), so "
                                                         "torch.distributed runs it")))
         elif d.schedule.is_baseline:
-            out.append(SwitchAdvice(gemm=name, schedule=schedule, env=env, no_switch=(
+            out.append(SwitchAdvice(gemm=name, op=gemm.op, schedule=schedule, env=env, no_switch=(
                 f"Megatron keeps this GEMM's overlap on with its partner's, so its collective does not run whole in "
                 f"NCCL's NVLS: this GEMM runs {runs.name} ({entry['method']}) instead")))
         elif pipeline:
             out.append(SwitchAdvice(
-                gemm=name, schedule=schedule, env=env,
+                gemm=name, op=gemm.op, schedule=schedule, env=env,
                 setting=f"pipeline, num_splits {entry.get('num_splits', 4)} ({runs.name}): each chunk reduce-scattered "
                         "in the switch by userbuffers multicast (multimem.ld_reduce; bf16/fp16 output). UB_SKIPMC "
                         "unset or 0 is TE's default on a GPU with multicast, one setting for the whole job"))
         else:
             what = "all-gather" if gemm.op == "ag_gemm" else "reduce-scatter"
-            out.append(SwitchAdvice(gemm=name, schedule=schedule, no_switch=(
+            out.append(SwitchAdvice(gemm=name, op=gemm.op, schedule=schedule, no_switch=(
                 f"TE userbuffers have no in-switch {what} for it (ring_exchange sends point to point): this GEMM "
                 f"runs {runs.name} ({entry['method']}) instead")))
     return out
@@ -158,7 +161,7 @@ def vllm_switch(select: Callable[[Scenario], Decision], model: Model, layout: La
                        "(return_A true), so PyTorch's multimem all-gather never runs" if gemm.op == "ag_gemm" else
                        "PyTorch's fused_matmul_reduce_scatter, which vLLM's async-TP pass calls, has no in-switch "
                        "reduction")
-                out.append(SwitchAdvice(gemm=kind, schedule=schedule, tokens=tokens, no_switch=(
+                out.append(SwitchAdvice(gemm=kind, op=gemm.op, schedule=schedule, tokens=tokens, no_switch=(
                     f"{why}: this GEMM runs PyTorch's pipelined {gemm.op} (the pass's fuse_gemm_comms) instead")))
     return out
 
@@ -178,21 +181,22 @@ def _vllm_all_reduce(kind: str, schedule: str, tokens: tuple[int, ...], layout: 
     tp = layout.tp
     archs = [arch for arch, sizes in VLLM_MULTIMEM_TP.items() if tp in sizes]
     if not archs:
-        return SwitchAdvice(gemm=kind, schedule=schedule, tokens=tokens, no_switch=(
-            f"vLLM's symmetric-memory all-reduce is multimem only at TP {', '.join(map(str, VLLM_MULTIMEM_TP['sm90']))} "
-            f"(sm90) or {', '.join(map(str, VLLM_MULTIMEM_TP['sm100']))} (sm100, sm103): at TP {tp} it is two_shot on "
-            "SMs, and this all-reduce runs there or in vLLM's custom all-reduce instead"))
+        sizes = {arch: ", ".join(map(str, tps)) for arch, tps in VLLM_MULTIMEM_TP.items()}
+        return SwitchAdvice(gemm=kind, op="gemm_ar", schedule=schedule, tokens=tokens, no_switch=(
+            f"vLLM's symmetric-memory all-reduce is multimem only at TP {sizes['sm90']} (sm90) or {sizes['sm100']} "
+            f"(sm100, sm103): at TP {tp} it is two_shot on SMs, and this all-reduce runs there or in vLLM's custom "
+            "all-reduce instead"))
     if layout.dtype == "fp16":
-        return SwitchAdvice(gemm=kind, schedule=schedule, tokens=tokens, no_switch=(
+        return SwitchAdvice(gemm=kind, op="gemm_ar", schedule=schedule, tokens=tokens, no_switch=(
             "vLLM's symmetric-memory all-reduce takes bf16 only: this fp16 all-reduce runs in vLLM's custom "
             "all-reduce (SMs) or NCCL instead"))
     env, flags = ("VLLM_ALLREDUCE_USE_SYMM_MEM=1",), ("--disable-custom-all-reduce",)
     where = f"multimem at TP {tp} on {', '.join(archs)}, up to SYMM_MEM_ALL_REDUCE_MAX_SIZES"
     if schedule == "none.switch":
-        return SwitchAdvice(gemm=kind, schedule=schedule, tokens=tokens, env=env, flags=flags, setting=(
+        return SwitchAdvice(gemm=kind, op="gemm_ar", schedule=schedule, tokens=tokens, env=env, flags=flags, setting=(
             f"the GEMM, then vLLM's symmetric-memory all-reduce (torch multimem_all_reduce_; {where}); "
             "--disable-custom-all-reduce keeps vLLM's custom all-reduce, on SMs, from taking it first"))
-    return SwitchAdvice(gemm=kind, schedule=schedule, tokens=tokens, env=env, flags=flags, no_switch=(
+    return SwitchAdvice(gemm=kind, op="gemm_ar", schedule=schedule, tokens=tokens, env=env, flags=flags, no_switch=(
         "vLLM has no all-reduce of GEMM pieces in the switch for this layer (its fused GEMM-AR multimem kernel binds "
         "Kimi-K3 and DeepSeek-V4.1 projections only): this GEMM runs whole, then the symmetric-memory multimem "
         f"all-reduce (none.switch; {where}) instead"))
@@ -211,27 +215,27 @@ def torchtitan_switch(decisions: dict[str, Decision], model: Model, layout: Layo
         if not async_tp:
             said = _nccl_whole(op, "async TP off, so DTensor's collective runs whole")
             if d.schedule.is_baseline:
-                out.append(SwitchAdvice(gemm=name, schedule=schedule, env=nccl_env(op), setting=said))
+                out.append(SwitchAdvice(gemm=name, op=op, schedule=schedule, env=nccl_env(op), setting=said))
             else:
-                out.append(SwitchAdvice(gemm=name, schedule=schedule, env=nccl_env(op), no_switch=(
+                out.append(SwitchAdvice(gemm=name, op=op, schedule=schedule, env=nccl_env(op), no_switch=(
                     f"torchtitan overlaps no GEMM with async TP off: {said}, then the GEMM, instead")))
         elif op == "ag_gemm" and layout.tokens <= TORCH_MULTIMEM_ROWS:
             said = ("PyTorch's multimem all-gather, then one matmul (_should_use_multimem_all_gather_matmul: at most "
-                    f"{TORCH_MULTIMEM_ROWS} gathered rows, here {layout.tokens}), where the compiled graph does not keep "
-                    "the gathered input (return_A false); a training step keeps it for the weight gradient, and then "
-                    "PyTorch's pipelined all-gather matmul runs")
+                    f"{TORCH_MULTIMEM_ROWS} gathered rows, here {layout.tokens}), where the compiled graph does not "
+                    "keep the gathered input (return_A false); a training step keeps it for the weight gradient, and "
+                    "then PyTorch's pipelined all-gather matmul runs")
             if d.schedule.is_baseline:
-                out.append(SwitchAdvice(gemm=name, schedule=schedule, setting=said))
+                out.append(SwitchAdvice(gemm=name, op=op, schedule=schedule, setting=said))
             else:
-                out.append(SwitchAdvice(gemm=name, schedule=schedule, no_switch=(
+                out.append(SwitchAdvice(gemm=name, op=op, schedule=schedule, no_switch=(
                     f"PyTorch multicasts no pieces beside the GEMM: this GEMM runs none.switch ({said}) instead")))
         elif op == "ag_gemm":
-            out.append(SwitchAdvice(gemm=name, schedule=schedule, no_switch=(
+            out.append(SwitchAdvice(gemm=name, op=op, schedule=schedule, no_switch=(
                 f"PyTorch's async TP multicasts only up to {TORCH_MULTIMEM_ROWS} gathered rows "
                 f"(_should_use_multimem_all_gather_matmul): at {layout.tokens} this GEMM runs its pipelined "
                 "all-gather matmul instead")))
         else:
-            out.append(SwitchAdvice(gemm=name, schedule=schedule, no_switch=(
+            out.append(SwitchAdvice(gemm=name, op=op, schedule=schedule, no_switch=(
                 "PyTorch's fused_matmul_reduce_scatter has no in-switch reduction: this GEMM runs its pipelined "
                 "reduce-scatter instead")))
     return out

@@ -26,6 +26,7 @@ from torch.distributed import distributed_c10d as c10d
 from ficco_select.executor.comm import Comm
 from ficco_select.executor.operators import DTYPE_NAMES, Operator
 from ficco_select.executor.peer import PeerCopyComm
+from ficco_select.executor.switch import SwitchComm
 from ficco_select.hardware import preset_for_device, when_a_job_ends
 from ficco_select.runtime.caches import BoundedCache
 from ficco_select.runtime.decision import Decision
@@ -96,6 +97,8 @@ class GroupContext:
         self.dma_comms: dict[str, PeerCopyComm | None] = {}
         """Device -> the dma comm (None: none could be built); its staging slots persist,
         its transfer counts match on every rank because every rank runs the same schedules."""
+        self.switch_comms: dict[str, SwitchComm | None] = {}
+        """Device -> the switch comm (None: none could be built), kept as the dma comms are."""
         self.host_group: dist.ProcessGroup | None = None
         """Where the debug mode's check runs (``ops._host_group``)."""
 
@@ -118,6 +121,10 @@ class GroupContext:
             if comm is not None:
                 comm.memory.close()
         self.dma_comms.clear()
+        for comm in self.switch_comms.values():
+            if comm is not None:
+                comm.close()
+        self.switch_comms.clear()
 
 
 @dataclasses.dataclass

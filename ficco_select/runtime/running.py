@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ficco_select.executor.comm import Comm, P2PComm
 from ficco_select.executor.operators import TOLERANCE, relative_error
 from ficco_select.executor.peer import CudaPeerMemory, HostPeerMemory, NcclComm, PeerCopyComm
+from ficco_select.executor.switch import CudaSwitchComm, HostSwitchComm
 from ficco_select.runtime.caches import BoundedCache
 from ficco_select.runtime.context import GroupContext, Plan, Runner, note
 from ficco_select.runtime.telemetry import Telemetry
@@ -36,30 +37,34 @@ HOST_SLOT_BYTES = 1 << 20
 
 # -- transports and the bound plan --------------------------------------------------------
 def comm_for(ctx: GroupContext, engine: str, group: dist.ProcessGroup, device: torch.device) -> Comm | None:
-    """The comm that moves `engine`'s bytes on `group`, or None where dma has no transport.
+    """The comm that moves `engine`'s bytes on `group`, or None where dma or switch has no transport.
 
-    Built once per group. A dma comm is built collectively (every rank runs the same
-    decision). Building it can fail where symmetric memory is not supported; the group then
-    runs dma schedules as their sm twins, with a warning, rather than fail the job.
+    Built once per group. A dma or switch comm is built collectively (every rank runs the
+    same decision). Building it can fail: symmetric memory not supported (dma), no multicast
+    (switch: ``CudaSwitchComm`` agrees on that across the ranks before its rendezvous); the
+    group then runs those schedules as their sm twins, with one warning, rather than fail
+    the job. On the cpu the switch's comm is its shared-memory stand-in (``HostSwitchComm``).
     """
     if engine == "sm":
         comm = ctx.sm_comms.get(device.type)
         if comm is None or comm.group is not group:  # new, or a group re-made under the same name
             comm = ctx.sm_comms[device.type] = NcclComm(group) if device.type == "cuda" else P2PComm(group)
         return comm
+    comms = ctx.switch_comms if engine == "switch" else ctx.dma_comms
     key = str(device)
-    if key not in ctx.dma_comms:
+    if key not in comms:
         try:
-            if device.type == "cuda":
-                memory = CudaPeerMemory(group)
+            if engine == "switch":
+                comms[key] = CudaSwitchComm(group) if device.type == "cuda" else HostSwitchComm(group)
+            elif device.type == "cuda":
+                comms[key] = PeerCopyComm(CudaPeerMemory(group))
             else:
-                memory = HostPeerMemory(group, slot_bytes=HOST_SLOT_BYTES)
-            ctx.dma_comms[key] = PeerCopyComm(memory)
-        except Exception as e:  # noqa: BLE001 - any failure means: no copy-engine transport
-            log.warning("ficco-select: no dma transport on group %s (%s: %s); dma schedules run as "
-                        "their sm twins", group.group_name, type(e).__name__, e)
-            ctx.dma_comms[key] = None
-    return ctx.dma_comms[key]
+                comms[key] = PeerCopyComm(HostPeerMemory(group, slot_bytes=HOST_SLOT_BYTES))
+        except Exception as e:  # noqa: BLE001 - any failure means: no transport for this engine
+            log.warning("ficco-select: no %s transport on group %s (%s: %s); %s schedules run as "
+                        "their sm twins", engine, group.group_name, type(e).__name__, e, engine)
+            comms[key] = None
+    return comms[key]
 
 
 def _bind(plan: Plan, op_cls, ctx: GroupContext, group: dist.ProcessGroup, device: torch.device) -> Runner:
@@ -70,8 +75,9 @@ def _bind(plan: Plan, op_cls, ctx: GroupContext, group: dist.ProcessGroup, devic
     if comm is None:  # the decision as it really runs (telemetry records this schedule)
         schedule = dataclasses.replace(schedule, engine="sm")
         comm = comm_for(ctx, "sm", group, device)
+        wanted = decision.schedule
         decision = dataclasses.replace(decision, schedule=schedule,
-                                       reason=f"{decision.schedule.name} as its sm twin: no dma transport")
+                                       reason=f"{wanted.name} as its sm twin: no {wanted.engine} transport")
     operator = op_cls.template(plan.scenario, comm, device=device)
     plan.runner = Runner(schedule, comm, operator, dict(vars(operator)), decision)
     return plan.runner

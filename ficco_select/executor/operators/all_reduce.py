@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.operators.reduce_scatter import GemmReduceScatter
+from ficco_select.executor.switch import switch_steps
 from ficco_select.schedule import Schedule
 
 
@@ -56,6 +57,8 @@ class GemmAllReduce(GemmReduceScatter):
         return total
 
     def run(self, sch: Schedule) -> torch.Tensor:
+        if sch.engine == "switch":
+            return self._run_switch(sch, switch_steps(self.comm, self.scenario.op, sch))
         if sch.granularity == "none":  # the whole GEMM, then the whole all-reduce
             self.compute_alone()
             self.comm_alone()
@@ -82,3 +85,16 @@ class GemmAllReduce(GemmReduceScatter):
             return self.comm.start_all_gather(C3[r, lo:hi], [(C3[q, lo:hi], q) for q in peers], tag=d + j)
 
         self._run_a2a_m(d, per_step, after_step=all_gather)
+
+    def _run_switch(self, sch: Schedule, steps) -> torch.Tensor:
+        # none.switch: the whole GEMM, then the one-call multimem all-reduce of C. a2a along
+        # m: each step's P pieces (piece j of every block) all-reduced in one switch
+        # operation while step j+1's GEMMs run.
+        if sch.granularity == "none":
+            self.compute_alone()
+            steps.wait(steps.start_all_reduce([self.C], tag=0))
+        else:
+            C3 = self.C.view(self.P, self.mb, -1)
+            self._run_switch_m(sch.degree, sch.compute == "gemm_per_step", steps,
+                               lambda j, lo, hi: steps.start_all_reduce(list(C3[:, lo:hi]), tag=j))
+        return self.C

@@ -16,6 +16,7 @@ import torch
 
 from ficco_select.executor.comm import NullComm, P2PComm
 from ficco_select.executor.cuda import make_timer
+from ficco_select.executor.switch import switch_steps
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import Schedule
 
@@ -184,8 +185,13 @@ class CollectiveThenGemm(Operator):
     out: torch.Tensor
 
     def run(self, sch: Schedule) -> torch.Tensor:
+        if sch.engine == "switch":  # the a2a steps' all-gathers are the switch comm's multicasts
+            switch_steps(self.comm, self.scenario.op, sch)
         if sch.granularity == "none":  # the whole collective, then the whole GEMM
-            self.comm_alone()
+            if sch.engine == "switch":
+                self.comm.wait(self._start_whole_collective())  # one multicast of the whole shard
+            else:
+                self.comm_alone()
             self.compute_alone()
         elif sch.pattern == "ring":
             self._run_ring(sch.degree, per_step=sch.compute != "gemm_per_piece")

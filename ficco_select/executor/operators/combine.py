@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ficco_select.executor.operators.base import Operator, offsets, piece_bounds
+from ficco_select.executor.switch import switch_steps
 from ficco_select.schedule import Schedule
 
 
@@ -90,6 +91,8 @@ class GemmAllToAll(Operator):
         return out
 
     def run(self, sch: Schedule) -> torch.Tensor:
+        if sch.engine == "switch":
+            switch_steps(self.comm, self.scenario.op, sch)  # refuses: the switch has no all-to-all
         if sch.granularity == "none":  # the whole GEMM, then the whole all-to-all
             self.compute_alone()
             self._all_to_all()

@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from ficco_select.executor.comm import P2PComm
 from ficco_select.executor.operators.base import Operator, piece_bounds
+from ficco_select.executor.switch import switch_steps
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import Schedule, degrees
 
@@ -99,6 +100,8 @@ class GemmReduceScatter(Operator):
         return out
 
     def run(self, sch: Schedule) -> torch.Tensor:
+        if sch.engine == "switch":
+            return self._run_switch(sch, switch_steps(self.comm, self.scenario.op, sch))
         if sch.granularity == "none":  # the whole GEMM, then the whole collective
             self.compute_alone()
             self.comm_alone()
@@ -175,6 +178,39 @@ class GemmReduceScatter(Operator):
                 later += after_step(j, lo, hi)
             pending = nxt
         self.comm.wait(later)
+
+    def _run_switch(self, sch: Schedule, steps) -> torch.Tensor:
+        # none: the whole GEMM, then one reduce-scatter in the switch (block q of C is this
+        # rank's part for q; the sum lands in block r). a2a along m: each step's P pieces.
+        r, P = self.r, self.P
+        if sch.granularity == "none":
+            self.compute_alone()
+            blocks = [self.C[self.block(q)] for q in range(P)]
+            steps.wait(steps.start_reduce_scatter(blocks, blocks[r], tag=0))
+        else:
+            C3 = self.C.view(P, self.mb, -1)
+            self._run_switch_m(sch.degree, sch.compute == "gemm_per_step", steps,
+                               lambda j, lo, hi: steps.start_reduce_scatter(list(C3[:, lo:hi]), C3[r, lo:hi], tag=j))
+        return self.C[self.block(r)]
+
+    def _run_switch_m(self, d: int, per_step: bool, steps, start_step) -> None:
+        # Step j computes row piece j of every block, then start_step(j, lo, hi) hands those
+        # P pieces to the switch in one operation, reduced while step j+1's GEMMs run (they
+        # write other rows). One step in flight behind the GEMMs, as the sm a2a pattern.
+        P = self.P
+        pieces = piece_bounds(self.mb, d)
+        A3, C3 = self.A.view(P, self.mb, -1), self.C.view(P, self.mb, -1)
+        pending: list = []
+        for j, (lo, hi) in enumerate(pieces):
+            if per_step:
+                self.bmm(A3[:, lo:hi], self.W.expand(P, *self.W.shape), out=C3[:, lo:hi])
+            else:
+                for q in range(P):
+                    self._gemm(self.block(q, lo, hi))
+            works = start_step(j, lo, hi)
+            steps.wait(pending)
+            pending = works
+        steps.wait(pending)
 
     def _run_ring_n(self, d: int) -> torch.Tensor:
         # As _run_ring_m with column pieces: piece j of block b is parts[j][block b].
