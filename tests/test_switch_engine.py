@@ -21,6 +21,7 @@ import torch.distributed._symmetric_memory as symm_mem
 from ficco_select.executor import ranks
 from ficco_select.executor.comm import NullComm, P2PComm
 from ficco_select.executor.operators import TOLERANCE, build_operator, relative_error
+from ficco_select.executor.peer import EngineComm
 from ficco_select.executor.switch import HostSwitchComm, switch_steps
 from ficco_select.runtime import dispatch, running, torch_ops
 from ficco_select.scenario import Scenario
@@ -149,6 +150,17 @@ def check_point_to_point_refused(rank: int, P: int, tmp: str) -> None:
                                              r"got peers \[\] \(tag 5\)"):
             comm.start_all_gather(torch.ones(2), [], tag=5)
         assert switch_steps(NullComm(rank, P), "gemm_ar", parse("none.switch")).start_all_reduce([], 0) == []
+        # The measurement harness's comm of several engines runs the switch's steps under "switch".
+        engines = EngineComm({"sm": P2PComm(), "switch": comm})
+        for scenario, names in switch_cases(P, ("float32",)):
+            op = build_operator(scenario, engines, seed=1)
+            ref = op.reference()
+            engines.select("sm")
+            with pytest.raises(ValueError, match="the engine comm has engine 'sm' selected"):
+                op.run(parse(names[0]))
+            engines.select("switch")
+            op.poison()
+            assert relative_error(op.run(parse(names[0])), ref) <= TOLERANCE["float32"], (scenario.op, names[0])
     finally:
         comm.close()
 

@@ -129,11 +129,6 @@ class SwitchComm(Comm):
     def close(self) -> None:
         pass
 
-    @property
-    def memory(self) -> SwitchComm:
-        """What the runtime's context closes (``comm.memory.close()``, as for a dma comm)."""
-        return self
-
 
 # -- what an operator runs a switch schedule with ----------------------------------------------
 class _NullSwitch:
