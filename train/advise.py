@@ -14,6 +14,7 @@ Sources (each format's keys and flags are read from these files):
   is that function's ``ub_cfgs``, read with ``yaml.safe_load`` (``MEGATRON_SOURCE``).
 - vLLM's sequence-parallel and async-TP passes: ``VLLM_SOURCE`` (their last release).
 - torchtitan's async TP switch: ``TORCHTITAN_SOURCE``.
+- where a decision puts the collective in the NVSwitch (``*.switch``): ``advise_switch``.
 """
 
 from __future__ import annotations
