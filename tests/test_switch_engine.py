@@ -22,7 +22,7 @@ from ficco_select.executor import ranks
 from ficco_select.executor.comm import NullComm, P2PComm
 from ficco_select.executor.operators import TOLERANCE, build_operator, relative_error
 from ficco_select.executor.peer import EngineComm
-from ficco_select.executor.switch import HostSwitchComm, switch_steps
+from ficco_select.executor.switch import CudaSwitchComm, HostSwitchComm, switch_steps
 from ficco_select.runtime import dispatch, running, torch_ops
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import SWITCH_OPS, all_schedules, is_legal, parse
@@ -150,6 +150,8 @@ def check_point_to_point_refused(rank: int, P: int, tmp: str) -> None:
                                              r"got peers \[\] \(tag 5\)"):
             comm.start_all_gather(torch.ones(2), [], tag=5)
         assert switch_steps(NullComm(rank, P), "gemm_ar", parse("none.switch")).start_all_reduce([], 0) == []
+        with pytest.raises(ValueError, match=r"buffer_bytes: 16 is below 192 for 2 ranks"):
+            CudaSwitchComm(buffer_bytes=16)  # checked before any CUDA call
         # The measurement harness's comm of several engines runs the switch's steps under "switch".
         engines = EngineComm({"sm": P2PComm(), "switch": comm})
         for scenario, names in switch_cases(P, ("float32",)):
@@ -254,8 +256,6 @@ def _multicast_gpus() -> int:
 
 
 def check_cuda_schedules(rank: int, P: int, tmp: str) -> int:
-    from ficco_select.executor.switch import CudaSwitchComm
-
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", store=ranks.rendezvous(), rank=rank, world_size=P,
                             device_id=torch.device("cuda", rank))

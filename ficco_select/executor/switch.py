@@ -210,6 +210,9 @@ class CudaSwitchComm(SwitchComm):
 
         group = group or dist.group.WORLD
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        if buffer_bytes < (self.world_size + 1) * 4 * ALIGN:  # a chunk of 16 elements of every part, float32
+            raise ValueError(f"buffer_bytes: {buffer_bytes} is below {(self.world_size + 1) * 4 * ALIGN} "
+                             f"for {self.world_size} ranks")
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.group_name = group.group_name
         if not _agree(group, _SymmetricMemory.has_multicast_support(DeviceType.CUDA, self.device.index), self.device):
@@ -260,6 +263,9 @@ class CudaSwitchComm(SwitchComm):
         staged_dtype = dtype if dtype in self.REDUCED else torch.float32
         size = staged_dtype.itemsize
         per_chunk = (self.buffer_bytes // (len(segments) * size)) // ALIGN * ALIGN
+        if per_chunk < 1:
+            raise ValueError(f"buffer_bytes: {self.buffer_bytes} cannot hold {ALIGN} elements of each of "
+                             f"{len(segments)} segments of {staged_dtype}")
         chunks = _chunks(max(s.numel() for s in segments), per_chunk)
 
         def body():
