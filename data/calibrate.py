@@ -315,8 +315,10 @@ def recalibrate(spec: HardwareSpec, df: pd.DataFrame) -> HardwareSpec:
         restart = DMA_BW_RESTART * min(spec.link_bw_gbps, spec.dma_bw_gbps) / spec.dma_bw_gbps
         other, other_cost = _rescaled(dataclasses.replace(spec, compute_units=count), ok, {"dma_bw_gbps": restart})
         if other_cost < cost:
-            return other
-    return fitted
+            fitted = other
+    # What the rows fitted is measured now: the GPU do-no-harm rule trusts it (TRUST_TERMS).
+    refit = [f for f in (*RECALIBRATED, "compute_units") if getattr(fitted, f) != getattr(spec, f)]
+    return dataclasses.replace(fitted, provenance={**spec.provenance, **dict.fromkeys(refit, "measured")})
 
 
 def _rescaled(spec: HardwareSpec, ok: pd.DataFrame, start: dict[str, float] | None = None

@@ -38,7 +38,7 @@ from ficco_select.costs import GRANULARITY_CODES, OP_CODES, gemm_time, schedule_
 from ficco_select.costs import contended as _contended
 from ficco_select.hardware import HardwareSpec, load_hardware, machines
 from ficco_select.scenario import Scenario
-from ficco_select.schedule import TIE, candidates
+from ficco_select.schedule import TIE, engine_candidates
 from ficco_select.signatures import SIGNATURE_COLUMNS, SIGNATURE_GRANULARITIES, signature
 
 
@@ -56,7 +56,7 @@ def _schedule_table(op: str, P: int, extent_m: int, extent_n: int, dtype: str, e
     n = extent_n if op in ("gemm_rs", "gemm_ar") else extent_n * P
     probe = Scenario(group="probe", op=op, m=m, n=n, k=P, dtype=dtype, world_size=P, hardware="sim",
                      imbalance=1.0)
-    schedules = [c for c in candidates(probe, "sim") if c.engine in engines]
+    schedules = engine_candidates(probe, "sim", engines)
     return (np.array([c.name for c in schedules], dtype=object),
             np.array([c.granularity for c in schedules], dtype=object),
             np.array([c.degree for c in schedules], dtype=float),

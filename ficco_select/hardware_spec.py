@@ -31,7 +31,7 @@ def _field(unit: str, role: str, default: Any = dataclasses.MISSING, **bounds) -
     return dataclasses.field(default=default, metadata={"unit": unit, "role": role, **bounds})
 
 
-ROLES = ("label", "count", "peak", "topology", "rate", "latency", "fraction", "ceiling", "kind", "flag")
+ROLES = ("label", "count", "peak", "topology", "rate", "latency", "fraction", "ceiling", "kind", "flag", "provenance")
 """What a spec field is. The lists that treat fields alike derive from the roles
 (``fields_of``): validation, machine sampling (``ficco_select.data.machines``), recalibration
 (``ficco_select.data.calibrate.RECALIBRATED``), perturbation (``ficco_select.train.adapt.PERTURBED``) and the
@@ -44,7 +44,16 @@ A rate or latency with a default of 0 is a model term a spec may leave out: 0 tu
   trained machine. Machine sampling, perturbation and recalibration leave it as the spec
   says; the runtime's range check reads it, so a machine with one is not one the model saw.
 - ``kind``: one of ``KINDS``. ``flag``: true or false, what the machine has; machine sampling,
-  perturbation and recalibration leave it as the spec says."""
+  perturbation and recalibration leave it as the spec says.
+- ``provenance``: where each other field's number came from (``PROVENANCES``); not a number of
+  the machine: two specs that differ only in it are the same machine."""
+
+PROVENANCES = ("measured", "datasheet", "assumed")
+"""Where a spec's number came from: ``measured`` (fitted on measurements of this machine or its
+generation: published rows, a sweep, ``ficco adapt`` / ``ficco hardware bring-up``),
+``datasheet`` (the vendor's figure) or ``assumed`` (a guess, or another machine's number).
+The GPU do-no-harm rule trusts a decision only as far as the terms it rests on were measured
+(``ficco_select.runtime.no_harm.TRUST_TERMS``)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -136,6 +145,10 @@ class HardwareSpec:
     multicasts, GB/s: an all-reduce or reduce-scatter of S bytes per rank sends each rank's S
     once (the switch adds), an all-gather receives the P - 1 other shards (sent once,
     multicast). 0 on a machine without ``switch_reduce``."""
+    provenance: dict[str, str] = dataclasses.field(default_factory=dict, compare=False,
+                                                   metadata={"unit": "", "role": "provenance"})
+    """Field name -> where its number came from (``PROVENANCES``); a field it leaves out is
+    ``assumed``. The presets give every field's; a spec file may leave it out."""
     kind: str = _field("", "kind", "")
     """``gpu`` or ``cpu`` (``KINDS``): a GPU node, whose ranks are its devices, or the cpu
     backend's kind, whose ranks are processes time-sharing its cores (a shaped fabric's
@@ -158,6 +171,10 @@ class HardwareSpec:
         """The engines this machine has: ``sm`` always, ``dma`` with copy engines, ``switch``
         where the fabric reduces in the switch."""
         return ("sm", *(("dma",) if self.copy_engines > 0 else ()), *(("switch",) if self.switch_reduce else ()))
+
+    def source_of(self, field: str) -> str:
+        """Where `field`'s number came from: ``measured``, ``datasheet`` or ``assumed``."""
+        return self.provenance.get(field, "assumed")
 
     def beyond_devices(self, world_size: int) -> str | None:
         """The device-count rule: why `world_size` ranks are beyond this machine (a GPU spec
@@ -202,7 +219,8 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
     """Check every field of a spec mapping; HardwareError naming `where` and the field."""
     if not isinstance(spec, dict):
         raise HardwareError(f"{where}: a hardware spec is a mapping of fields, got {type(spec).__name__}")
-    spec = {**{f: v.default for f, v in _FIELDS.items() if v.default is not dataclasses.MISSING}, **spec}
+    spec = {**{f: v.default for f, v in _FIELDS.items() if v.default is not dataclasses.MISSING},
+            "provenance": {}, **spec}
     missing = [f for f in _FIELDS if f not in spec]
     if missing:
         raise HardwareError(f"{where}: field '{missing[0]}' is missing")
@@ -249,6 +267,15 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
         # number of a machine without copy engines (a dataset stores them all the same).
         may_be_off = _FIELDS[f].default == 0 or (f.startswith("dma_") and not spec["copy_engines"])
         number(f, spec[f], low_open=not may_be_off, high=LARGEST[_FIELDS[f].metadata["role"]], high_open=False)
+    provenance = spec["provenance"]
+    if not isinstance(provenance, dict):
+        raise HardwareError(f"{where}: field 'provenance' must map fields to one of {', '.join(PROVENANCES)}, "
+                            f"got {type(provenance).__name__}")
+    for f, source in provenance.items():
+        if f not in _FIELDS or f in ("name", "description", "provenance"):
+            raise HardwareError(f"{where}: field 'provenance.{f}': not a number of the spec")
+        if source not in PROVENANCES:
+            raise HardwareError(f"{where}: field 'provenance.{f}' must be one of {', '.join(PROVENANCES)}, got {source!r}")
     for f in fields_of("flag"):
         if not isinstance(spec[f], bool):
             raise HardwareError(f"{where}: field '{f}' must be true or false, got {spec[f]!r}")
@@ -259,7 +286,7 @@ def spec_from_dict(spec: Any, where: str) -> HardwareSpec:
         meta = _FIELDS[f].metadata
         number(f, spec[f], low=meta.get("low", 0.0), high=meta.get("high", math.inf),
                low_open=meta.get("low_open", True), high_open=meta.get("high_open", True))
-    return HardwareSpec(**{**spec, "name": spec["name"].strip(),
+    return HardwareSpec(**{**spec, "name": spec["name"].strip(), "provenance": dict(provenance),
                            "peak_tflops": {k: float(v) for k, v in spec["peak_tflops"].items()}})
 
 

@@ -284,7 +284,8 @@ def all_schedules(world_size: int, engines: tuple[str, ...] = ENGINES) -> list[S
 def candidates(scenario: Scenario, backend: str, spec: HardwareSpec | None = None) -> list[Schedule]:
     """Legal schedules of `scenario` on `backend`, baseline first; [] if it cannot run. With
     `spec`, only its engines' (``engines_on``): a GPU without copy engines has no ``dma``
-    schedule, one whose fabric does not reduce in the switch no ``switch`` schedule."""
+    schedule, one whose fabric does not reduce in the switch no ``switch`` schedule; without,
+    the backend's engines but the switch."""
     return list(legal_candidates(scenario, backend, spec))
 
 
@@ -296,12 +297,19 @@ def legal_candidates(scenario: Scenario, backend: str, spec: HardwareSpec | None
     ``extent < degree``; clipped at the largest degree, every such comparison is unchanged.
     A new key enumerates with ``is_legal`` itself, on the scenario at hand.
     """
+    if backend not in BACKENDS:
+        return ()
+    # Without a spec, no switch: only a fabric that says so reduces in the switch.
+    engines = tuple(e for e in BACKENDS[backend].engines if e != "switch") if spec is None else engines_on(backend, spec)
+    return engine_candidates(scenario, backend, engines)
+
+
+def engine_candidates(scenario: Scenario, backend: str, engines: tuple[str, ...]) -> tuple[Schedule, ...]:
+    """The legal schedules of `scenario` on `backend` that run on `engines`, cached (the
+    simulator's path: it knows its machine's engines, not always its spec)."""
     P = scenario.world_size
     top = _max_degree(P)
     op = scenario.op
-    if backend not in BACKENDS:
-        return ()
-    engines = BACKENDS[backend].engines if spec is None else engines_on(backend, spec)
     key = (op, P, scenario.dtype, backend, min(scenario.m // P, top),
            min(scenario.n, top) if op in ("gemm_rs", "gemm_ar") else 0, engines)
     legal = _LEGAL.get(key)

@@ -53,7 +53,7 @@ def model_folder(request, tmp_path_factory):
         hws[name] = load_hardware(name)
         for r in catalog("full", hardware=name)[::4]:
             s = Scenario.from_record(r)
-            for c in candidates(s, backend_for(hws[name])):
+            for c in candidates(s, backend_for(hws[name]), hws[name]):
                 recs.append(s.as_record())
                 scheds.append(c)
     X = pair_features(recs, scheds, hws)

@@ -31,6 +31,7 @@ ACCEPTED = {
     ("coll_bw_gbps", "zero"): "off: the baseline's collective is modelled by sm transfers",
     ("step_sync_us", "zero"): "a model term left out (default 0): off",
     ("overlap_call_us", "zero"): "a model term left out (default 0): off",
+    ("switch_latency_us", "zero"): "a model term left out (default 0): off",
 }
 """(field, value) a spec may hold, and why (``ficco_select.hardware.HardwareSpec``'s field docs)."""
 

@@ -33,7 +33,8 @@ FULL = {  # every optional field, as ``to_meta`` writes it (sorted lists, defaul
                    "range_slack": {"gpu": {"m": 2.0, "n": 1.5}},
                    "by_reason": {"shape_range": {"gpu": "cost_model", "any": "shard.ring.sm"},
                                  "unseen_machine": {"cpu": "baseline"}}},
-    "gpu_no_harm": {"split_us": 1000.0, "small_margin": 0.175, "large_margin": 0.0083, "measured": ["h100-nvswitch"]},
+    "gpu_no_harm": {"split_us": 1000.0, "small_margin": 0.175, "large_margin": 0.0083, "unfitted_margin": 0.66,
+                    "measured": ["h100-nvswitch"]},
 }
 LEAST = {"rules_version": RULES_VERSION, "feature_schema_hash": HASH, "selector": "xgb-regressor",
          "training_ranges": {}}
@@ -179,7 +180,8 @@ def test_the_evidence_holds_what_the_runtime_never_reads(trained):
     assert "by_reason" in meta["abstention"] and "by_reason" not in meta["unseen_hardware"]  # the one copy
     for key in ("dataset_digest", "ficco_version", "feature_schema_version", "feature_names", "target"):
         assert key not in selector and evidence[key] == meta[key]
-    assert set(evidence["gpu_no_harm"]) == {"quantile", "points", "points_small", "points_large", "fitted_on"}
+    assert set(evidence["gpu_no_harm"]) == {"quantile", "points", "points_small", "points_large", "worst_error",
+                                            "fitted_on"}
     assert "validation" not in json.dumps(selector) and "~" not in json.dumps(selector.get("hardware_specs", {}))
     assert evidence["abstention"]["validation_scenarios"] > 0 and evidence["sampled_machines"]
     assert evidence["mlflow_run_id"] == selector["mlflow_run_id"] == "run-1"  # names the export in both
@@ -207,7 +209,7 @@ def largest(selector: dict) -> dict:
         for kind in MACHINE_KINDS}}
     doc["unseen_dtype"] = {"dtype_bytes": [1, 4], "peak_tflops": dict.fromkeys(MACHINE_KINDS, span)}
     doc["gpu_no_harm"] = {"split_us": 1000 + number, "small_margin": number, "large_margin": number,
-                          "measured": ["h100-nvswitch", "mi300x-8"]}
+                          "unfitted_margin": 2 * number, "measured": ["h100-nvswitch", "mi300x-8"]}
     return Scope.from_meta(doc).to_meta()
 
 

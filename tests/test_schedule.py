@@ -5,8 +5,9 @@ import itertools
 import pytest
 
 from ficco_select import Scenario, ScheduleError, candidates, parse
+from ficco_select.hardware import load_hardware
 from ficco_select.schedule import (BACKENDS, BASELINE, SHARD, Schedule, all_schedules, backend_problem, degrees,
-                                   is_legal)
+                                   engines_on, is_legal)
 
 
 @pytest.mark.parametrize("P", range(2, 9))
@@ -73,11 +74,14 @@ def test_legality_rules():
 
 
 # -- the cached candidate lists equal the uncached enumeration -------------------------------
-def enumerate_candidates(s, backend):
-    """``candidates`` as it was before its cache: ``is_legal`` on every schedule of the space."""
+def enumerate_candidates(s, backend, spec=None):
+    """``candidates`` as it was before its cache: ``is_legal`` on every schedule of the space,
+    on the spec's engines (without one, every engine of the backend but the switch)."""
     if backend_problem(s, backend) is not None:
         return []
-    return [c for c in all_schedules(s.world_size, BACKENDS[backend].engines) if is_legal(c, s, backend)]
+    engines = engines_on(backend, spec) if spec is not None else tuple(e for e in BACKENDS[backend].engines
+                                                                        if e != "switch")
+    return [c for c in all_schedules(s.world_size, engines) if is_legal(c, s, backend)]
 
 
 def candidate_grid():
@@ -111,14 +115,17 @@ def test_candidates_equal_the_uncached_enumeration_on_a_grid(order, monkeypatch)
     grid = GRID[::-1] if order == "reversed" else random.Random(0).sample(GRID, len(GRID)) if order == "shuffled" \
         else GRID
     backends = (*BACKENDS, "tpu")  # an unknown backend: no candidates
+    specs = (None, load_hardware("h100-nvswitch"), load_hardware("a100-nvswitch"))  # with and without the switch
     seen = set()
     for s in grid:
-        for backend in backends:
-            got = candidates(s, backend)
-            want = enumerate_candidates(s, backend)
-            assert got == want, f"{s} on {backend}"
+        for backend, spec in itertools.product(backends, specs):
+            if backend == "tpu" and spec is not None:
+                continue
+            got = candidates(s, backend, spec)
+            want = enumerate_candidates(s, backend, spec)
+            assert got == want, f"{s} on {backend}, {spec and spec.name}"
             assert [c.name for c in got] == [c.name for c in want]  # the same order, by name
-            assert schedule_module.legal_candidates(s, backend) == tuple(want)
+            assert schedule_module.legal_candidates(s, backend, spec) == tuple(want)
             seen.add(len(want))
     assert 0 in seen and len(seen) > 10, "the grid must reach empty, tiny and full candidate lists"
 
@@ -128,3 +135,26 @@ def test_candidates_returns_a_fresh_list_each_call():
     first = candidates(s, "sim")
     first.clear()
     assert candidates(s, "sim") == enumerate_candidates(s, "sim") != []
+
+
+# -- the switch engine ----------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["shard.ring.switch", "ficco.d2.ring.gemm_per_step.m.switch",
+                                  "ficco.d2.a2a.gemm_per_piece.n.switch"])
+def test_the_switch_has_no_ring_and_no_column_pieces(name):
+    with pytest.raises(ScheduleError, match="engine 'switch' reaches every peer at once"):
+        parse(name)
+
+
+def test_the_switch_runs_where_the_fabric_reduces_in_it_and_only_the_collectives_it_can_carry():
+    h100, a100 = load_hardware("h100-nvswitch"), load_hardware("a100-nvswitch")
+    for op in ("ag_gemm", "gemm_rs", "gemm_ar", "a2a_gemm", "gemm_a2a"):
+        s = scenario(op=op, P=4, m=256, imbalance=1.5 if op in ("a2a_gemm", "gemm_a2a") else 1.0)
+        on_h100 = [c.name for c in candidates(s, "sim", h100) if c.engine == "switch"]
+        carries = op in ("ag_gemm", "gemm_rs", "gemm_ar")
+        assert bool(on_h100) == carries, (op, on_h100)
+        if carries:
+            assert on_h100[0] == "none.switch" and all(".a2a." in n and ".m." in n for n in on_h100[1:])
+        assert not [c for c in candidates(s, "sim", a100) if c.engine == "switch"]  # no SHARP on A100
+        assert not [c for c in candidates(s, "sim") if c.engine == "switch"]  # no spec: no switch
+    assert [parse(n).name for n in ("none.switch", "ficco.d4.a2a.gemm_per_step.m.switch")] == \
+        ["none.switch", "ficco.d4.a2a.gemm_per_step.m.switch"]

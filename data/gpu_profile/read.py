@@ -337,6 +337,7 @@ def profiled_spec(profile: GpuProfile, base: HardwareSpec, *, name: str | None =
     """(the base spec with the profile's overrides, validated; the overrides applied)."""
     overrides = spec_overrides(profile, base)
     fields = {**spec_as_dict(base), **overrides,
+              "provenance": {**base.provenance, **dict.fromkeys(overrides, "measured")},
               "name": name or f"{base.name}-profiled",
               "description": description or f"{base.description}; primitives measured on one "
                                             f"{profile.device_name} ({profile.source})"}

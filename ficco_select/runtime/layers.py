@@ -43,6 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ficco_select.hardware_spec import HardwareSpec
 from ficco_select.runtime.caches import BoundedCache
 from ficco_select.runtime.decision import Decision
 from ficco_select.runtime.trees import read_json
@@ -242,6 +243,8 @@ class LayerDecider:
     backend: str
     decide_points: Callable[[Sequence[int]], list[Decision]]
     judge: Callable[[Sequence[int], Sequence[Decision]], list[Decision]]
+    spec: HardwareSpec | None = None
+    """The machine: its engines bound the legal decisions (a switch schedule where the fabric reduces in the switch)."""
 
 
 def read_tables(folder: str | Path,
@@ -276,7 +279,7 @@ def read_tables(folder: str | Path,
         if decider is None:
             raise ValueError(f"{at}: hardware {layer.hardware!r} is not a machine this export knows (a shipped "
                              "machine or one of its hardware_specs)")
-        _check_legal(layer, grid, decisions, decider.backend, at)
+        _check_legal(layer, grid, decisions, decider.backend, at, decider.spec)
         for m, given, judged in zip(grid, decisions, decider.judge(grid, decisions)):
             if judged is not given:
                 raise ValueError(f"{at}: m={m}: the GPU do-no-harm rule refuses this pick ({judged.reason})")
@@ -338,12 +341,12 @@ def _read_decision(row, at: str) -> Decision:
 
 
 def _check_legal(layer: Scenario, grid: tuple[int, ...], decisions: tuple[Decision, ...], backend: str,
-                 at: str) -> None:
+                 at: str, spec: HardwareSpec | None = None) -> None:
     """ValueError naming `at` and the point whose decision the layer cannot run."""
     for m, decision in zip(grid, decisions):
         try:
             scenario = dataclasses.replace(layer, m=m)
         except Exception as e:  # noqa: BLE001 - a layer no scenario can have
             raise ValueError(f"{at}: m={m}: not a valid scenario of the layer ({e})") from None
-        if decision.schedule not in legal_candidates(scenario, backend):
+        if decision.schedule not in legal_candidates(scenario, backend, spec):
             raise ValueError(f"{at}: m={m}: {decision.schedule.name} is not a legal schedule of this layer")

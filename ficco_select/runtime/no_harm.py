@@ -15,6 +15,12 @@ leaves them alone, and so it does a GPU machine whose own measured rows the mode
 trained on (``measured``: a cuda sweep or ``ficco adapt``), where the truth is that
 machine's, not the residuals of other GPUs.
 
+Trust follows provenance. A spec says where each number came from (``HardwareSpec.provenance``:
+measured, data sheet, assumed). A pick that replaces the baseline (an overlap, or the
+collective in the switch) rests on the terms ``TRUST_TERMS`` names for it; where any of them
+was not measured, the pick must clear ``unfitted_margin`` instead, a margin as wide as the
+simulator's worst error on a generation whose terms were fitted (``ficco_select.data.no_harm``).
+
 Plain Python + NumPy (``ficco_select.costs``): the runtime path.
 """
 
@@ -51,6 +57,9 @@ class NoHarmRule:
     """The same, at or above ``split_us``."""
     measured: frozenset[str] = frozenset()
     """GPU machines whose own measured rows the model was trained on: the rule steps aside there."""
+    unfitted_margin: float = 0.0
+    """Log-gain a pick must exceed where a term it rests on was not measured (``TRUST_TERMS``);
+    0: the regime's margin alone (an export fitted before provenance was read)."""
 
     def margin(self, baseline_us: float) -> float:
         return self.small_margin if baseline_us < self.split_us else self.large_margin
@@ -62,8 +71,9 @@ class NoHarmRule:
         if not isinstance(rule, dict):
             raise ValueError(f"{at}' must be an object, got {rule!r}")
         values = {}
-        for name, high in (("split_us", math.inf), ("small_margin", MAX_MARGIN), ("large_margin", MAX_MARGIN)):
-            value = rule.get(name)
+        for name, high in (("split_us", math.inf), ("small_margin", MAX_MARGIN), ("large_margin", MAX_MARGIN),
+                           ("unfitted_margin", MAX_MARGIN)):
+            value = rule.get(name, 0.0 if name == "unfitted_margin" else None)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or not 0 <= value <= high:
                 within = ">= 0" if high == math.inf else f"in [0, {high:.4g}] (a log gain: at most x{math.exp(high):g})"
@@ -73,6 +83,35 @@ class NoHarmRule:
         if not isinstance(measured, list) or not all(isinstance(m, str) for m in measured):
             raise ValueError(f"{at}.measured' must be a list of machine names, got {measured!r}")
         return cls(**values, measured=frozenset(measured))
+
+
+TRUST_TERMS: dict[str, tuple[str, ...]] = {
+    "baseline": ("gemm_efficiency", "coll_latency_us", "coll_bw_gbps"),
+    "overlap": ("overlap_efficiency", "overlap_call_us"),
+    "dma": ("dma_bw_gbps",),
+    "switch": ("switch_bw_gbps", "switch_latency_us"),
+}
+"""The spec terms a pick's predicted gain rests on: every pick is read against the serial
+baseline (the GEMM's efficiency and the collective library's terms); an overlapped schedule
+also on the overlap's realized fraction and per-call cost (fitted only where overlap points
+were measured); a copy-engine or switch schedule on its engine's own terms. The link rate
+and the ``sm`` transfer's terms are left out: every GPU's are a data sheet's or assumed, and
+the overlap points that fitted the margins ran over them."""
+
+
+def untrusted_terms(hw: HardwareSpec, schedule: Schedule) -> tuple[str, ...]:
+    """The terms of ``TRUST_TERMS`` that `schedule`'s gain on `hw` rests on and that were not measured."""
+    terms = TRUST_TERMS["baseline"]
+    if not schedule.is_baseline:
+        terms += TRUST_TERMS["overlap"]
+    terms += TRUST_TERMS.get(schedule.engine, ())
+    return tuple(f for f in terms if hw.source_of(f) != "measured")
+
+
+def replaces_baseline(schedule: Schedule) -> bool:
+    """Whether the rule judges `schedule`: an overlap, or the whole collective in the switch
+    (a collective no measurement here ran)."""
+    return not schedule.is_baseline or schedule.engine == "switch"
 
 
 def predicted_gains(scenarios: Sequence[Scenario], hw: HardwareSpec,
@@ -126,8 +165,17 @@ def verdicts(rule: NoHarmRule, scenarios: Sequence[Scenario], hw: HardwareSpec,
     out = []
     for schedule, base, gain in zip(schedules, baseline_us, gains):
         margin = rule.margin(float(base))
+        untrusted = untrusted_terms(hw, schedule) if rule.unfitted_margin > margin else ()
+        if untrusted:
+            margin = rule.unfitted_margin
         if math.isfinite(gain) and gain > 0 and math.log(gain) > margin:
             out.append("")
+            continue
+        if untrusted:
+            sources = ", ".join(f"{f} ({hw.source_of(f)})" for f in untrusted)
+            out.append(f"predicted gain {gain:.3f} of {schedule.name} rests on terms no measurement fitted on "
+                       f"{hw.name}: {sources}; it must exceed x{_times(margin)}, the simulator's worst error "
+                       "where terms were fitted: the baseline does no harm")
             continue
         regime = "below" if base < rule.split_us else "at or above"
         out.append(f"predicted gain {gain:.3f} of {schedule.name} within the simulator's published error "
@@ -147,33 +195,6 @@ def refused(decision: Decision, why: str) -> Decision:
     form the direct path and the layer tables give."""
     return Decision(BASELINE, "fallback", 0.0, f"{decision.reason}; {why}" if decision.reason else why,
                     decision.abstained or "no_harm")
-
-
-@dataclasses.dataclass(frozen=True)
-class TableGuard:
-    """The rule over one layer's table (``runtime/layers.py``): between two grid points a table
-    answers the lower point's pick, made at another m, and the rule's verdict moves with m
-    (wave quantization, fixed costs), so the pick is judged again at the m asked."""
-
-    rule: NoHarmRule
-    hw: HardwareSpec
-    layer: Scenario
-    """The layer at any m."""
-
-    def at(self, m: int, decision: Decision) -> Decision:
-        """`decision` (an overlap pick made at another m) if the rule lets it stand at `m`, else the baseline."""
-        (why,) = verdicts(self.rule, [dataclasses.replace(self.layer, m=m)], self.hw, [decision.schedule])
-        return refused(decision, why) if why else decision
-
-    def refusals(self, ms: Sequence[int], decisions: Sequence[Decision]) -> list[tuple[int, str]]:
-        """(m, why) for each overlap pick of `decisions` (one per m of `ms`) that the rule refuses
-        at its own m, in one vectorized check: a precompiled table's points, checked at load."""
-        at = [i for i, d in enumerate(decisions) if not d.schedule.is_baseline]
-        if not at:
-            return []
-        whys = verdicts(self.rule, [dataclasses.replace(self.layer, m=ms[i]) for i in at], self.hw,
-                        [decisions[i].schedule for i in at])
-        return [(ms[i], why) for i, why in zip(at, whys) if why]
 
 
 def holds(rule: NoHarmRule, s: Scenario, hw: HardwareSpec, schedule: Schedule) -> tuple[bool, str]:

@@ -33,7 +33,7 @@ from ficco_select.hardware import HardwareSpec, load_hardware, shipped_names
 from ficco_select.runtime.abstention import abstention_reason, reason_fallback, unseen_note
 from ficco_select.runtime.decision import Decision, margin_rule, pick_with_margin
 from ficco_select.runtime.fallbacks import heuristic, names_of, run_fallback
-from ficco_select.runtime.no_harm import refused, verdicts
+from ficco_select.runtime.no_harm import refused, replaces_baseline, verdicts
 from ficco_select.runtime.scope import Scope
 from ficco_select.runtime.trees import TreeEnsemble
 from ficco_select.scenario import Scenario
@@ -75,7 +75,7 @@ def no_harm(rules: Scope, decisions: list[Decision], scenarios: Sequence[Scenari
     rule = rules.gpu_no_harm
     if rule is None or hw.kind != "gpu" or measured(rules, hw):
         return decisions
-    at = [i for i, d in enumerate(decisions) if not d.schedule.is_baseline]
+    at = [i for i, d in enumerate(decisions) if replaces_baseline(d.schedule)]
     if not at:
         return decisions
     out = list(decisions)

@@ -62,6 +62,7 @@ RULE_FIELDS = (
     "abstention.by_op.*.min_margin", "abstention.by_op.*.fallback",
     "abstention.range_slack.*.*", "abstention.by_reason.*.*",
     "gpu_no_harm.split_us", "gpu_no_harm.small_margin", "gpu_no_harm.large_margin", "gpu_no_harm.measured",
+    "gpu_no_harm.unfitted_margin",
 )
 """Every field of ``selector.json`` the runtime reads, as dotted paths (``*``: any key; a
 list, and a machine of ``hardware_specs``, is one field). ``to_meta`` writes these and no
@@ -226,6 +227,7 @@ class Scope:
         if (rule := self.gpu_no_harm) is not None:
             doc["gpu_no_harm"] = {"split_us": rule.split_us, "small_margin": rule.small_margin,
                                   "large_margin": rule.large_margin,
+                                  **({"unfitted_margin": rule.unfitted_margin} if rule.unfitted_margin else {}),
                                   **({"measured": sorted(rule.measured)} if rule.measured else {})}
         return doc
 

@@ -274,7 +274,7 @@ class Selector:
             return None
         return LayerDecider(backend_for(hw.kind), functools.partial(self._decide_points, layer, hw),
                             lambda ms, decisions: policy.no_harm(
-                                self.rules, list(decisions), [dataclasses.replace(layer, m=m) for m in ms], hw))
+                                self.rules, list(decisions), [dataclasses.replace(layer, m=m) for m in ms], hw), hw)
 
     def machine(self, hardware: str) -> HardwareSpec | None:
         """The machine `hardware` names for this selector (``_spec``), None (warned once) if none."""
