@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from ficco_select.hardware import HardwareSpec
 from ficco_select.runtime.decision import Decision
 from ficco_select.scenario import Scenario
-from ficco_select.schedule import Schedule, candidates, engines_on, parse
+from ficco_select.schedule import Schedule, candidates, parse
 
 TE_SOURCE = {"repo": "NVIDIA/TransformerEngine", "path": "transformer_engine/pytorch/module/base.py",
              "commit": "d0067d0da6cb01811b8072a7d304f0e00344ce2b", "function": "initialize_ub"}
@@ -286,10 +286,9 @@ Pick = Callable[[Scenario], Schedule]
 
 def te_choices(scenario: Scenario, spec: HardwareSpec) -> list[Schedule]:
     """The overlapped schedules TE runs as they are (``te_entry`` loses nothing) for `scenario`
-    on `spec` (copy-engine ones only on a machine that has copy engines)."""
-    engines = engines_on("sim", spec)
-    return [c for c in candidates(scenario, "sim")  # every backend's schedules, fp8 included
-            if not c.is_baseline and c.engine in engines and te_entry(scenario.op, c, scenario.world_size)[1] == ""]
+    on `spec` (its engines only: copy engines, the switch where the machine has them)."""
+    return [c for c in candidates(scenario, "sim", spec)  # every backend's schedules, fp8 included
+            if not c.is_baseline and te_entry(scenario.op, c, scenario.world_size)[1] == ""]
 
 
 def cost_model_pick(spec: HardwareSpec) -> Pick:
