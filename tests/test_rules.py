@@ -180,7 +180,7 @@ def test_the_evidence_holds_what_the_runtime_never_reads(trained):
     assert "by_reason" in meta["abstention"] and "by_reason" not in meta["unseen_hardware"]  # the one copy
     for key in ("dataset_digest", "ficco_version", "feature_schema_version", "feature_names", "target"):
         assert key not in selector and evidence[key] == meta[key]
-    assert set(evidence["gpu_no_harm"]) == {"quantile", "points", "points_small", "points_large", "worst_error",
+    assert set(evidence["gpu_no_harm"]) == {"quantile", "points", "points_small", "points_large", "worst_machine",
                                             "fitted_on"}
     assert "validation" not in json.dumps(selector) and "~" not in json.dumps(selector.get("hardware_specs", {}))
     assert evidence["abstention"]["validation_scenarios"] > 0 and evidence["sampled_machines"]

@@ -9,7 +9,7 @@ import math
 import pytest
 import yaml
 
-from ficco_select.data.no_harm import fit_no_harm, worst_error
+from ficco_select.data.no_harm import fit_no_harm, residuals, worst_machine
 from ficco_select.data.published import packaged
 from ficco_select.hardware import (HardwareError, datasheet_names, fields_of, load_hardware,
                                    preset_names)
@@ -95,7 +95,7 @@ def test_an_overlap_on_measured_terms_clears_the_regime_margin_and_on_assumed_on
     # The same machine, its copy-engine rate taken from a data sheet: the pick no longer stands.
     sheet = dataclasses.replace(h100, provenance={**h100.provenance, "dma_bw_gbps": "datasheet"})
     (why,) = verdicts(RULE, [s], sheet, [schedule])
-    assert "dma_bw_gbps (datasheet)" in why and "x2.014" in why, why
+    assert "dma_bw_gbps (datasheet)" in why and "x2.014" in why, why  # exp(0.7)
     # An export fitted before provenance was read (no unfitted margin) keeps the regime's margin.
     old = dataclasses.replace(RULE, unfitted_margin=0.0)
     assert verdicts(old, [s], sheet, [schedule]) == [""]
@@ -117,10 +117,17 @@ def test_the_collective_in_the_switch_replaces_the_baseline_only_past_the_wider_
     assert math.log(gain) > RULE.small_margin and decided.schedule == switch
 
 
-def test_the_wider_margin_is_the_regime_margin_plus_the_worst_error_where_terms_were_fitted():
+def test_the_wider_margin_is_the_worst_machine_s_over_promise_at_every_size():
     fit = fit_no_harm()
-    worst = worst_error(packaged())
-    assert worst["points"] >= 4 and worst["ape"] > 0
-    assert fit["unfitted_margin"] == pytest.approx(
-        max(fit["small_margin"], fit["large_margin"]) + math.log1p(worst["ape"]), abs=1e-4)
-    assert fit["unfitted_margin"] > max(fit["small_margin"], fit["large_margin"])
+    worst = worst_machine(residuals(packaged()))
+    assert worst["points"] >= 4 and worst["median_residual"] > fit["large_margin"]
+    assert fit["unfitted_margin"] == max(fit["small_margin"], fit["large_margin"], worst["median_residual"])
+    assert fit["worst_machine"] == worst
+
+
+def test_the_worst_machine_is_the_one_the_simulator_over_promises_most():
+    records = ([{"hardware": "a", "residual": r} for r in (0.1, 0.2, 0.3, 0.4)]
+               + [{"hardware": "b", "residual": r} for r in (-0.1, 0.5, 0.6, 0.7)]
+               + [{"hardware": "c", "residual": 2.0}] * 3)  # too few points to say
+    assert worst_machine(records) == {"hardware": "b", "median_residual": 0.55, "points": 4}
+    assert worst_machine([{"hardware": "a", "residual": -0.2}] * 5)["median_residual"] == 0.0  # under-promises
