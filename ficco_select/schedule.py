@@ -134,7 +134,9 @@ def parse(name: str) -> Schedule:
             return Schedule(granularity="none", engine=parts[1])
         if parts[0] == "shard" and len(parts) == 3 and parts[1] == "ring":
             return Schedule(granularity="shard", pattern="ring", engine=parts[2])
-        if parts[0] == "ficco" and len(parts) == 6 and parts[1].startswith("d") and parts[1][1:].isdigit():
+        # ASCII digits only: str.isdigit takes '³' (int() refuses it) and '٣' (a name that is not its schedule's)
+        if parts[0] == "ficco" and len(parts) == 6 and parts[1][:1] == "d" and parts[1][1:].isascii() \
+                and parts[1][1:].isdigit():
             return Schedule(granularity="ficco", degree=int(parts[1][1:]), pattern=parts[2],
                             compute=parts[3], split=parts[4], engine=parts[5])
     except ScheduleError as e:

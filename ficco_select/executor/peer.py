@@ -293,11 +293,34 @@ class _CudaLane:
 
 
 # -- host: shared-memory files and worker threads, to test the protocol on a CPU ---------------
+def shared_files(group: dist.ProcessGroup | None, prefix: str, size: int) -> list[torch.Tensor]:
+    """Every rank of `group`'s shared-memory file of `size` zeroed bytes, mapped here, in rank
+    order (collective). A rank unlinks its file as soon as it has made it, before any
+    collective, and its peers map it through the rank's open descriptor
+    (``/proc/<pid>/fd/<fd>``): a job that dies at any point, its ranks killed, leaves nothing
+    in /dev/shm."""
+    path = f"/dev/shm/{prefix}-{uuid.uuid4().hex}"
+    mine = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+    fd = os.open(path, os.O_RDWR)
+    os.unlink(path)
+    try:
+        mine.zero_()
+        where: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(where, f"/proc/{os.getpid()}/fd/{fd}", group=group)
+        rank = dist.get_rank(group)
+        maps = [mine if q == rank else torch.from_file(at, shared=True, size=size, dtype=torch.uint8)
+                for q, at in enumerate(where)]
+        dist.barrier(group=group)  # every peer has mapped this rank's file: its descriptor may close
+    finally:
+        os.close(fd)
+    return maps
+
+
 class HostPeerMemory(PeerMemory):
     """The same slots and signals in shared memory; a worker thread per (direction, peer)
     plays a stream: it runs its ops in order, spinning on signals as the GPU kernels do.
 
-    Collective over a gloo `group` (rank 0 names the files; every rank maps every rank's).
+    Collective over a gloo `group` (every rank maps every rank's file: ``shared_files``).
     """
 
     POLL_S = 20e-6
@@ -307,17 +330,9 @@ class HostPeerMemory(PeerMemory):
         _check_slots(slots, slot_bytes)
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         self.slots, self.slot_bytes, self.timeout_s = slots, slot_bytes, timeout_s
-        name = [f"ficco-peer-{uuid.uuid4().hex}" if self.rank == 0 else None]
-        dist.broadcast_object_list(name, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
         pad_ints = 4 * slots * self.world_size  # channel * P + src, as torch's signal pads
         self._size = self.buffer_bytes() + 4 * pad_ints
-        path = lambda q: f"/dev/shm/{name[0]}-{q}"  # noqa: E731
-        torch.from_file(path(self.rank), shared=True, size=self._size, dtype=torch.uint8).zero_()
-        dist.barrier(group=group)
-        maps = [torch.from_file(path(q), shared=True, size=self._size, dtype=torch.uint8)
-                for q in range(self.world_size)]
-        dist.barrier(group=group)
-        os.unlink(path(self.rank))  # the mappings stay; nothing is left in /dev/shm
+        maps = shared_files(group, "ficco-peer", self._size)
         pad_bytes = 4 * pad_ints  # the pads first: an int32 view needs an aligned offset
         self._pads = [m[:pad_bytes].view(torch.int32) for m in maps]
         self._buffers = [m[pad_bytes:] for m in maps]

@@ -37,11 +37,9 @@ Status: ``HostSwitchComm`` runs in the CPU tests; ``CudaSwitchComm`` has never r
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from ficco_select.executor.comm import Comm, NullComm, Transfer
-from ficco_select.executor.peer import EngineComm, PeerTimeout, byte_view
+from ficco_select.executor.peer import EngineComm, PeerTimeout, byte_view, shared_files
 from ficco_select.schedule import SWITCH_OPS, Schedule
 
 ALIGN = 16
@@ -300,7 +298,7 @@ class HostSwitchComm(SwitchComm):
     writes its contribution, raises WRITTEN, waits until every rank has written chunk i,
     reads all P slots (a multicast's pieces, or the rank-ordered sum), raises READ.
 
-    Collective over a gloo `group` (rank 0 names the files).
+    Collective over a gloo `group` (every rank maps every rank's file: ``peer.shared_files``).
     """
 
     POLL_S = 20e-6
@@ -313,21 +311,14 @@ class HostSwitchComm(SwitchComm):
             raise ValueError(f"slot_bytes: must be >= {ALIGN}, got {slot_bytes}")
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         self.slots, self.slot_bytes, self.timeout_s = slots, _round_up(slot_bytes, ALIGN), timeout_s
-        name = [f"ficco-switch-{uuid.uuid4().hex}" if self.rank == 0 else None]
-        dist.broadcast_object_list(name, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
         pad_bytes = 64  # the counters, then slots at an offset any dtype may view
-        size = pad_bytes + self.slots * self.slot_bytes
-        path = lambda q: f"/dev/shm/{name[0]}-{q}"  # noqa: E731
-        torch.from_file(path(self.rank), shared=True, size=size, dtype=torch.uint8).zero_()
-        dist.barrier(group=group)
-        maps = [torch.from_file(path(q), shared=True, size=size, dtype=torch.uint8) for q in range(self.world_size)]
-        dist.barrier(group=group)
-        os.unlink(path(self.rank))  # the mappings stay; nothing is left in /dev/shm
+        maps = shared_files(group, "ficco-switch", pad_bytes + self.slots * self.slot_bytes)
         self._pads = [m[:16].view(torch.int64) for m in maps]
         self._slots = [[m[pad_bytes + k * self.slot_bytes:pad_bytes + (k + 1) * self.slot_bytes]
                         for k in range(self.slots)] for m in maps]
         self._chunk = 0  # chunks posted so far (the same count on every rank)
         self.error: BaseException | None = None
+        self.closed = False
         self._lane: queue.Queue[tuple[Callable[[], None] | None, threading.Event | None] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._main, name=f"rank {self.rank}'s switch lane", daemon=True)
         self._thread.start()
@@ -343,7 +334,9 @@ class HostSwitchComm(SwitchComm):
         self._check()
 
     def close(self) -> None:
-        self._lane.put(None)
+        if not self.closed:
+            self.closed = True
+            self._lane.put(None)
         self._thread.join(timeout=5)
 
     def _check(self) -> None:
@@ -351,6 +344,8 @@ class HostSwitchComm(SwitchComm):
             raise self.error
 
     def _post_chunks(self, steps: list[tuple[Callable, Callable]]) -> list[threading.Event]:
+        if self.closed:  # its lane has ended: a step posted now would wait out the timeout
+            raise RuntimeError(f"rank {self.rank}: this switch comm is closed; make a new one")
         if not steps:
             return []
         for write, read in steps:
