@@ -282,9 +282,13 @@ def hardware_name(value: str) -> str:
 
 
 def _read_spec(path: Path) -> HardwareSpec:
-    if not path.exists():
+    try:
+        exists, is_file = path.exists(), path.is_file()
+    except OSError as e:  # a path the OS refuses to look up (too long, a component not a directory...)
+        raise HardwareError(f"{path}: cannot be read ({e.strerror})") from None
+    if not exists:
         raise HardwareError(f"{path}: no such hardware spec file")
-    if not path.is_file():
+    if not is_file:
         raise HardwareError(f"{path}: not a file (a hardware spec is a YAML file)")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
