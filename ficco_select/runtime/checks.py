@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 
 import torch
 import torch.distributed as dist
@@ -27,7 +26,6 @@ def described(t: torch.Tensor) -> str:
 
 SETTING_BYTES = 64
 """Room for one rank's check setting in the agreement on it (``agree_on_the_check``)."""
-_AGREEING = threading.Lock()
 
 
 def agree_on_the_check(group: dist.ProcessGroup) -> None:
@@ -38,7 +36,7 @@ def agree_on_the_check(group: dist.ProcessGroup) -> None:
     differ, every rank raises ValueError naming the setting and the ranks on either side
     (and agrees again at its next call)."""
     ctx = context(group)
-    with _AGREEING:  # the forward's and autograd's threads: one agreement per rank
+    with ctx.agreeing:  # the forward's and autograd's threads: one agreement per rank and group
         if ctx.check_agreed:
             return
         settings = ctx.settings
@@ -99,9 +97,6 @@ def _host_all_gather(group: dist.ProcessGroup, mine: str, size: int) -> torch.Te
     return every.view(-1, 1 + size)
 
 
-_HOST_GROUPS_LOCK = threading.Lock()
-
-
 def _host_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
     """Where the per-call check runs: `group` itself if it has a CPU backend, else a gloo
     group of the same ranks, made once, at the group's first call (every rank of it makes
@@ -110,7 +105,7 @@ def _host_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
     if torch.device("cpu") in group._device_types:
         return group
     ctx = context(group)
-    with _HOST_GROUPS_LOCK:
+    with ctx.agreeing:
         if ctx.host_group is None:
             ctx.host_group = dist.new_group(dist.get_process_group_ranks(group), backend="gloo",
                                             use_local_synchronization=True)

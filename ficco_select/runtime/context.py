@@ -10,7 +10,9 @@ where a call is watched (``Settings.watched``: telemetry, the debug mode or expl
 
 Contexts are found by the group's name, never the group object: holding ProcessGroup
 objects in a module global would keep gloo's threads alive until interpreter teardown,
-where they can abort the process.
+where they can abort the process. A context keeps a weak reference to its group: a group
+destroyed and re-made under the same name (its size or ranks may differ) gets a fresh
+context, its old one closed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -80,8 +83,10 @@ def runs_natively(decision: Decision) -> bool:
 class GroupContext:
     """One process group's runtime: its plans, its layers' tables, its transports."""
 
-    def __init__(self, name: str, settings: Settings) -> None:
+    def __init__(self, name: str, settings: Settings, group: dist.ProcessGroup | None = None) -> None:
         self.name = name
+        self.group = (lambda: None) if group is None else weakref.ref(group)
+        """The group this context was made for (weak: ``context`` tells a re-made group by it)."""
         self.settings = settings
         self.plans: BoundedCache[tuple, Plan] = BoundedCache(settings.cache_size)
         """Call shape key -> the rank-agreed plan."""
@@ -101,6 +106,10 @@ class GroupContext:
         """Device -> the switch comm (None: none could be built), kept as the dma comms are."""
         self.host_group: dist.ProcessGroup | None = None
         """Where the debug mode's check runs (``ops._host_group``)."""
+        self.agreeing = threading.RLock()
+        """Held while this group's ranks agree on the check or make its host group: per group,
+        since with one lock per process two threads' first calls on two groups wait on each
+        other across ranks (each rank's lock held by the other group's collective)."""
 
     def plan(self, key: tuple) -> Plan | None:
         """The cached plan of a call shape where nothing else applies (the call is not
@@ -146,11 +155,13 @@ _MAKING = threading.Lock()
 def context(group: dist.ProcessGroup) -> GroupContext:
     """`group`'s context, made at its first use."""
     ctx = _process.contexts.get(group.group_name)
-    if ctx is None:
+    if ctx is None or ctx.group() is not group:
         with _MAKING:
             ctx = _process.contexts.get(group.group_name)
-            if ctx is None:
-                ctx = _process.contexts[group.group_name] = GroupContext(group.group_name, _process.settings)
+            if ctx is None or ctx.group() is not group:
+                if ctx is not None:  # a group re-made under the name: its plans, tables, comms are the old one's
+                    ctx.close()
+                ctx = _process.contexts[group.group_name] = GroupContext(group.group_name, _process.settings, group)
     return ctx
 
 
