@@ -169,7 +169,9 @@ def test_training_writes_the_rules_as_the_runtime_reads_them(trained, tmp_path, 
     named = [h for h in rules["training_ranges"]["hardware"] if h not in sampled]
     assert Scope.from_meta(selector) == Scope.from_meta({**rules, "training_ranges": {
         **rules["training_ranges"], "hardware": named}})
-    assert {"abstention", "unseen_hardware", "gpu_no_harm", "hardware_specs"} <= set(selector)
+    # unseen_hardware is written where its fit leaves the default (the debug slice's may not):
+    # test_each_rule_field_is_read_by_the_runtime_and_written_back_as_read covers its fields.
+    assert {"abstention", "gpu_no_harm", "hardware_specs"} <= set(selector)
     paths = fields(selector)
     assert sorted(p for p in paths if not any(_matches(p, pattern) for pattern in RULE_FIELDS)) == []
     assert sorted(set(paths) - read_by_the_runtime(selector, tmp_path, monkeypatch)) == []

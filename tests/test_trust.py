@@ -41,6 +41,8 @@ def test_the_fitted_terms_of_the_trained_gpus_are_measured_and_the_copied_ones_a
     assert b300.source_of("dma_bw_gbps") == "assumed"  # H100's copy rate scaled by the link ratio
     assert b300.source_of("overlap_efficiency") == "assumed"  # no Blackwell overlap point fitted it
     assert load_hardware("cpu").source_of("sm_comm_latency_us") == "measured"  # calibrated on this machine
+    h800 = load_hardware("h800-nvswitch")  # Hopper: H100's fitted overlap terms, its own scaled copy rate
+    assert (h800.source_of("overlap_efficiency"), h800.source_of("dma_bw_gbps")) == ("measured", "assumed")
 
 
 @pytest.mark.parametrize("provenance, field", [({"dma_bw_gbps": "guessed"}, "provenance.dma_bw_gbps"),
