@@ -52,7 +52,7 @@ from ficco_select.hardware import (
     spec_from_dict,
 )
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario, ScenarioError
-from ficco_select.schedule import BACKENDS, ScheduleError, candidates, engines_on, hardware_problem, parse
+from ficco_select.schedule import BACKENDS, ScheduleError, engine_candidates, engines_on, hardware_problem, parse
 from ficco_select.signatures import SIGNATURE_COLUMNS
 
 SCHEMA_VERSION = 3
@@ -317,7 +317,7 @@ def validate(df: pd.DataFrame, *, max_problems: int = 50) -> list[str]:
         wrong_machine, engines = row_hardware_problem(scenario, backend)
         if wrong_machine and problem(f"row {first}, {wrong_machine}"):
             return problems
-        expected = {s.name for s in candidates(scenario, backend) if s.engine in engines}
+        expected = {s.name for s in engine_candidates(scenario, backend, engines)}
         for i, name in g["schedule"].items():
             try:
                 parse(name)

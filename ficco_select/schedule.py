@@ -212,8 +212,12 @@ def backend_for(kind: str, *, runs: bool = False) -> str:
 def engines_on(backend: str, spec: HardwareSpec) -> tuple[str, ...]:
     """Engines whose schedules `backend` has for a scenario on `spec`: on a GPU, ``dma`` only
     on a machine with copy engines and ``switch`` only where the spec's fabric reduces in the
-    switch (``switch_reduce``)."""
+    switch (``switch_reduce``). The cuda backend's measurements and exploration leave the
+    switch out: its executor path has never run on a GPU (a decision for it still runs, or
+    falls back to its sm twin: ``runtime.running.comm_for``)."""
     engines = BACKENDS[backend].engines
+    if backend == "cuda":
+        engines = tuple(e for e in engines if e != "switch")
     return tuple(e for e in engines if e in spec.engines) if backend in ("sim", "cuda") else engines
 
 

@@ -66,7 +66,7 @@ def test_the_schema_check_finds_what_te_refuses():
 def test_every_schedule_family_maps_to_a_te_method_and_back_where_te_runs_it(op, P):
     s = Scenario(group="g", op=op, m=8192, n=8192, k=8192, dtype="bfloat16", world_size=P, hardware="h100-nvswitch")
     seen, engines = set(), set()
-    for schedule in candidates(s, "cuda", H100):  # the machine's engines: its switch too
+    for schedule in candidates(s, "sim", H100):  # the machine's engines: its switch too
         engines.add(schedule.engine)
         entry, lost = A.te_entry(op, schedule, P)
         layer = "qkv_fprop" if op == "ag_gemm" else "proj_fprop"
@@ -77,7 +77,7 @@ def test_every_schedule_family_maps_to_a_te_method_and_back_where_te_runs_it(op,
         assert te_problems({layer: entry}) == [], schedule.name
         multicast = schedule.engine == "switch"  # userbuffers on a multicast GPU (UB_SKIPMC unset)
         ran = A.schedule_of_te(op, entry, P, multicast=multicast)
-        assert ran in candidates(s, "cuda", H100)  # what TE runs is a schedule ficco scores
+        assert ran in candidates(s, "sim", H100)  # what TE runs is a schedule ficco scores
         if schedule.granularity == "shard":  # TE runs the shard ring itself, on SMs or copy engines
             assert entry["method"] == "ring_exchange" and entry["use_ce"] == (schedule.engine == "dma")
             assert ran == schedule and lost == ""

@@ -40,7 +40,7 @@ def runtime(ok: pd.DataFrame) -> dict[str, tuple[Scenario, object, tuple]]:
         sid = rec.pop("scenario_id")
         s = Scenario.from_record(rec)
         hw = load_hardware(s.hardware)
-        out[sid] = (s, hw, legal_candidates(s, backend_for(hw)))
+        out[sid] = (s, hw, legal_candidates(s, backend_for(hw), hw))
     return out
 
 

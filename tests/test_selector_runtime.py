@@ -780,15 +780,17 @@ def test_a_miss_where_the_machine_is_unknown_does_not_stay_for_the_job_that_know
 def test_the_runtime_s_plans_and_tables_for_a_job_s_machine_go_with_the_job():
     # The torch ops keep a plan per call shape and a table per layer (dispatch): what they
     # decided for a job's machine goes when its block ends; the cpu's stays.
-    import types
-
     from ficco_select.hardware import machines
     from ficco_select.runtime import dispatch
     from ficco_select.runtime.decision import Decision
 
     dispatch.reset()
     job_call, cpu_call = Scenario.from_record(JOB_RECORD), Scenario.from_record({**JOB_RECORD, "hardware": "cpu"})
-    ctx = dispatch.context(types.SimpleNamespace(group_name="group"))  # a group's context, found by its name
+    class Group:  # a stand-in group: a context keeps a weak reference to its group
+        group_name = "group"
+
+    group = Group()
+    ctx = dispatch.context(group)  # a group's context, found by its name
     try:
         with machines([_job_machine()], "node-job.yaml"):
             for scenario in (job_call, cpu_call):

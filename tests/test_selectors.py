@@ -90,7 +90,7 @@ def test_heuristics_are_always_legal_and_follow_their_rules():
             s = Scenario(group="r", op=op, m=int(rng.integers(1, 512)) * P, n=int(rng.integers(1, 512)) * P,
                          k=int(rng.integers(1, 512)) * P, dtype="float32", world_size=P, hardware=hw_name,
                          imbalance=float(rng.uniform(1, P)) if op in ("a2a_gemm", "gemm_a2a") else 1.0)
-            assert choose(s, hw) in candidates(s, backend)
+            assert choose(s, hw) in candidates(s, backend, hw)
     mi300x = load_hardware("mi300x-8")
     # nothing to overlap with: a GEMM of 8 rows and a huge transfer -> baseline
     tiny = Scenario(group="t", op="ag_gemm", m=8, n=8, k=65536, dtype="bfloat16", world_size=8, hardware="mi300x-8")
@@ -108,7 +108,7 @@ def test_the_heuristic_runs_the_fastest_estimate_that_saves_enough():
         s = Scenario(group="t", op="gemm_rs", m=m, n=8192, k=8192, dtype="bfloat16", world_size=8, hardware="h100-nvswitch")
         est, families = estimates(s, h100), _families(s, h100, "sim")
         times = _estimated_times(s, h100, est, families, fill=1.0)
-        legal = [i for i, c in enumerate(families.schedules) if c in candidates(s, "sim")]
+        legal = [i for i, c in enumerate(families.schedules) if c in candidates(s, "sim", h100)]
         fastest = min(legal, key=lambda i: times[i])
         baseline = est["t_comp"] + est["t_comm"]
         for gain in (0.0, 0.2):

@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from ficco_select.scenario import SCENARIO_COLUMNS, Scenario
-from ficco_select.schedule import TIE, candidates
+from ficco_select.schedule import TIE, engine_candidates
 
 NEAR_OPT = 1 + TIE
 """A choice within this factor of the best is near-best (``near_opt_2``); the shipped policy's
@@ -103,7 +103,7 @@ def lacking_schedules(df: pd.DataFrame) -> dict[str, tuple[list[str], int]]:
         try:
             scenario = Scenario.from_record({c: record[c] for c in SCENARIO_COLUMNS})
             engines = row_hardware_problem(scenario, record["backend"])[1]
-            expected = [c.name for c in candidates(scenario, record["backend"]) if c.engine in engines]
+            expected = [c.name for c in engine_candidates(scenario, record["backend"], engines)]
         except (ValueError, KeyError):
             continue
         lacking = [name for name in expected if name not in have[record["scenario_id"]]]
