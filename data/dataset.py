@@ -343,7 +343,7 @@ def row_hardware_problem(s: Scenario, backend: str) -> tuple[str | None, tuple[s
         spec = load_hardware(s.hardware)
     except HardwareError:
         return (f"column 'hardware': unknown hardware {s.hardware!r}: not a preset, and the file carries no "
-                "spec for it", BACKENDS[backend].engines)
+                "spec for it", tuple(e for e in BACKENDS[backend].engines if e != "switch"))  # no spec: no switch
     return hardware_problem(s, backend, spec), engines_on(backend, spec)
 
 

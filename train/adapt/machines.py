@@ -272,16 +272,21 @@ def adapted_name(name: str, taken: Collection[str] = ()) -> str:
     return f"{name}-adapted" if name in shipped_names() or name in set(taken) else name
 
 
-MAKE_UP = ("name", "description", "devices", "topology", "copy_engines")
+MAKE_UP = ("name", "description", "devices", "topology", "copy_engines", "switch_reduce", "switch_bw_gbps",
+           "switch_latency_us")
 """What the adapted spec takes from the measured machine rather than from the spec it starts
-from: what the machine is (its devices, how they connect, its copy engines: the grid's world
-sizes and the schedules it can run), which no measurement refits
-(``ficco_select.data.calibrate.RECALIBRATED``); its numbers come from the start."""
+from: what the machine is (its devices, how they connect, its copy engines, whether its
+fabric reduces in the switch: the grid's world sizes and the schedules it can run), which no
+measurement refits (``ficco_select.data.calibrate.RECALIBRATED``), and the switch's terms with
+its flag (a start without a switch has none to give); the other numbers come from the start."""
 
 
 def started_from(start: HardwareSpec, machine: HardwareSpec, name: str) -> HardwareSpec:
-    """`start`'s numbers on `machine`'s make-up (``MAKE_UP``), named `name`."""
-    return dataclasses.replace(start, **{f: getattr(machine, f) for f in MAKE_UP if f != "name"}, name=name)
+    """`start`'s numbers on `machine`'s make-up (``MAKE_UP``), named `name`; each number says
+    where it came from as the spec that gave it does."""
+    provenance = {**start.provenance, **{f: machine.provenance[f] for f in MAKE_UP if f in machine.provenance}}
+    return dataclasses.replace(start, **{f: getattr(machine, f) for f in MAKE_UP if f != "name"}, name=name,
+                               provenance=provenance)
 
 
 def check_start(start: HardwareSpec, start_arg: str, machine: HardwareSpec, hardware: str) -> None:
