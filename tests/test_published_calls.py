@@ -1,7 +1,6 @@
 """The selector's calls on published GPU points (``ficco_select.data.published_calls``): each verdict on
 hand-made points whose picks are pinned, and the calls in `ficco sim validate --published`."""
 
-import csv
 import json
 from pathlib import Path
 
@@ -15,9 +14,7 @@ from ficco_select.runtime import selector as selector_module
 from ficco_select.runtime.decision import Decision
 from ficco_select.runtime.selector import Selector
 from ficco_select.schedule import parse
-
-REPO = Path(__file__).resolve().parents[1]
-VALIDATION = REPO / "data" / "published" / "validation.csv"
+from helpers.published import VALIDATION, write_table
 ASYNC_TP_RS = "torch.ops.symm_mem.fused_matmul_reduce_scatter (PyTorch async-TP)"
 ASYNC_TP_AG = "torch.ops.symm_mem.fused_all_gather_matmul (PyTorch async-TP)"
 FUSED = "Flux GemmRS (ReduceScatter fused into the GEMM epilogue)"
@@ -31,17 +28,6 @@ def row(op="gemm_rs", m=512, n=4096, k=114688, method=FUSED, baseline_us=100.0, 
             "method": method, "baseline_time_us": baseline_us,
             "method_time_us": "" if speedup is None else round(baseline_us / speedup, 4),
             "speedup": "" if speedup is None else speedup, "notes": "[grade A] hand-made for a test"}
-
-
-def write_table(path: Path, rows: list[dict]) -> Path:
-    """`rows` under the committed validation table's header."""
-    with VALIDATION.open(encoding="utf-8") as f:
-        header = next(csv.reader(f))
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=header)
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
 
 
 class Pinned:

@@ -2,9 +2,7 @@
 predicted with ``costs.switch_collective_time``, fitted, refused where a cell is bad, and the
 calls that pick the switch judged by their twin alone."""
 
-import csv
 import dataclasses
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -14,8 +12,8 @@ from ficco_select.costs import OP_CODES, US, switch_collective_time
 from ficco_select.data.published import PublishedError, compare, fit, read_published
 from ficco_select.data.published_calls import Measured, judge
 from ficco_select.hardware import load_hardware
+from helpers.published import write_table
 
-REPO = Path(__file__).resolve().parents[1]
 MULTIMEM = "PyTorch torch.ops.symm_mem.multimem_all_reduce_ (vLLM column symm_mem_multimem)"
 
 
@@ -26,26 +24,16 @@ def switch_row(mib: float, us, *, op="all_reduce", hardware="H100", P=8, baselin
             "notes": f"[grade A] message = {mib:g} MiB; hand-made for a test"}
 
 
-def write(path: Path, rows: list[dict]) -> Path:
-    with (REPO / "data" / "published" / "validation.csv").open(encoding="utf-8") as f:
-        header = next(csv.reader(f))
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=header)
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
-
-
 @pytest.mark.parametrize("op, code", [("all_reduce", "gemm_ar"), ("reduce_scatter", "gemm_rs"), ("all_gather", "ag_gemm")])
 def test_a_multimem_collective_is_read_as_a_switch_point_and_predicted_by_the_switch(tmp_path, op, code):
-    [point] = read_published(write(tmp_path / "t.csv", [switch_row(4, 30.0, op=op)]))
+    [point] = read_published(write_table(tmp_path / "t.csv", [switch_row(4, 30.0, op=op)]))
     assert (point.kind, point.op, point.world_size, point.message_bytes) == ("switch_collective", op, 8, 4 * 2**20)
     hw = load_hardware("h100-nvswitch")
     expected = float(switch_collective_time(hw, OP_CODES[code], 4 * 2**20 / 8, 8)) / US
     [row] = compare([point])["points"]
     assert row["predicted_us"] == pytest.approx(expected, abs=0.01)
     # The library's collective is not the switch's: the same row timed by NCCL is a plain collective.
-    [nccl] = read_published(write(tmp_path / "n.csv", [switch_row(4, 30.0, op=op, baseline="NCCL (default)")]))
+    [nccl] = read_published(write_table(tmp_path / "n.csv", [switch_row(4, 30.0, op=op, baseline="NCCL (default)")]))
     assert nccl.kind == "collective"
 
 
@@ -54,7 +42,7 @@ def test_the_fit_recovers_the_switch_terms_of_rows_the_cost_model_made(tmp_path)
     sizes = (0.5, 2, 8, 32, 128)
     rows = [switch_row(mib, round(float(switch_collective_time(truth, OP_CODES["gemm_ar"], mib * 2**20 / 8, 8)) / US, 4))
             for mib in sizes]
-    fitted, report = fit(read_published(write(tmp_path / "t.csv", rows)), load_hardware("h100-nvswitch"),
+    fitted, report = fit(read_published(write_table(tmp_path / "t.csv", rows)), load_hardware("h100-nvswitch"),
                          fields=("switch_bw_gbps", "switch_latency_us"), kinds=("switch_collective",))
     assert fitted.switch_bw_gbps == pytest.approx(300.0, rel=0.01)
     assert fitted.switch_latency_us == pytest.approx(6.0, rel=0.01)
@@ -66,13 +54,13 @@ def test_the_fit_recovers_the_switch_terms_of_rows_the_cost_model_made(tmp_path)
                                                  ("notes", "[grade A] no size stated", "notes")])
 def test_a_switch_row_with_a_bad_cell_names_the_file_row_and_column(tmp_path, cell, value, column):
     bad = {**switch_row(1, 20.0), cell: value}
-    table = write(tmp_path / "t.csv", [switch_row(2, 25.0), bad])
+    table = write_table(tmp_path / "t.csv", [switch_row(2, 25.0), bad])
     with pytest.raises(PublishedError, match=rf"t\.csv: row 2, column '{column}'"):
         read_published(table)
 
 
 def test_a_switch_row_on_a_machine_whose_switch_does_not_reduce_is_refused(tmp_path):
-    points = read_published(write(tmp_path / "t.csv", [switch_row(1, 20.0, hardware="A100")]))
+    points = read_published(write_table(tmp_path / "t.csv", [switch_row(1, 20.0, hardware="A100")]))
     with pytest.raises(PublishedError, match=r"t\.csv: row 1, column 'baseline'.*switch_reduce: false"):
         compare(points)
 
@@ -80,8 +68,8 @@ def test_a_switch_row_on_a_machine_whose_switch_does_not_reduce_is_refused(tmp_p
 def test_a_serial_baseline_that_reduces_in_the_switch_is_predicted_as_none_switch(tmp_path):
     gemm = {**switch_row(1, 40.0), "op": "gemm_ar", "m": "64", "n": "7168", "k": "12288",
             "baseline": "torch.mm then NCCL LDMC all-reduce (serial)", "notes": "[grade A] hand-made"}
-    [ldmc] = read_published(write(tmp_path / "t.csv", [gemm]))
-    [nccl] = read_published(write(tmp_path / "n.csv", [{**gemm, "baseline": "torch.mm then NCCL all_reduce"}]))
+    [ldmc] = read_published(write_table(tmp_path / "t.csv", [gemm]))
+    [nccl] = read_published(write_table(tmp_path / "n.csv", [{**gemm, "baseline": "torch.mm then NCCL all_reduce"}]))
     assert (ldmc.kind, ldmc.baseline_schedule, nccl.baseline_schedule) == ("baseline", "none.switch", "none.sm")
     switch_us, library_us = (compare([p])["points"][0]["predicted_us"] for p in (ldmc, nccl))
     assert switch_us != library_us
@@ -116,7 +104,7 @@ def test_none_switch_is_the_baseline_where_the_measured_baseline_reduces_in_the_
 
 
 def test_validate_prints_the_switch_collectives_median_ape(tmp_path):
-    table = write(tmp_path / "t.csv", [switch_row(0.5, 11.0), switch_row(128, 631.0)])
+    table = write_table(tmp_path / "t.csv", [switch_row(0.5, 11.0), switch_row(128, 631.0)])
     result = CliRunner().invoke(main, ["sim", "validate", "--published", str(table)])
     assert result.exit_code == 0, result.output
     assert "switch_collective" in result.output and "h100-nvswitch: median switch_collective APE" in result.output
