@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from ficco_select.hardware import HardwareError, load_hardware
+from ficco_select.hardware import HardwareError, HardwareSpec, load_hardware
 from ficco_select.runtime.context import (  # the runtime's names, in one place (__all__)
     GroupContext,
     Plan,
@@ -186,18 +186,24 @@ def _explore(ctx: GroupContext, plan: Plan) -> Plan:
 def _runnable(scenario: Scenario) -> list:
     """The schedules a call may run: its backend's, on its machine's engines where a spec
     describes the machine (no switch schedule on a fabric without the switch's reduction)."""
+    spec = _spec(scenario)
+    return candidates(scenario, _backend(scenario, spec), spec)
+
+
+def _spec(scenario: Scenario) -> HardwareSpec | None:
     try:
-        spec = load_hardware(scenario.hardware)
+        return load_hardware(scenario.hardware)
     except HardwareError:
-        spec = None
-    return candidates(scenario, _backend(scenario), spec)
+        return None
 
 
-def _backend(scenario: Scenario) -> str:
+def _backend(scenario: Scenario, spec: HardwareSpec | None = None) -> str:
     """The backend whose schedules a call may run: the cpu backend's on a machine without
-    copy engines, whatever its name (a shaped fabric's ``cpu-1gbit`` too), else a GPU's."""
-    try:
-        kind = load_hardware(scenario.hardware).kind
-    except HardwareError:  # a name no spec describes: the cpu preset's name alone is the cpu
+    copy engines, whatever its name (a shaped fabric's ``cpu-1gbit`` too), else a GPU's.
+    `spec`: the scenario's machine, where the caller has it."""
+    spec = spec or _spec(scenario)
+    if spec is None:  # a name no spec describes: the cpu preset's name alone is the cpu
         kind = "cpu" if scenario.hardware == "cpu" else "gpu"
+    else:
+        kind = spec.kind
     return backend_for(kind, runs=True)
