@@ -46,3 +46,20 @@ def test_a_bounded_cache_stays_bounded_under_threads():
     for w in workers:
         w.join()
     assert not seen_wrong and len(cache) == 64
+
+
+def test_dropping_while_a_reader_reorders_the_entries_drops_only_what_it_should():
+    # A reader's get moves its entry to the end without the writers' lock; a drop walking the
+    # entries meanwhile (another thread's clear_cache) died with "OrderedDict mutated during
+    # iteration". The reader here runs inside keep, as a thread switch between two steps would.
+    cache = BoundedCache(8)
+    for key in range(6):
+        cache.put(key, key)
+
+    def keep(key, value):
+        cache.get(0)
+        cache.get(3)
+        return value % 2 == 0
+
+    cache.drop(keep)
+    assert sorted(key for key, _ in cache.items()) == [0, 2, 4]

@@ -62,8 +62,9 @@ class BoundedCache(Generic[K, V]):
     def drop(self, keep: Callable[[K, V], bool]) -> None:
         """Drop the entries for which keep(key, value) is false."""
         with self._lock:
-            for key in [key for key, value in self._entries.items() if not keep(key, value)]:
-                del self._entries[key]
+            for key, value in self._snapshot():
+                if not keep(key, value):
+                    self._entries.pop(key, None)
 
     def clear(self) -> None:
         with self._lock:
@@ -72,11 +73,20 @@ class BoundedCache(Generic[K, V]):
     def items(self) -> list[tuple[K, V]]:
         """A snapshot, least recently used first."""
         with self._lock:
-            return list(self._entries.items())
+            return self._snapshot()
 
     def values(self) -> list[V]:
         with self._lock:
-            return list(self._entries.values())
+            return [value for _, value in self._snapshot()]
+
+    def _snapshot(self) -> list[tuple[K, V]]:
+        # Readers reorder entries without the lock (get's move_to_end), and walking an
+        # OrderedDict that is reordered meanwhile raises: copy again until one walk is whole.
+        while True:
+            try:
+                return list(self._entries.items())
+            except RuntimeError:
+                continue
 
     def __contains__(self, key: K) -> bool:
         return key in self._entries
