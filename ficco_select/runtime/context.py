@@ -34,6 +34,7 @@ from ficco_select.hardware import preset_for_device, when_a_job_ends
 from ficco_select.runtime.caches import BoundedCache
 from ficco_select.runtime.decision import Decision
 from ficco_select.runtime.layers import LayerTable
+from ficco_select.runtime.learning import Trial
 from ficco_select.runtime.selector import Selector
 from ficco_select.runtime.settings import LAYER_TABLES_KEPT, Settings
 from ficco_select.scenario import Scenario, ScenarioError
@@ -72,6 +73,9 @@ class Plan:
     """Calls so far (with ``explore_every``; the same on every rank: they make the same calls)."""
     verified: set[str] = dataclasses.field(default_factory=set)
     """Schedules checked against the reference once (with telemetry on)."""
+    trial: tuple | None = None
+    """(the ``learning.Trial``, this plan's contender) where the call shape is learning: each
+    run is timed for the trial (``running``)."""
 
 
 def runs_natively(decision: Decision) -> bool:
@@ -92,6 +96,14 @@ class GroupContext:
         """Call shape key -> the rank-agreed plan."""
         self.tables: BoundedCache[tuple, tuple[Scenario | None, LayerTable | None]] = BoundedCache(LAYER_TABLES_KEPT)
         """Layer key -> the rank-agreed (layer's first scenario, its table)."""
+        self.trials: dict[tuple, Trial] = {}
+        """Call shape key -> its trial while it learns (``learning.py``; at most
+        ``TRIALS_AT_ONCE``); a settled shape's plan goes to ``plans``."""
+        self.learned: BoundedCache[tuple, Trial] = BoundedCache(settings.cache_size)
+        """Call shape key -> its settled trial (``learning.report``)."""
+        self.record: dict | None = None
+        """The machine's record of measured decisions, read at the group's first learning
+        shape on its rank 0 (scenario id -> entry)."""
         self.watched = settings.watched
         """Each call goes through ``dispatch.decide`` (``Settings.watched``); else a cached
         plan is one lookup."""
@@ -121,6 +133,8 @@ class GroupContext:
         ranks agree on the check again where it changed (every rank configures alike)."""
         self.plans = BoundedCache(self.settings.cache_size)
         self.tables.clear()
+        self.trials.clear()
+        self.record = None
         self.watched = self.settings.watched
         if check_changed:
             self.check_agreed = False
@@ -237,7 +251,8 @@ def tables() -> dict[tuple, tuple[Scenario | None, LayerTable | None]]:
 def configure(*, selector: Selector | str | os.PathLike | None = None, hardware: str | None = None,
               telemetry: str | os.PathLike | None = None, group_label: str | None = None,
               schedule: str | Schedule | None = None, explore_every: int | None = None,
-              check_calls: bool | None = None, cache_size: int | None = None) -> None:
+              check_calls: bool | None = None, cache_size: int | None = None, learn: bool | None = None,
+              learn_dir: str | os.PathLike | None = None) -> None:
     """Set the selector (object or exported folder), the hardware preset name, the
     telemetry file, the scenario ``group`` label, pin one schedule (``""`` unpins: the
     decision says ``source="pinned"`` where the schedule is legal, else the selector
@@ -246,7 +261,10 @@ def configure(*, selector: Selector | str | os.PathLike | None = None, hardware:
     alternatives ``ficco train`` needs on the job's own shapes; ``check_calls``: the
     per-call check that every rank passes the same shapes (``Settings.check_calls``: a
     debug mode, off by default; the group's ranks agree on it again at their next checked
-    call); ``cache_size``: call shapes whose plan each process group keeps. Every group's
+    call); ``cache_size``: call shapes whose plan each process group keeps; ``learn``: each
+    call shape's decision checked against a few alternatives on the job's own timings and
+    the measured best kept, also for the machine's next job (``runtime/learning.py``; default
+    $FICCO_LEARN), the record kept in ``learn_dir``. Every group's
     plans and tables are decided again: every rank of a group configures alike, as it makes
     the same calls."""
     s = _process.settings
@@ -267,6 +285,10 @@ def configure(*, selector: Selector | str | os.PathLike | None = None, hardware:
         s.check_source = f"configure(check_calls={bool(check_calls)})"
     if cache_size is not None:
         s.cache_size = max(1, int(cache_size))
+    if learn is not None:
+        s.learn = bool(learn)
+    if learn_dir is not None:
+        s.learn_dir = str(learn_dir)
     for ctx in contexts():
         ctx.reconfigure(check_changed=check_calls is not None)
 
@@ -286,6 +308,9 @@ def _forget_machines(names: frozenset[str]) -> None:
     for ctx in contexts():
         ctx.plans.drop(lambda _, plan: plan.scenario is None or plan.scenario.hardware not in names)
         ctx.tables.drop(lambda _, entry: entry[0] is None or entry[0].hardware not in names)
+        for key in [key for key, trial in ctx.trials.items() if trial.scenario.hardware in names]:
+            del ctx.trials[key]
+        ctx.learned.drop(lambda _, trial: trial.scenario.hardware not in names)
 
 
 when_a_job_ends(_forget_machines)

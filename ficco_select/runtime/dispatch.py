@@ -14,6 +14,9 @@ them.
 
 from __future__ import annotations
 
+import logging
+
+import torch
 import torch.distributed as dist
 
 from ficco_select.hardware import HardwareError, HardwareSpec, load_hardware
@@ -24,6 +27,7 @@ from ficco_select.runtime.context import (  # the runtime's names, in one place 
     checks_calls,
     configure,
     context,
+    contexts,
     decisions,
     fall_back,
     hardware_name,
@@ -42,10 +46,13 @@ from ficco_select.runtime.context import (  # the runtime's names, in one place 
 )
 from ficco_select.runtime.decision import Decision
 from ficco_select.runtime.layers import LayerTable
+from ficco_select.runtime.learning import TRIALS_AT_ONCE, Trial, learned_decision
 from ficco_select.runtime.running import flush_timings, forget_writers, run_decided, run_native
 from ficco_select.runtime.settings import DECISION_CACHE_SIZE, Settings, debug_checks
 from ficco_select.scenario import Scenario
 from ficco_select.schedule import BASELINE, backend_for, candidates, is_legal
+
+log = logging.getLogger("ficco_select.runtime.dispatch")
 
 __all__ = [
     # settings.py
@@ -57,7 +64,7 @@ __all__ = [
     # running.py
     "flush_timings", "run_decided", "run_native",
     # here
-    "reset", "decide", "prepare_layer",
+    "reset", "decide", "prepare_layer", "report",
 ]
 
 
@@ -82,9 +89,14 @@ def decide(ctx: GroupContext, key: tuple, group: dist.ProcessGroup, make_scenari
     (``Settings.watched``) comes here every time: its decision is kept, and exploration
     counts it.
     """
+    trial = ctx.trials.get(key) if ctx.settings.learn else None
+    if trial is not None:
+        return _learning(ctx, key, trial, group)
     plan = ctx.plans.get(key)
     if plan is None:
         plan = _new_plan(ctx, key, group, make_scenario, layer, m)
+    if plan.trial is not None:
+        return plan
     if ctx.settings.explore_every and plan.scenario is not None:
         plan = _explore(ctx, plan)
     if ctx.watched:
@@ -96,8 +108,10 @@ def _new_plan(ctx: GroupContext, key: tuple, group: dist.ProcessGroup, make_scen
               m: int | None) -> Plan:
     hit = None
     pinned = ctx.settings.schedule
-    if layer is not None and pinned is None:
+    learn = ctx.settings.learn and pinned is None
+    if layer is not None and pinned is None and not learn:  # a shape that learns is agreed per shape
         hit = _from_table(ctx, layer, m, group, make_scenario)
+    contenders = ()
     if hit is None:
         scenario = decision = None
         if dist.get_rank(group) == 0:
@@ -109,14 +123,94 @@ def _new_plan(ctx: GroupContext, key: tuple, group: dist.ProcessGroup, make_scen
                 decision = Decision(pinned, "pinned", 1.0, "configure(schedule=...)")
             if decision is None:
                 decision = selector().select(scenario)
+                if learn:
+                    decision, contenders = _to_learn(ctx, scenario, decision)
         # One rank decides so that every rank runs the same schedule.
-        box = [(scenario, decision)]
+        box = [(scenario, decision, contenders)]
         dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-        hit = box[0]
-        if hit[0] is not None and dist.get_rank(group) != 0:
-            hit = (_own_scenario(make_scenario, hit[0]), hit[1])
+        scenario, decision, contenders = box[0]
+        if scenario is not None and dist.get_rank(group) != 0:
+            scenario = _own_scenario(make_scenario, scenario)
+        hit = (scenario, decision)
     scenario, decision = hit
+    if len(contenders) > 1:
+        return _start_trial(ctx, key, scenario, contenders, group)
     return ctx.plans.put(key, Plan(scenario, decision, scenario is None or runs_natively(decision)))
+
+
+# -- learning (``learning.py``) ---------------------------------------------------------------
+def _to_learn(ctx: GroupContext, scenario: Scenario, decision: Decision) -> tuple[Decision, tuple]:
+    """On the group's rank 0: (the decision, the contenders a trial of this new shape
+    measures), or the machine's record's decision and no trial where an earlier job measured
+    the shape, or no trial where ``TRIALS_AT_ONCE`` shapes learn already."""
+    runnable = _runnable(scenario)
+    recorded = _record_of(ctx, scenario).get(scenario.scenario_id)
+    if recorded is not None and (learned := learned_decision(recorded, scenario, runnable)) is not None:
+        return learned, ()
+    if len(ctx.trials) >= TRIALS_AT_ONCE:
+        return decision, ()
+    return decision, tuple(c for c in selector().contenders(scenario, decision) if c in runnable)
+
+
+def _record_of(ctx: GroupContext, scenario: Scenario) -> dict:
+    """The machine's record (scenario id -> entry), read once per group: {} where there is none."""
+    if ctx.record is None:
+        ctx.record = {}
+        try:
+            ctx.record = _machine_record(ctx, scenario).load()
+        except Exception as e:  # noqa: BLE001 - no record: every shape learns
+            log.warning("ficco-select: the machine's record of learned decisions is not read (%r)", e)
+    return ctx.record
+
+
+def _machine_record(ctx: GroupContext, scenario: Scenario):
+    from ficco_select.runtime.learned import LearnedRecord, record_key
+
+    device = torch.device("cuda", torch.cuda.current_device()) if _backend(scenario) == "cuda" else torch.device("cpu")
+    return LearnedRecord(record_key(scenario.hardware, device), ctx.settings.learn_dir)
+
+
+def _start_trial(ctx: GroupContext, key: tuple, scenario: Scenario, contenders: tuple,
+                 group: dist.ProcessGroup) -> Plan:
+    device = torch.device("cuda", torch.cuda.current_device()) if _backend(scenario) == "cuda" else torch.device("cpu")
+    trial = Trial(scenario, contenders, device)
+    n = len(contenders)
+    trial.plans = [Plan(scenario, d, runs_natively(d), trial=(trial, i)) for i, d in enumerate(
+        Decision(c, "learning", 0.0, f"learning: contender {i + 1} of {n}") for i, c in enumerate(contenders))]
+    ctx.trials[key] = trial
+    return _learning(ctx, key, trial, group)
+
+
+def _learning(ctx: GroupContext, key: tuple, trial: Trial, group: dist.ProcessGroup) -> Plan:
+    """The plan of a learning shape's call: its trial's next contender; settled, the settled
+    contender's plan, kept as the shape's plan (and in the machine's record)."""
+    i = trial.next_contender(group)
+    if trial.settled is None:
+        return trial.plans[i]
+    del ctx.trials[key]
+    ctx.learned.put(key, trial)
+    pick = trial.contenders[i]
+    agreed = trial.agreed[-1]
+    decision = Decision(pick, "learned", 1.0, f"measured fastest in this job: {agreed[i] * 1e3:.3f} ms of "
+                        + ", ".join(f"{c.name} {t * 1e3:.3f}" for c, t in zip(trial.contenders, agreed) if t == t))
+    if dist.get_rank(group) == 0:
+        entry = trial.entry()
+        ctx.record = {**(ctx.record or {}), trial.scenario.scenario_id: entry}
+        try:
+            _machine_record(ctx, trial.scenario).put({trial.scenario.scenario_id: entry})
+        except Exception as e:  # noqa: BLE001 - the job goes on; the next one learns again
+            log.warning("ficco-select: a learned decision was not recorded (%r)", e)
+    plan = Plan(trial.scenario, decision, runs_natively(decision))
+    plan.runner = trial.plans[i].runner  # bound already
+    return ctx.plans.put(key, plan)
+
+
+def report() -> list[dict]:
+    """Every call shape that learned or learns in this process, by group: its contenders, the
+    settled one (None while it learns), rounds, calls explored and their cost (seconds
+    beyond the settled contender's time, by the agreed times)."""
+    return [{"group": ctx.name, "scenario_id": trial.scenario.scenario_id, **trial.summary()}
+            for ctx in contexts() for trial in [*ctx.learned.values(), *ctx.trials.values()]]
 
 
 def _own_scenario(make_scenario, agreed: Scenario) -> Scenario:

@@ -33,11 +33,11 @@ from ficco_select.hardware import HardwareSpec, load_hardware, shipped_names
 from ficco_select.runtime.abstention import abstention_reason, reason_fallback, unseen_note
 from ficco_select.runtime.decision import Decision, margin_rule, pick_with_margin
 from ficco_select.runtime.fallbacks import heuristic, names_of, run_fallback
-from ficco_select.runtime.no_harm import refused, replaces_baseline, verdicts
+from ficco_select.runtime.no_harm import cost_model_pick, refused, replaces_baseline, verdicts
 from ficco_select.runtime.scope import Scope
 from ficco_select.runtime.trees import TreeEnsemble
 from ficco_select.scenario import Scenario
-from ficco_select.schedule import Schedule, backend_for, legal_candidates
+from ficco_select.schedule import BASELINE, Schedule, backend_for, legal_candidates
 
 log = logging.getLogger("ficco_select.runtime.policy")
 
@@ -83,6 +83,30 @@ def no_harm(rules: Scope, decisions: list[Decision], scenarios: Sequence[Scenari
         if why:
             out[i] = refused(decisions[i], why)
     return out
+
+
+def contenders(rules: Scope, model: TreeEnsemble | None, s: Scenario, hw: HardwareSpec,
+               decision: Decision) -> tuple[Schedule, ...]:
+    """What a job's own timings check `decision` against (``runtime/learning.py``), in order,
+    without repeats: the decision, the model's next best candidate (without a model, the cost
+    model's pick), the export's fitted
+    fixed rule for this kind of machine and operator (on GPUs the hand heuristic), and the
+    baseline. Legal on `hw` each; raises on a failure (the caller steps aside)."""
+    cands = legal_candidates(s, backend_for(hw.kind), hw)
+    out = [decision.schedule]
+    scores = None
+    if model is not None and cands:
+        scores = model.predict(candidate_features(s, cands, hw))
+        if rules.ranker:
+            scores = -scores  # lower is better, as the margin rule reads them
+        ranked = sorted(range(len(cands)), key=lambda i: (scores[i], cands[i].name))
+        out += [cands[i] for i in ranked if cands[i] != decision.schedule][:1]
+    elif cands:  # no model: the cost model's pick in its place
+        out.append(cost_model_pick(s, hw, cands))
+    rule = margin_rule(rules.margin_rules, hw.kind, s.op)["fallback"]
+    out.append(run_fallback(rule, "low_margin", s, hw, "the fitted fixed rule", cands, scores).schedule)
+    out.append(BASELINE)
+    return tuple(dict.fromkeys(out))
 
 
 def measured(rules: Scope, hw: HardwareSpec) -> bool:

@@ -101,7 +101,7 @@ def run_decided(op_cls, plan: Plan, ctx: GroupContext, group: dist.ProcessGroup,
     op = runner.operator
     try:
         op._bind(**inputs)
-        if ctx.settings.telemetry:
+        if ctx.settings.telemetry or plan.trial is not None:
             return finish(op, _run(op, plan, runner, ctx, device, reference, group))
         return finish(op, op.run(runner.schedule))
     finally:
@@ -119,6 +119,8 @@ def _copy(runner: Runner, inputs: dict):
 
 
 def _run(op, plan: Plan, runner: Runner, ctx: GroupContext, device: torch.device, reference, group):
+    if plan.trial is not None:
+        return _trial_run(plan, ctx, device, op.run, (runner.schedule,), reference, op, group)
     if not ctx.settings.telemetry:
         return op.run(runner.schedule)
     return _timed(plan, ctx, runner.schedule, runner.decision.source, device, op.run, (runner.schedule,),
@@ -129,12 +131,43 @@ def run_native(plan: Plan, ctx: GroupContext, device: torch.device, native, *arg
     """native(*args): PyTorch's own op, for a baseline decision (``runs_natively``).
     Telemetry times a scenario's run under the decided schedule's name; it is the
     reference, so its check passes by definition."""
+    if plan.trial is not None:
+        return _trial_run(plan, ctx, device, native, args, None, None, None)
     if not ctx.watched:
         return native(*args)
     note(plan.decision)
     if plan.scenario is None or not ctx.settings.telemetry:
         return native(*args)
     return _timed(plan, ctx, plan.decision.schedule, plan.decision.source, device, native, args, None, None, None)
+
+
+def _trial_run(plan: Plan, ctx: GroupContext, device: torch.device, run, args: tuple, reference, op, group):
+    """run(*args) for a learning shape's trial (``learning.Trial``): timed (perf_counter; on
+    CUDA two events, read at the round's end), its first run checked against
+    reference(op, group) (None: the run is the reference), telemetry recorded where on."""
+    trial, i = plan.trial
+    first = i not in trial.warmed
+    if ctx.settings.telemetry:
+        args = (plan, ctx, plan.decision.schedule, plan.decision.source, device, run, args, reference, op, group)
+        run = _timed
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = run(*args)
+        end.record()
+        elapsed = (start, end)
+    else:
+        t0 = time.perf_counter()
+        out = run(*args)
+        elapsed = time.perf_counter() - t0
+    if first and reference is not None:
+        err = relative_error(out, reference(op, group).float())
+        if not err <= TOLERANCE[plan.scenario.dtype]:
+            trial.failed_check(i)
+            log.warning("ficco-select: learning dropped %s on %s: a wrong result (rel. error %.2e)",
+                        plan.decision.schedule.name, plan.scenario.scenario_id, err)
+    trial.observe(i, elapsed)
+    return out
 
 
 # -- telemetry ----------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from ficco_select.runtime.loading import DEFAULT_PATH, read_export
 from ficco_select.runtime.scope import Scope
 from ficco_select.runtime.trees import TreeEnsemble
 from ficco_select.scenario import LAYER_COLUMNS, MAX_EXTENT, SCENARIO_COLUMNS, Scenario
-from ficco_select.schedule import BASELINE, backend_for
+from ficco_select.schedule import BASELINE, Schedule, backend_for
 
 log = logging.getLogger("ficco_select.runtime.selector")
 
@@ -264,6 +264,22 @@ class Selector:
         except Exception as e:  # noqa: BLE001 - never break the caller's job
             self._warn_once(("error", type(e).__name__), f"the {fallback} fallback failed: {e!r}; running the baseline")
             return Decision(BASELINE, "fallback", 0.0, repr(e))
+
+    def contenders(self, scenario: Scenario, decision: Decision) -> tuple[Schedule, ...]:
+        """What a job's own timings check `decision` for `scenario` against: the decision, the
+        model's next best, the export's fitted fixed rule, the baseline
+        (``policy.contenders``); the decision and the baseline alone where the machine is
+        unknown or anything fails. Never raises."""
+        alone = tuple(dict.fromkeys((decision.schedule, BASELINE)))
+        try:
+            resolved = self._resolve(scenario, self._spec(scenario.hardware))
+            if isinstance(resolved, Decision):
+                return alone
+            return policy.contenders(self.rules, self.model, resolved[0], resolved[1], decision)
+        except Exception as e:  # noqa: BLE001 - never break the caller's job
+            self._warn_once(("contenders", type(e).__name__), f"no alternatives to check ({e!r}); checking the "
+                                                              "decision against the baseline alone")
+            return alone
 
     def _decider_of(self, layer: Scenario) -> LayerDecider | None:
         """What a precompiled table of `layer` needs (``read_tables``), where its machine means

@@ -7,6 +7,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING
 
+from ficco_select.runtime.learning import learn_from_env
 from ficco_select.runtime.telemetry import ENV as TELEMETRY_ENV
 from ficco_select.schedule import Schedule
 
@@ -54,6 +55,12 @@ class Settings:
     (``ops.agree_on_the_check``)."""
     check_source: str = dataclasses.field(default_factory=lambda: debug_checks()[1])
     """What set ``check_calls``, as an error names it: ``FICCO_CHECK_CALLS=1``, ``configure(check_calls=True)``..."""
+    learn: bool = dataclasses.field(default_factory=learn_from_env)
+    """Correct each call shape's decision on the job's own timings (``runtime/learning.py``),
+    off by default; on with $FICCO_LEARN=1."""
+    learn_dir: str | None = None
+    """Where the machine's record of measured decisions lives (None: $FICCO_LEARN_DIR, else
+    ``~/.cache/ficco-select/learned``)."""
     cache_size: int = DECISION_CACHE_SIZE
     """Call shapes whose plan each process group keeps (least recently used first out)."""
 

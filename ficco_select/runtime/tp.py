@@ -174,11 +174,12 @@ def _runs_natively(layer: nn.Module, x: torch.Tensor) -> bool:
     """Whether every op a hooked layer's step would run for `x` is decided the baseline: its
     forward's, and its backward's where a gradient will flow. The layer then runs its own
     (unhooked) forward: PyTorch's collectives and kernels, nothing built. Per call: the
-    plans' lookups (from the layer tables ``install`` built: no collective). With telemetry
-    or exploration on, the ops run instead, so that they are recorded."""
+    plans' lookups (from the layer tables ``install`` built: no collective). With telemetry,
+    exploration or learning on, the ops run instead, so that they are recorded and timed
+    (a lookup here would count as a call of a shape that learns)."""
     w, group = layer.weight, layer.group
     ctx = dispatch.context(group)
-    if ctx.settings.telemetry or ctx.settings.explore_every:
+    if ctx.settings.telemetry or ctx.settings.explore_every or ctx.settings.learn:
         return False
     out_features, in_features = w.shape  # this rank's shard of the weight
     P = group.size()
