@@ -28,6 +28,9 @@ of the wrong type, an invalid scenario or schedule, a rank outside the job's wor
 are skipped with one warning per file naming the lines and fields; a file with no usable
 line is an error naming its first such line. Two jobs appending to one file both count calls
 from 0: the n-th repeat of a (scenario, schedule, call, rank) is taken as the n-th job.
+
+A machine's learned record (``ficco_select.runtime.learned``) is read here too, by content:
+its rows come from ``ficco_select.data.learned``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import pandas as pd
 
 from ficco_select.data.dataset import COLUMNS, SCHEMA_VERSION, dataset_row, row_hardware_problem
 from ficco_select.data.labels import label_columns
+from ficco_select.data.learned import LearnedRecordError, learned_record, learned_rows
 from ficco_select.data.measure.config import TimingPolicy
 from ficco_select.runtime.telemetry import TELEMETRY_VERSION
 from ficco_select.scenario import REQUIRED_COLUMNS, Scenario, ScenarioError
@@ -80,13 +84,31 @@ def read_telemetry(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
     """Dataset rows (columns ``ficco_select.data.dataset.COLUMNS``), one per (scenario, schedule) in the lines.
 
     Pass every rank's file of a job together (``{rank}`` paths): a call's time is the
-    slowest rank's only if all ranks' lines are there.
+    slowest rank's only if all ranks' lines are there. A machine's learned record
+    (``ficco_select.runtime.learned``, detected by content) gives one row per (scenario,
+    arm) (``ficco_select.data.learned``); where it holds a scenario that telemetry lines
+    hold too, its rows are kept and the lines' are not (one row per (scenario, schedule)).
     """
     paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     if not paths:
         raise TelemetryError("no telemetry file given")
-    lines = pd.DataFrame([line for path in paths for line in _read_lines(path)])
-    return _aggregate(lines)
+    records = {path: record for path in paths if (record := learned_record(path)) is not None}
+    lines = [line for path in paths if path not in records for line in _read_lines(path)]
+    rows = _aggregate(pd.DataFrame(lines)) if lines else None
+    if not records:
+        return rows
+    try:
+        learned = learned_rows(records)
+    except LearnedRecordError as e:
+        raise TelemetryError(str(e)) from None
+    if rows is None or rows.empty:
+        return learned
+    both = set(rows["scenario_id"]) & set(learned["scenario_id"])
+    if both:
+        log.warning("%d scenario(s) are both in telemetry lines and in a learned record (e.g. %s): the record's "
+                    "rows are kept", len(both), min(both))
+    kept = [frame for frame in (rows[~rows["scenario_id"].isin(both)], learned) if len(frame)]
+    return pd.concat(kept, ignore_index=True) if kept else learned
 
 
 # -- reading -----------------------------------------------------------------------------

@@ -79,8 +79,9 @@ def _evaluation_lines(results: dict) -> list[str]:
 @click.option("--out", "out_dir", default="out/train", show_default=True, type=click.Path(file_okay=False),
               help="Folder for the comparison tables (also logged to MLflow).")
 @click.option("--telemetry", "telemetry", multiple=True, type=click.Path(dir_okay=False),
-              help="Telemetry file(s) of running jobs ($FICCO_TELEMETRY); repeatable. Their scenarios "
-                   "join the registered model's training data, not the evaluation (they lack most schedules).")
+              help="Telemetry file(s) of running jobs ($FICCO_TELEMETRY) or a machine's learned record "
+                   "($FICCO_LEARN_DIR/*.json); repeatable. Their scenarios join the registered model's training "
+                   "data, not the evaluation (they lack most schedules).")
 @json_option()
 @click.option("--no-progress", is_flag=True)
 def train_cmd(datasets, splits, selectors, out_dir, telemetry, as_json, no_progress) -> None:
