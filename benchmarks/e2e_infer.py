@@ -50,15 +50,21 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_ranks import (  # noqa: E402 - what the end-to-end benchmarks share
+    LEARNED,
     explore,
     explored,
     hardware_of,
+    learn_run,
+    learning_figures,
+    learning_line,
     oracle_selector,
+    plot_learning,
     restore,
     run_ranks,
     slowest_rank_seconds,
     speedups,
     timed,
+    use_learned,
     warm,
 )
 from e2e_block import HEAD_DIM, Block  # noqa: E402 - the block the end-to-end benchmarks time
@@ -111,13 +117,17 @@ def rank_phase(rank: int, P: int, config: dict) -> dict | None:
         if way == "compute-only":
             for layer in layers:
                 _compute_only(layer)
+        elif way == LEARNED:
+            use_learned(champion, hardware, config)
+            handle = install(model)
         elif way != "pytorch":
             torch_ops.configure(selector=selectors.get(way, baseline), hardware=hardware,
                                 schedule="" if way in selectors else way)
             handle = install(model)
 
+    learned = learn_run(model, step, champion, hardware, config) if config.get("learn_steps") else None
     ran = warm(config["ways"], use, step)
-    return {"times": timed(config["ways"], use, step, config), "ficco_ran": ran}
+    return {"times": timed(config["ways"], use, step, config), "ficco_ran": ran, "learned": learned}
 
 
 def summarize(P: int, config: dict, times: dict) -> dict:
@@ -134,6 +144,10 @@ def main() -> None:
     parser.add_argument("--model", default="", help="exported selector folder (default: the packaged champion)")
     parser.add_argument("--fabric", default=None, metavar="RATE",
                         help="run every rank on a shaped fabric of this host (tc's rate, e.g. 1gbit)")
+    parser.add_argument("--learn-steps", type=int, default=0,
+                        help="Before the timing, run this many steps with the hook learning (configure(learn=True)) "
+                             f"from an empty record, then time what it settled on as the way {LEARNED!r}.")
+    parser.add_argument("--learn-plot", default=None, help="Write the learning runs' step times here (PNG).")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -145,15 +159,19 @@ def main() -> None:
             parser.error(f"--configs {spec}: hidden must be a multiple of {HEAD_DIM} with hidden/{HEAD_DIM} heads "
                          "divisible by P")
         config = {"seq": seq, "batch": batch, "hidden": hidden, "reps": args.reps, "steps": args.steps,
-                  "model": args.model, "spec": fabric, "ways": ["pytorch", "ficco", *FIXED, "oracle", "compute-only"]}
+                  "model": args.model, "spec": fabric, "learn_steps": args.learn_steps,
+                  "ways": ["pytorch", "ficco", *([LEARNED] if args.learn_steps else []), *FIXED, "oracle", "compute-only"]}
         with tempfile.TemporaryDirectory() as tmp:
             telemetry = f"{tmp}/explore.{{rank}}.jsonl"
             run_ranks(P, {**config, "phase": "explore", "explore_steps": args.explore_steps, "telemetry": telemetry},
                       rank_phase)
             best, _ = explored([telemetry.format(rank=r) for r in range(P)])
-        got = run_ranks(P, {**config, "phase": "time", "oracle": best}, rank_phase)
+            got = run_ranks(P, {**config, "phase": "time", "oracle": best, "learn_dir": f"{tmp}/learned"}, rank_phase)
         row = summarize(P, config, got["times"]) | {"ficco_ran": got["ficco_ran"], "oracle_picks": best,
                                                      "fabric": args.fabric}
+        if got["learned"]:
+            row["learning"] = learning_figures(got["learned"], got["times"], FIXED)
+            row["label"] = f"{args.fabric or 'cpu'} P={P} seq={seq} batch={batch} hidden={hidden}"
         rows.append(row)
         if not args.json:
             ways = "  ".join(f"{w} {v['speedup']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
@@ -161,8 +179,12 @@ def main() -> None:
             print(f"P={P} seq={seq} batch={batch} hidden={hidden} comm/compute={row['comm_per_compute']:.2f} "
                   f"pytorch {row['ways']['pytorch']['step_ms']:.3f} ms | {ways} | best fixed {row['best_fixed']} "
                   f"| gap captured {row['gap_captured']} | ficco ran {row['ficco_ran']}", flush=True)
+            if "learning" in row:
+                print(learning_line(row["learning"]), flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
+    if args.learn_plot and args.learn_steps:
+        plot_learning(rows, args.learn_plot, "inference step (forward), gloo ranks")
 
 
 if __name__ == "__main__":

@@ -149,6 +149,91 @@ def oracle_selector(best: dict):
     return Oracle()
 
 
+# -- the learning way ---------------------------------------------------------------------------------
+LEARNED = "ficco-learned"
+"""The way that runs what a learning job settled on, read from the machine's record (``learn_dir``)."""
+
+
+def learn_run(model, step, selector, hardware: str, config: dict) -> dict:
+    """``config["learn_steps"]`` steps of `model` hooked with ``configure(learn=True)`` from an
+    empty record in ``config["learn_dir"]``: each step's time (the slowest rank's), the first
+    step after which no call shape learns any more, and ``dispatch.report()``."""
+    from ficco_select.runtime import dispatch, torch_ops
+    from ficco_select.runtime.tp import install
+
+    torch_ops.configure(selector=selector, hardware=hardware, schedule="", learn=True, learn_dir=config["learn_dir"])
+    handle = install(model)
+    times, settled_at = [], None
+    for n in range(config["learn_steps"]):
+        times.append(step())
+        learning = any(ctx.trials for ctx in dispatch.contexts())
+        if learning:
+            settled_at = None
+        elif settled_at is None:
+            settled_at = n + 1
+    report = dispatch.report()
+    handle.remove()
+    torch_ops.configure(learn=False)
+    return {"steps_s": times, "settled_at": settled_at, "report": report}
+
+
+def use_learned(selector, hardware: str, config: dict) -> None:
+    """The ``LEARNED`` way: learning on, every shape's decision from the learning run's record."""
+    from ficco_select.runtime import torch_ops
+
+    torch_ops.configure(selector=selector, hardware=hardware, schedule="", learn=True, learn_dir=config["learn_dir"])
+
+
+def learning_figures(learned: dict, times: dict, fixed: tuple[str, ...]) -> dict:
+    """The learning run against the ways timed after it: its steps to settle, its total time
+    over its steps against each way's median step times as many steps (the fixed rules, the
+    oracle, ficco hooked static, unhooked), and the exploration's cost by the agreed times."""
+    steps = learned["steps_s"]
+    n = len(steps)
+    total = sum(steps)
+    against = {w: round(total / (n * statistics.median(times[w])), 4)
+               for w in ("pytorch", "ficco", *fixed, "oracle") if w in times and not isinstance(times[w], str)}
+    return {"learn_steps": n, "settled_at": learned["settled_at"], "total_s": round(total, 4),
+            "total_vs": against, "exploration_cost_s": round(sum(s["cost_s"] for s in learned["report"]), 4),
+            "shapes": len(learned["report"]),
+            "settled": {s["scenario_id"]: s["settled"] for s in learned["report"]},
+            "steps_ms": [round(1e3 * t, 3) for t in steps]}
+
+
+def learning_line(f: dict) -> str:
+    """The learning run's figures in one line."""
+    vs = ", ".join(f"{w} {r:.3f}" for w, r in f["total_vs"].items())
+    return (f"  learning: {f['shapes']} shapes settled at step {f['settled_at']} of {f['learn_steps']}; total time "
+            f"{f['total_s']:.2f} s, over as many steps of each way: {vs}; exploration cost {f['exploration_cost_s']:.3f} s")
+
+
+def plot_learning(rows: list[dict], path: str, title: str) -> None:
+    """Each configuration's learning run, step by step, against the medians of the ways timed after it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.6), squeeze=False)
+    for ax, row in zip(axes[0], rows):
+        learned = row["learning"]
+        ax.plot(range(1, len(learned["steps_ms"]) + 1), learned["steps_ms"], lw=0.8, color="tab:red",
+                label="ficco learning")
+        for i, way in enumerate(w for w in ("pytorch", "ficco", row["best_fixed"], "oracle") if w in row["ways"]):
+            ax.axhline(row["ways"][way]["step_ms"], lw=1, ls="--", color=plt.cm.tab10(i),
+                       label=f"{way} (median)" if way != row["best_fixed"] else f"best fixed: {way}")
+        if learned["settled_at"]:
+            ax.axvline(learned["settled_at"], color="gray", lw=0.8, ls=":", label="settled")
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_title(row["label"], fontsize=8)
+    axes[0][0].set_ylabel("step time (ms, slowest rank)")
+    axes[0][-1].legend(fontsize=6)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 # -- the figures ---------------------------------------------------------------------------------
 def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
     """The median of `values` and a distribution-free confidence interval for it: order

@@ -86,15 +86,21 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e_ranks import (  # noqa: E402 - what the end-to-end benchmarks share
+    LEARNED,
     explore,
     explored,
     hardware_of,
+    learn_run,
+    learning_figures,
+    learning_line,
     oracle_selector,
+    plot_learning,
     restore,
     run_ranks,
     slowest_rank_seconds,
     speedups,
     timed,
+    use_learned,
     warm,
 )
 from e2e_block import HEAD_DIM, Block  # noqa: E402 - the block the end-to-end benchmarks time
@@ -217,12 +223,16 @@ def rank_phase(rank: int, P: int, config: dict) -> dict | None:
         elif way == "compute-only":
             for layer in layers:
                 _compute_only(layer, P, rank)
+        elif way == LEARNED:
+            use_learned(champion, hardware, config)
+            handle = install(model)
         elif way != "pytorch":
             selected = way in selectors
             torch_ops.configure(selector=selectors[way] if selected else champion, hardware=hardware,
                                 schedule="" if selected else way, check_calls=way == "ficco-checked")
             handle = install(model)  # the tables of every layer, before any step
 
+    learned = learn_run(model, step, champion, hardware, config) if config.get("learn_steps") else None
     ways = config["ways"]
     notes = {}
     ran = warm(ways, use, step, lambda way: compiling(way, group, notes) if way in dtensor
@@ -236,7 +246,8 @@ def rank_phase(rank: int, P: int, config: dict) -> dict | None:
         not_run = {way: note for way, note in notes.items() if note.startswith("not on this backend")}
     times = timed([w for w in ways if w not in not_run], use, step, config)
     # a way that cannot run here: why, not a number
-    return {"times": {w: not_run[w] if w in not_run else times[w] for w in ways}, "ficco_ran": ran}
+    return {"times": {w: not_run[w] if w in not_run else times[w] for w in ways}, "ficco_ran": ran,
+            "learned": learned}
 
 
 # -- the figures ---------------------------------------------------------------------------------
@@ -284,6 +295,10 @@ def main() -> None:
     ap.add_argument("--dtensor", action="store_true",
                     help="Also time the ways a DTensor user has (torchtitan's plan eager, compiled, compiled with "
                          "Inductor's micro-pipeline pass, in ficco's styles, compiled with ficco's pass).")
+    ap.add_argument("--learn-steps", type=int, default=0,
+                    help="Before the timing, run this many steps with the hook learning (configure(learn=True)) "
+                         f"from an empty record, then time what it settled on as the way {LEARNED!r}.")
+    ap.add_argument("--learn-plot", default=None, help="Write the learning runs' step times here (PNG).")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", default=None, help="Write a bar chart of the speedups here (PNG).")
     args = ap.parse_args()
@@ -311,6 +326,8 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
     if args.plot:
         _plot(rows, args.plot)
+    if args.learn_plot and args.learn_steps:
+        plot_learning(rows, args.learn_plot, "training step (forward + backward + optimizer), gloo ranks")
 
 
 def _explore_and_time(args, configs: list) -> tuple[list[dict], dict | None]:
@@ -327,14 +344,18 @@ def _explore_and_time(args, configs: list) -> tuple[list[dict], dict | None]:
             explorations.append([config["telemetry"].format(rank=r) for r in range(P)])
         retrained, summary = retrain([f for files in explorations for f in files], workdir) if args.retrain else (None, None)
         ways = ["pytorch", "async-tp", "ficco", "ficco-checked", *(["ficco+telemetry"] if retrained else []),
-                *FIXED, *FICCO,
+                *([LEARNED] if args.learn_steps else []), *FIXED, *FICCO,
                 "oracle", *(DTENSOR if args.dtensor else ()), "compute-only"]
         rows = []
         for files, (P, config) in zip(explorations, configs):  # 3. time
             best, shapes = explored(files)
             got = run_ranks(P, {**config, "phase": "time", "ways": ways, "reps": args.reps, "steps": args.steps,
-                                "oracle": best, "retrained": retrained}, rank_phase)
+                                "oracle": best, "retrained": retrained, "learn_steps": args.learn_steps,
+                                "learn_dir": f"{workdir}/learned{len(rows)}"}, rank_phase)
             rows.append(summarize(P, config, got["times"]) | {"ficco_ran": got["ficco_ran"], "oracle_picks": best})
+            if got["learned"]:
+                rows[-1]["learning"] = learning_figures(got["learned"], got["times"], FIXED + FICCO)
+                rows[-1]["label"] = f"{rows[-1]['hardware']} P={P} seq={config['seq']} hidden={config['hidden']}"
             if retrained:
                 rows[-1]["retrained_picks"] = _decisions(retrained, shapes)
             if not args.json:
@@ -369,6 +390,8 @@ def _print_row(r: dict) -> None:
                       f"{w} {v['step_ms']:.0f} ms x{v['speedup']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
                       for w, v in r["ways"].items()) + f"; best fixed {r['best_fixed']}; gap captured "
           f"{r['gap_captured']}", flush=True)
+    if "learning" in r:
+        print(learning_line(r["learning"]), flush=True)
 
 
 def _plot(rows: list[dict], path: str) -> None:

@@ -104,3 +104,44 @@ def _learns_then_plans(rank: int, P: int, tmp: Path) -> None:
     ((key, plan),) = ctx.plans.items()
     assert plan.trial is None and plan.decision.source == "learned", plan.decision
     assert "measured fastest in this job" in plan.decision.reason
+
+
+def _starts_from_the_record(rank: int, P: int, tmp: Path) -> None:
+    _learning(tmp)
+    _rs_calls(rank, P, tmp, calls=1)
+    assert not dispatch.report()  # nothing learns: the shape's choice came from the record
+    ((key, plan),) = dispatch.context(dist.group.WORLD).plans.items()
+    assert plan.decision.source == "learned" and "earlier job" in plan.decision.reason, plan.decision
+    (tmp / f"next{rank}.json").write_text(json.dumps(plan.decision.schedule.name))
+
+
+def test_the_next_job_on_the_machine_starts_from_what_the_last_one_measured(tmp_path):
+    spawn(_learns_the_same_on_every_rank, 2, tmp_path)
+    settled = json.loads((tmp_path / "ran0.json").read_text())["report"][0]["settled"]
+    (record,) = (tmp_path / "record").glob("*.json")
+    assert settled == next(iter(json.loads(record.read_text())["shapes"].values()))["schedule"]
+    for rank in range(2):
+        (tmp_path / f"t{rank}.jsonl").unlink()
+    spawn(_starts_from_the_record, 2, tmp_path)
+    assert [json.loads((tmp_path / f"next{r}.json").read_text()) for r in range(2)] == [settled] * 2
+
+
+def _trial(*names: str) -> learning.Trial:
+    from ficco_select.scenario import Scenario
+
+    scenario = Scenario(group="g", op="gemm_rs", m=24, n=12, k=48, dtype="float32", world_size=3, hardware="cpu")
+    return learning.Trial(scenario, tuple(map(parse, names)), torch.device("cpu"))
+
+
+def test_a_contender_slower_than_the_baseline_goes_at_its_first_round_and_halving_waits_for_the_second():
+    trial = _trial("shard.ring.sm", "ficco.d2.a2a.gemm_per_step.m.sm", "ficco.d3.ring.gemm_per_step.m.sm", "none.sm")
+    trial.rounds = 1
+    # 4% slower than the baseline: out; 2% slower: kept; no lead of 10%: no early settling.
+    assert trial._survivors([1.04, 0.95, 1.02, 1.0]) == [1, 3, 2]
+    trial.rounds = 2
+    assert trial._survivors([1.04, 0.95, 1.02, 1.0]) == [1, 3]
+    # A lead of 10% over every other settles at once; a wrong contender (inf) is out.
+    trial.rounds = 1
+    assert trial._survivors([math.inf, 0.8, 0.95, 1.0]) == [1]
+    # Nothing right and timed: the baseline, PyTorch's own.
+    assert trial._survivors([math.inf, math.nan, math.inf, math.inf]) == [3]
