@@ -161,7 +161,8 @@ def learn_run(model, step, selector, hardware: str, config: dict) -> dict:
     from ficco_select.runtime import dispatch, torch_ops
     from ficco_select.runtime.tp import install
 
-    torch_ops.configure(selector=selector, hardware=hardware, schedule="", learn=True, learn_dir=config["learn_dir"])
+    torch_ops.configure(selector=selector, hardware=hardware, schedule="", learn=True, learn_dir=config["learn_dir"],
+                        check_calls=False)
     handle = install(model)
     times, settled_at = [], None
     for n in range(config["learn_steps"]):
@@ -181,7 +182,8 @@ def use_learned(selector, hardware: str, config: dict) -> None:
     """The ``LEARNED`` way: learning on, every shape's decision from the learning run's record."""
     from ficco_select.runtime import torch_ops
 
-    torch_ops.configure(selector=selector, hardware=hardware, schedule="", learn=True, learn_dir=config["learn_dir"])
+    torch_ops.configure(selector=selector, hardware=hardware, schedule="", learn=True, learn_dir=config["learn_dir"],
+                        check_calls=False)  # a way never inherits the debug mode of the way before it
 
 
 def learning_figures(learned: dict, times: dict, fixed: tuple[str, ...]) -> dict:
@@ -192,7 +194,7 @@ def learning_figures(learned: dict, times: dict, fixed: tuple[str, ...]) -> dict
     n = len(steps)
     total = sum(steps)
     against = {w: round(total / (n * statistics.median(times[w])), 4)
-               for w in ("pytorch", "ficco", *fixed, "oracle") if w in times and not isinstance(times[w], str)}
+               for w in ("pytorch", "ficco", LEARNED, *fixed, "oracle") if w in times and not isinstance(times[w], str)}
     return {"learn_steps": n, "settled_at": learned["settled_at"], "total_s": round(total, 4),
             "total_vs": against, "exploration_cost_s": round(sum(s["cost_s"] for s in learned["report"]), 4),
             "shapes": len(learned["report"]),
@@ -219,9 +221,11 @@ def plot_learning(rows: list[dict], path: str, title: str) -> None:
         learned = row["learning"]
         ax.plot(range(1, len(learned["steps_ms"]) + 1), learned["steps_ms"], lw=0.8, color="tab:red",
                 label="ficco learning")
-        for i, way in enumerate(w for w in ("pytorch", "ficco", row["best_fixed"], "oracle") if w in row["ways"]):
+        for i, way in enumerate(w for w in ("pytorch", "ficco", row["best_fixed"], "oracle", LEARNED)
+                                if w in row["ways"]):
             ax.axhline(row["ways"][way]["step_ms"], lw=1, ls="--", color=plt.cm.tab10(i),
-                       label=f"{way} (median)" if way != row["best_fixed"] else f"best fixed: {way}")
+                       label=f"best fixed: {way}" if way == row["best_fixed"] else
+                       "what it settled on, in the next job (median)" if way == LEARNED else f"{way} (median)")
         if learned["settled_at"]:
             ax.axvline(learned["settled_at"], color="gray", lw=0.8, ls=":", label="settled")
         ax.set_yscale("log")

@@ -14,6 +14,7 @@ them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -201,7 +202,9 @@ def _learning(ctx: GroupContext, key: tuple, trial: Trial, group: dist.ProcessGr
         except Exception as e:  # noqa: BLE001 - the job goes on; the next one learns again
             log.warning("ficco-select: a learned decision was not recorded (%r)", e)
     plan = Plan(trial.scenario, decision, runs_natively(decision))
-    plan.runner = trial.plans[i].runner  # bound already
+    runner = trial.plans[i].runner
+    if runner is not None and runner.schedule == pick:  # bound already (not as an sm twin): keep it, say why it runs
+        plan.runner = dataclasses.replace(runner, decision=decision)
     return ctx.plans.put(key, plan)
 
 
