@@ -170,7 +170,7 @@ def main() -> None:
         row = summarize(P, config, got["times"]) | {"ficco_ran": got["ficco_ran"], "oracle_picks": best,
                                                      "fabric": args.fabric}
         if got["learned"]:
-            row["learning"] = learning_figures(got["learned"], got["times"], FIXED)
+            row["learning"] = learning_figures(got["learned"], row)
             row["label"] = f"{args.fabric or 'cpu'} P={P} seq={seq} batch={batch} hidden={hidden}"
         rows.append(row)
         if not args.json:

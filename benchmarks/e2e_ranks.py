@@ -156,17 +156,22 @@ LEARNED = "ficco-learned"
 
 def learn_run(model, step, selector, hardware: str, config: dict) -> dict:
     """``config["learn_steps"]`` steps of `model` hooked with ``configure(learn=True)`` from an
-    empty record in ``config["learn_dir"]``: each step's time (the slowest rank's), the first
-    step after which no call shape learns any more, and ``dispatch.report()``."""
+    empty record in ``config["learn_dir"]``, each followed by the same step unhooked (the
+    learning run's own clock: the machine drifts over a run, and a ratio to the step beside
+    it does not); each step's time (the slowest rank's), the first step after which no call
+    shape learns any more, and ``dispatch.report()``."""
     from ficco_select.runtime import dispatch, torch_ops
     from ficco_select.runtime.tp import install
 
     torch_ops.configure(selector=selector, hardware=hardware, schedule="", learn=True, learn_dir=config["learn_dir"],
                         check_calls=False)
     handle = install(model)
-    times, settled_at = [], None
+    times, unhooked, settled_at = [], [], None
     for n in range(config["learn_steps"]):
         times.append(step())
+        handle.remove()
+        unhooked.append(step())
+        handle = install(model, tables=False)  # the tables are kept: nothing collective here
         learning = any(ctx.trials for ctx in dispatch.contexts())
         if learning:
             settled_at = None
@@ -175,7 +180,7 @@ def learn_run(model, step, selector, hardware: str, config: dict) -> dict:
     report = dispatch.report()
     handle.remove()
     torch_ops.configure(learn=False)
-    return {"steps_s": times, "settled_at": settled_at, "report": report}
+    return {"steps_s": times, "unhooked_s": unhooked, "settled_at": settled_at, "report": report}
 
 
 def use_learned(selector, hardware: str, config: dict) -> None:
@@ -186,31 +191,37 @@ def use_learned(selector, hardware: str, config: dict) -> None:
                         check_calls=False)  # a way never inherits the debug mode of the way before it
 
 
-def learning_figures(learned: dict, times: dict, fixed: tuple[str, ...]) -> dict:
-    """The learning run against the ways timed after it: its steps to settle, its total time
-    over its steps against each way's median step times as many steps (the fixed rules, the
-    oracle, ficco hooked static, unhooked), and the exploration's cost by the agreed times."""
-    steps = learned["steps_s"]
-    n = len(steps)
-    total = sum(steps)
-    against = {w: round(total / (n * statistics.median(times[w])), 4)
-               for w in ("pytorch", "ficco", LEARNED, *fixed, "oracle") if w in times and not isinstance(times[w], str)}
-    return {"learn_steps": n, "settled_at": learned["settled_at"], "total_s": round(total, 4),
+def learning_figures(learned: dict, row: dict) -> dict:
+    """The learning run against the ways: its speedup over the unhooked steps beside its own
+    (all its steps, exploration included; and from its 51st step), the step after which it
+    settled, its total time against each way's over as many steps (the way's speedup over
+    unhooked, from the interleaved timing, applied to the learning run's own unhooked
+    steps), and the exploration's cost by the agreed times."""
+    steps, unhooked = learned["steps_s"], learned["unhooked_s"]
+    speedup = sum(unhooked) / sum(steps)
+    late = sum(unhooked[50:]) / sum(steps[50:]) if len(steps) > 50 else None
+    ways = row["ways"]
+    against = {w: round(ways[w]["speedup"] / speedup, 4) for w in ways
+               if "speedup" in ways[w] and w not in ("pytorch", "compute-only", "ficco-checked", "async-tp")}
+    return {"learn_steps": len(steps), "settled_at": learned["settled_at"], "total_s": round(sum(steps), 4),
+            "speedup": round(speedup, 4), "speedup_after_50": None if late is None else round(late, 4),
             "total_vs": against, "exploration_cost_s": round(sum(s["cost_s"] for s in learned["report"]), 4),
             "shapes": len(learned["report"]),
             "settled": {s["scenario_id"]: s["settled"] for s in learned["report"]},
-            "steps_ms": [round(1e3 * t, 3) for t in steps]}
+            "step_speedups": [round(u / t, 4) for u, t in zip(unhooked, steps)]}
 
 
 def learning_line(f: dict) -> str:
     """The learning run's figures in one line."""
     vs = ", ".join(f"{w} {r:.3f}" for w, r in f["total_vs"].items())
-    return (f"  learning: {f['shapes']} shapes settled at step {f['settled_at']} of {f['learn_steps']}; total time "
-            f"{f['total_s']:.2f} s, over as many steps of each way: {vs}; exploration cost {f['exploration_cost_s']:.3f} s")
+    return (f"  learning: {f['shapes']} shapes settled at step {f['settled_at']} of {f['learn_steps']}; x{f['speedup']:.3f} "
+            f"over its unhooked steps (x{f['speedup_after_50']} from step 51); total time over that of as many steps "
+            f"of {vs}; exploration cost {f['exploration_cost_s']:.3f} s")
 
 
 def plot_learning(rows: list[dict], path: str, title: str) -> None:
-    """Each configuration's learning run, step by step, against the medians of the ways timed after it."""
+    """Each configuration's learning run, step by step (its speedup over the unhooked step run
+    beside it), against the speedups of the ways timed after it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,19 +230,20 @@ def plot_learning(rows: list[dict], path: str, title: str) -> None:
     fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.6), squeeze=False)
     for ax, row in zip(axes[0], rows):
         learned = row["learning"]
-        ax.plot(range(1, len(learned["steps_ms"]) + 1), learned["steps_ms"], lw=0.8, color="tab:red",
-                label="ficco learning")
-        for i, way in enumerate(w for w in ("pytorch", "ficco", row["best_fixed"], "oracle", LEARNED)
-                                if w in row["ways"]):
-            ax.axhline(row["ways"][way]["step_ms"], lw=1, ls="--", color=plt.cm.tab10(i),
+        ratios = learned["step_speedups"]
+        smooth = [statistics.median(ratios[max(0, i - 4):i + 1]) for i in range(len(ratios))]
+        ax.plot(range(1, len(ratios) + 1), ratios, lw=0.5, color="tab:red", alpha=0.35)
+        ax.plot(range(1, len(ratios) + 1), smooth, lw=1.2, color="tab:red", label="ficco learning (median of 5)")
+        for i, way in enumerate(w for w in ("ficco", row["best_fixed"], "oracle", LEARNED) if w in row["ways"]):
+            ax.axhline(row["ways"][way]["speedup"], lw=1, ls="--", color=plt.cm.tab10(i),
                        label=f"best fixed: {way}" if way == row["best_fixed"] else
-                       "what it settled on, in the next job (median)" if way == LEARNED else f"{way} (median)")
+                       "what it settled on, in the next job" if way == LEARNED else way)
+        ax.axhline(1.0, color="black", lw=0.6)
         if learned["settled_at"]:
             ax.axvline(learned["settled_at"], color="gray", lw=0.8, ls=":", label="settled")
-        ax.set_yscale("log")
         ax.set_xlabel("step")
         ax.set_title(row["label"], fontsize=8)
-    axes[0][0].set_ylabel("step time (ms, slowest rank)")
+    axes[0][0].set_ylabel("speedup over the unhooked step\n(the ways: median of the interleaved timing)")
     axes[0][-1].legend(fontsize=6)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()

@@ -354,7 +354,7 @@ def _explore_and_time(args, configs: list) -> tuple[list[dict], dict | None]:
                                 "learn_dir": f"{workdir}/learned{len(rows)}"}, rank_phase)
             rows.append(summarize(P, config, got["times"]) | {"ficco_ran": got["ficco_ran"], "oracle_picks": best})
             if got["learned"]:
-                rows[-1]["learning"] = learning_figures(got["learned"], got["times"], FIXED + FICCO)
+                rows[-1]["learning"] = learning_figures(got["learned"], rows[-1])
                 rows[-1]["label"] = f"{rows[-1]['hardware']} P={P} seq={config['seq']} hidden={config['hidden']}"
             if retrained:
                 rows[-1]["retrained_picks"] = _decisions(retrained, shapes)
