@@ -152,6 +152,20 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     fabric = _fabric_spec(args.fabric) if args.fabric else None
+    from ficco_select.hardware import machines, spec_from_dict
+
+    # The fabric's machine, as its profile describes it: what the exploration's telemetry names.
+    with machines([spec_from_dict(fabric, "the fabric's profile")] if fabric else [], "the fabric's profile"):
+        rows = _explore_and_time(args, fabric, parser)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    if args.learn_plot and args.learn_steps:
+        plot_learning(rows, args.learn_plot, "inference step (forward), gloo ranks")
+
+
+def _explore_and_time(args, fabric: dict | None, parser) -> list[dict]:
+    """Each configuration explored (the per-layer oracle), then every way timed; each row
+    printed as it comes unless --json."""
     rows = []
     for spec in args.configs.split(","):
         P, seq, batch, hidden = (int(v) for v in spec.split(":"))
@@ -171,7 +185,7 @@ def main() -> None:
                                                      "fabric": args.fabric}
         if got["learned"]:
             row["learning"] = learning_figures(got["learned"], row)
-            row["label"] = f"{args.fabric or 'cpu'} P={P} seq={seq} batch={batch} hidden={hidden}"
+            row["label"] = f"{fabric['name'] if fabric else 'cpu'} P={P} seq={seq} batch={batch} hidden={hidden}"
         rows.append(row)
         if not args.json:
             ways = "  ".join(f"{w} {v['speedup']:.3f} [{v['ci'][0]:.3f}, {v['ci'][1]:.3f}]"
@@ -181,10 +195,7 @@ def main() -> None:
                   f"| gap captured {row['gap_captured']} | ficco ran {row['ficco_ran']}", flush=True)
             if "learning" in row:
                 print(learning_line(row["learning"]), flush=True)
-    if args.json:
-        print(json.dumps(rows, indent=1))
-    if args.learn_plot and args.learn_steps:
-        plot_learning(rows, args.learn_plot, "inference step (forward), gloo ranks")
+    return rows
 
 
 if __name__ == "__main__":

@@ -208,6 +208,7 @@ def learning_figures(learned: dict, row: dict) -> dict:
             "total_vs": against, "exploration_cost_s": round(sum(s["cost_s"] for s in learned["report"]), 4),
             "shapes": len(learned["report"]),
             "settled": {s["scenario_id"]: s["settled"] for s in learned["report"]},
+            "contenders": {s["scenario_id"]: s["contenders"] for s in learned["report"]},
             "step_speedups": [round(u / t, 4) for u, t in zip(unhooked, steps)]}
 
 
@@ -219,6 +220,10 @@ def learning_line(f: dict) -> str:
             f"of {vs}; exploration cost {f['exploration_cost_s']:.3f} s")
 
 
+WAY_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
+"""The ways' lines on the learning plot (red is the learning run's)."""
+
+
 def plot_learning(rows: list[dict], path: str, title: str) -> None:
     """Each configuration's learning run, step by step (its speedup over the unhooked step run
     beside it), against the speedups of the ways timed after it."""
@@ -227,15 +232,19 @@ def plot_learning(rows: list[dict], path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 3.6), squeeze=False)
-    for ax, row in zip(axes[0], rows):
+    across = min(3, len(rows))
+    down = math.ceil(len(rows) / across)
+    fig, axes = plt.subplots(down, across, figsize=(4.2 * across, 3.3 * down), squeeze=False)
+    for ax in axes.flat[len(rows):]:
+        ax.set_visible(False)
+    for ax, row in zip(axes.flat, rows):
         learned = row["learning"]
         ratios = learned["step_speedups"]
         smooth = [statistics.median(ratios[max(0, i - 4):i + 1]) for i in range(len(ratios))]
         ax.plot(range(1, len(ratios) + 1), ratios, lw=0.5, color="tab:red", alpha=0.35)
         ax.plot(range(1, len(ratios) + 1), smooth, lw=1.2, color="tab:red", label="ficco learning (median of 5)")
         for i, way in enumerate(w for w in ("ficco", row["best_fixed"], "oracle", LEARNED) if w in row["ways"]):
-            ax.axhline(row["ways"][way]["speedup"], lw=1, ls="--", color=plt.cm.tab10(i),
+            ax.axhline(row["ways"][way]["speedup"], lw=1, ls="--", color=WAY_COLORS[i],
                        label=f"best fixed: {way}" if way == row["best_fixed"] else
                        "what it settled on, in the next job" if way == LEARNED else way)
         ax.axhline(1.0, color="black", lw=0.6)
@@ -243,8 +252,9 @@ def plot_learning(rows: list[dict], path: str, title: str) -> None:
             ax.axvline(learned["settled_at"], color="gray", lw=0.8, ls=":", label="settled")
         ax.set_xlabel("step")
         ax.set_title(row["label"], fontsize=8)
-    axes[0][0].set_ylabel("speedup over the unhooked step\n(the ways: median of the interleaved timing)")
-    axes[0][-1].legend(fontsize=6)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("speedup over the unhooked step\n(the ways: interleaved timing's median)", fontsize=8)
+    axes.flat[len(rows) - 1].legend(fontsize=6)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
