@@ -145,3 +145,20 @@ def test_a_contender_slower_than_the_baseline_goes_at_its_first_round_and_halvin
     assert trial._survivors([math.inf, 0.8, 0.95, 1.0]) == [1]
     # Nothing right and timed: the baseline, PyTorch's own.
     assert trial._survivors([math.inf, math.nan, math.inf, math.inf]) == [3]
+
+
+class _NoBaseline(Selector):
+    def contenders(self, scenario, decision):  # a caller's selector that leaves the baseline out
+        return (parse("shard.ring.sm"), parse("ficco.d2.a2a.gemm_per_step.m.sm"))
+
+
+def _learns_without_a_named_baseline(rank: int, P: int, tmp: Path) -> None:
+    torch_ops.configure(selector=_NoBaseline(), learn=True, learn_dir=tmp / "record",
+                        telemetry=str(tmp / "t{rank}.jsonl"))
+    _rs_calls(rank, P, tmp)
+    (shape,) = dispatch.report()
+    assert "none.sm" in shape["contenders"] and shape["settled"] is not None, shape
+
+
+def test_the_baseline_races_even_where_the_selector_leaves_it_out(tmp_path):
+    spawn(_learns_without_a_named_baseline, 2, tmp_path)

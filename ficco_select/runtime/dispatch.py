@@ -150,7 +150,10 @@ def _to_learn(ctx: GroupContext, scenario: Scenario, decision: Decision) -> tupl
         return learned, ()
     if len(ctx.trials) >= TRIALS_AT_ONCE:
         return decision, ()
-    return decision, tuple(c for c in selector().contenders(scenario, decision) if c in runnable)
+    # The baseline always races: it is the reference a contender is dropped against, and the
+    # fallback where every other contender is wrong (a selector of the caller's may leave it out).
+    return decision, tuple(dict.fromkeys(c for c in (*selector().contenders(scenario, decision), BASELINE)
+                                         if c in runnable))
 
 
 def _record_of(ctx: GroupContext, scenario: Scenario) -> dict:
