@@ -101,9 +101,9 @@ class GroupContext:
         ``TRIALS_AT_ONCE``); a settled shape's plan goes to ``plans``."""
         self.learned: BoundedCache[tuple, Trial] = BoundedCache(settings.cache_size)
         """Call shape key -> its settled trial (``learning.report``)."""
-        self.record: dict | None = None
-        """The machine's record of measured decisions, read at the group's first learning
-        shape on its rank 0 (scenario id -> entry)."""
+        self.records: dict[str, tuple] = {}
+        """Machine name -> (its record file of measured decisions, the shapes in it: scenario
+        id -> entry), read at the group's first learning shape on that machine, on rank 0."""
         self.watched = settings.watched
         """Each call goes through ``dispatch.decide`` (``Settings.watched``); else a cached
         plan is one lookup."""
@@ -134,7 +134,7 @@ class GroupContext:
         self.plans = BoundedCache(self.settings.cache_size)
         self.tables.clear()
         self.trials.clear()
-        self.record = None
+        self.records.clear()
         self.watched = self.settings.watched
         if check_changed:
             self.check_agreed = False

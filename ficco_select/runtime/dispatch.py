@@ -145,7 +145,7 @@ def _to_learn(ctx: GroupContext, scenario: Scenario, decision: Decision) -> tupl
     measures), or the machine's record's decision and no trial where an earlier job measured
     the shape, or no trial where ``TRIALS_AT_ONCE`` shapes learn already."""
     runnable = _runnable(scenario)
-    recorded = _record_of(ctx, scenario).get(scenario.scenario_id)
+    recorded = _record_of(ctx, scenario)[1].get(scenario.scenario_id)
     if recorded is not None and (learned := learned_decision(recorded, scenario, runnable)) is not None:
         return learned, ()
     if len(ctx.trials) >= TRIALS_AT_ONCE:
@@ -156,28 +156,30 @@ def _to_learn(ctx: GroupContext, scenario: Scenario, decision: Decision) -> tupl
                                          if c in runnable))
 
 
-def _record_of(ctx: GroupContext, scenario: Scenario) -> dict:
-    """The machine's record (scenario id -> entry), read once per group: {} where there is none."""
-    if ctx.record is None:
-        ctx.record = {}
+def _record_of(ctx: GroupContext, scenario: Scenario) -> tuple:
+    """(the machine's record file, its shapes: scenario id -> entry), made and read once per
+    group and machine name; (None, {}) where there is none."""
+    record = ctx.records.get(scenario.hardware)
+    if record is None:
+        record = ctx.records[scenario.hardware] = (None, {})
         try:
-            ctx.record = _machine_record(ctx, scenario).load()
+            from ficco_select.runtime.learned import LearnedRecord, record_key
+
+            file = LearnedRecord(record_key(scenario.hardware, _device_of(scenario)), ctx.settings.learn_dir)
+            record = ctx.records[scenario.hardware] = (file, file.load())
         except Exception as e:  # noqa: BLE001 - no record: every shape learns
             log.warning("ficco-select: the machine's record of learned decisions is not read (%r)", e)
-    return ctx.record
+    return record
 
 
-def _machine_record(ctx: GroupContext, scenario: Scenario):
-    from ficco_select.runtime.learned import LearnedRecord, record_key
-
-    device = torch.device("cuda", torch.cuda.current_device()) if _backend(scenario) == "cuda" else torch.device("cpu")
-    return LearnedRecord(record_key(scenario.hardware, device), ctx.settings.learn_dir)
+def _device_of(scenario: Scenario) -> torch.device:
+    """The device a scenario's calls run on: this process's GPU on the cuda backend, else the cpu."""
+    return torch.device("cuda", torch.cuda.current_device()) if _backend(scenario) == "cuda" else torch.device("cpu")
 
 
 def _start_trial(ctx: GroupContext, key: tuple, scenario: Scenario, contenders: tuple,
                  group: dist.ProcessGroup) -> Plan:
-    device = torch.device("cuda", torch.cuda.current_device()) if _backend(scenario) == "cuda" else torch.device("cpu")
-    trial = Trial(scenario, contenders, device)
+    trial = Trial(scenario, contenders, _device_of(scenario))
     n = len(contenders)
     trial.plans = [Plan(scenario, d, runs_natively(d), trial=(trial, i)) for i, d in enumerate(
         Decision(c, "learning", 0.0, f"learning: contender {i + 1} of {n}") for i, c in enumerate(contenders))]
@@ -198,12 +200,10 @@ def _learning(ctx: GroupContext, key: tuple, trial: Trial, group: dist.ProcessGr
     decision = Decision(pick, "learned", 1.0, f"measured fastest in this job: {agreed[i] * 1e3:.3f} ms of "
                         + ", ".join(f"{c.name} {t * 1e3:.3f}" for c, t in zip(trial.contenders, agreed) if t == t))
     if dist.get_rank(group) == 0:
-        entry = trial.entry()
-        ctx.record = {**(ctx.record or {}), trial.scenario.scenario_id: entry}
-        try:
-            _machine_record(ctx, trial.scenario).put({trial.scenario.scenario_id: entry})
-        except Exception as e:  # noqa: BLE001 - the job goes on; the next one learns again
-            log.warning("ficco-select: a learned decision was not recorded (%r)", e)
+        file, shapes = _record_of(ctx, trial.scenario)
+        shapes[trial.scenario.scenario_id] = entry = trial.entry()
+        if file is not None:
+            file.put({trial.scenario.scenario_id: entry})  # warns itself where it cannot write: the job goes on
     plan = Plan(trial.scenario, decision, runs_natively(decision))
     runner = trial.plans[i].runner
     if runner is not None and runner.schedule == pick:  # bound already (not as an sm twin): keep it, say why it runs

@@ -150,24 +150,38 @@ def _trial_run(plan: Plan, ctx: GroupContext, device: torch.device, run, args: t
     if ctx.settings.telemetry:
         args = (plan, ctx, plan.decision.schedule, plan.decision.source, device, run, args, reference, op, group)
         run = _timed
+    out, elapsed = _clocked(device, run, args)
+    if first and not _checked(out, reference, op, group, plan.scenario, plan.decision.schedule)[0]:
+        trial.failed_check(i)  # dropped for good: a wrong schedule is never kept
+    trial.observe(i, elapsed)
+    return out
+
+
+def _clocked(device: torch.device, run, args: tuple):
+    """(run(*args), its time): seconds on the cpu; on CUDA two events on the stream, (start,
+    end), whose time is read once the GPU got there (no sync now)."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         out = run(*args)
         end.record()
-        elapsed = (start, end)
-    else:
-        t0 = time.perf_counter()
-        out = run(*args)
-        elapsed = time.perf_counter() - t0
-    if first and reference is not None:
-        err = relative_error(out, reference(op, group).float())
-        if not err <= TOLERANCE[plan.scenario.dtype]:
-            trial.failed_check(i)
-            log.warning("ficco-select: learning dropped %s on %s: a wrong result (rel. error %.2e)",
-                        plan.decision.schedule.name, plan.scenario.scenario_id, err)
-    trial.observe(i, elapsed)
-    return out
+        return out, (start, end)
+    t0 = time.perf_counter()
+    out = run(*args)
+    return out, time.perf_counter() - t0
+
+
+def _checked(out, reference, op, group, scenario, schedule: Schedule) -> tuple[bool, float]:
+    """(right, relative error) of a run's output against reference(op, group) (None: the run
+    is the reference); a wrong one is warned of."""
+    if reference is None:
+        return True, 0.0
+    err = relative_error(out, reference(op, group).float())
+    right = err <= TOLERANCE[scenario.dtype]
+    if not right:
+        log.warning("ficco-select: schedule %s gave a wrong result on %s (rel. error %.2e)",
+                    schedule.name, scenario.scenario_id, err)
+    return right, err
 
 
 # -- telemetry ----------------------------------------------------------------------------------
@@ -195,33 +209,18 @@ def _timed(plan: Plan, ctx: GroupContext, schedule: Schedule, source: str, devic
     rec = _recorder(ctx.settings.telemetry)
     scenario = plan.scenario
     call = rec.next_call(scenario.scenario_id, schedule.name)
-    if device.type == "cuda":  # events on the stream: the time is read once the GPU got there, no sync now
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = run(*args)
-        end.record()
-    else:
-        t0 = time.perf_counter()
-        out = run(*args)
-        elapsed = time.perf_counter() - t0
+    out, elapsed = _clocked(device, run, args)
     verified = err = None
     if schedule.name not in plan.verified:
         plan.verified.add(schedule.name)
-        if reference is None:
-            verified, err = True, 0.0
-        else:
-            err = relative_error(out, reference(op, group).float())
-            verified = err <= TOLERANCE[scenario.dtype]
-        if not verified:
-            log.warning("ficco-select: schedule %s gave a wrong result on %s (rel. error %.2e)",
-                        schedule.name, scenario.scenario_id, err)
+        verified, err = _checked(out, reference, op, group, scenario, schedule)
     fields = dict(record={**scenario.as_record(), "scenario_id": scenario.scenario_id}, schedule=schedule.name,
                   source=source, call=call, verified=verified,
                   rel_error=None if err is None or math.isinf(err) else err, backend=device.type)
     if device.type != "cuda":
         rec.record(time_s=elapsed, **fields)
         return out
-    _telemetry.timings.append((start, end, rec, fields))
+    _telemetry.timings.append((*elapsed, rec, fields))
     _record_finished_timings()
     return out
 
